@@ -1,0 +1,104 @@
+"""`swarm-node`: the command-line entry point. Thin: parse flags, build the config, call swarm_node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.common import StepProgress, console, parse_task_options, start_status_server, user_errors
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Decentralized swarm RL for language models: solo, join, simulate.")
+
+
+
+@app.callback()
+def main() -> None:
+    """Decentralized swarm RL for language models."""
+
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file (flags override it)")]
+StepsOpt = Annotated[int | None, typer.Option("--steps", help="training steps [200]")]
+TaskOpt = Annotated[str | None, typer.Option("--task", help="reasoning-gym dataset [chain_sum]")]
+TaskOptionOpt = Annotated[list[str] | None, typer.Option("--task-option", help="dataset option KEY=VALUE")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="local HF causal-LM dir [embedded default]")]
+GroupOpt = Annotated[int | None, typer.Option("--group-size", help="completions per prompt G [8]")]
+PromptsOpt = Annotated[int | None, typer.Option("--prompts-per-step", help="prompts per step B [16]")]
+SeedOpt = Annotated[int | None, typer.Option("--seed", help="run seed [0]")]
+RunDirOpt = Annotated[str | None, typer.Option("--run-dir", help="where metrics and checkpoints go")]
+ResumeOpt = Annotated[bool, typer.Option("--resume", help="continue from the newest complete checkpoint")]
+SamplerOpt = Annotated[str | None, typer.Option("--sampler", help="auto | vllm | hf [auto]")]
+LrOpt = Annotated[float | None, typer.Option("--lr", help="learning rate")]
+MinibatchOpt = Annotated[int | None, typer.Option("--minibatches", help="optimizer steps per batch [2]")]
+CkptOpt = Annotated[int | None, typer.Option("--checkpoint-every", help="checkpoint every K steps [25]")]
+EvalOpt = Annotated[int | None, typer.Option("--eval-problems", help="held-out problems for the final eval")]
+StatusPortOpt = Annotated[int | None, typer.Option("--status-port", help="status API port; 0 ephemeral, -1 off")]
+StatusHostOpt = Annotated[str | None, typer.Option("--status-host", help="status bind address [127.0.0.1]")]
+StatusTokenOpt = Annotated[str | None, typer.Option("--status-token", help="bearer token for the status API")]
+
+
+def node_overrides(steps: int | None, task: str | None, task_option: list[str] | None, model: str | None,
+                   group_size: int | None, prompts_per_step: int | None, seed: int | None, run_dir: str | None,
+                   resume: bool, sampler: str | None, lr: float | None, minibatches: int | None,
+                   checkpoint_every: int | None, eval_problems: int | None, status_port: int | None,
+                   status_host: str | None, status_token: str | None) -> dict[str, object]:
+    return {
+        "run.steps": steps, "run.group_size": group_size, "run.prompts_per_step": prompts_per_step,
+        "run.seed": seed, "run.run_dir": run_dir, "run.resume": True if resume else None,
+        "run.checkpoint_every": checkpoint_every, "run.eval_problems": eval_problems,
+        "task.name": task, "task.options": parse_task_options(task_option), "model.path": model,
+        "sampler.kind": sampler, "train.lr": lr, "train.minibatches": minibatches,
+        "status.port": status_port, "status.host": status_host, "status.token": status_token,
+    }
+
+
+@app.command()
+def solo(config: ConfigOpt = None, steps: StepsOpt = None, task: TaskOpt = None,
+         task_option: TaskOptionOpt = None, model: ModelOpt = None, group_size: GroupOpt = None,
+         prompts_per_step: PromptsOpt = None, seed: SeedOpt = None, run_dir: RunDirOpt = None,
+         resume: ResumeOpt = False, sampler: SamplerOpt = None, lr: LrOpt = None,
+         minibatches: MinibatchOpt = None, checkpoint_every: CkptOpt = None, eval_problems: EvalOpt = None,
+         status_port: StatusPortOpt = None, status_host: StatusHostOpt = None,
+         status_token: StatusTokenOpt = None) -> None:
+    """Train one node alone, offline, on the embedded default model and task."""
+    with user_errors():
+        from swarm_node.config import load_config
+        from swarm_node.stats import NodeStats
+
+        cfg = load_config(config, node_overrides(
+            steps, task, task_option, model, group_size, prompts_per_step, seed, run_dir, resume, sampler, lr,
+            minibatches, checkpoint_every, eval_problems, status_port, status_host, status_token))
+        stats = NodeStats(role="solo")
+        server = start_status_server(stats, cfg.status.host, cfg.status.port, cfg.status.token)
+        try:
+            run_solo(cfg, stats)
+        finally:
+            if server is not None:
+                server.stop()
+
+
+def run_solo(cfg: object, stats: object) -> None:
+    from swarm_node.node import Node, NodeEvents
+
+    with StepProgress(cfg.run.steps) as progress:
+        node = Node(cfg, stats, NodeEvents(log=progress.log, build_progress=progress.build,
+                                           on_step=progress.step))
+        try:
+            summary = node.run()
+        finally:
+            node.close()
+    parts = [f"done: {summary.steps} steps in {summary.run_dir}"]
+    if summary.first_reward is not None:
+        parts.append(f"mean reward {summary.first_reward:.3f} (first steps) -> {summary.last_reward:.3f} "
+                     "(last steps)")
+    if summary.eval is not None:
+        parts.append(f"held-out greedy accuracy {summary.eval.greedy_acc:.3f} on {summary.eval.problems} problems")
+    if summary.skipped_steps:
+        parts.append(f"{summary.skipped_steps} steps skipped (non-finite values)")
+    console.print("; ".join(parts), highlight=False)
+
+
+if __name__ == "__main__":
+    app()

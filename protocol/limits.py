@@ -1,0 +1,55 @@
+"""Receiver-side limits for decoding wire messages.
+
+Contract: a `Limits` value is plain data chosen by the *receiving* node (its vocabulary size, its clock window);
+the decoder enforces every bound here before building anything larger than the bytes it was handed. Bounds on
+construction are checked so that a bad configuration fails at start-up, not on the first message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# py-libp2p drops gossip messages above 1 MiB silently; half of that leaves room for the pubsub frame and
+# keeps per-peer outbound queues (1 MiB hard-coded) from overflowing on a single message.
+DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024
+# Largest integer a field may carry: msgpack's signed 64-bit range, non-negative half.
+MAX_INT = 2**63 - 1
+# No honest clock reads after the year 5000; a larger created-at is malformed, not merely "in the future".
+MAX_TIMESTAMP = 1e11
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds a receiver enforces on every decoded message.
+
+    vocab_size is the receiver's tokenizer vocabulary (token ids must be below it). Time bounds: a message is
+    fresh when `now - max_age_s <= created_at <= now + max_clock_skew_s`.
+    """
+
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_groups_per_message: int = 16
+    max_completions_per_group: int = 64
+    max_tokens_per_completion: int = 4096
+    max_text_chars: int = 32768
+    vocab_size: int = 262_144
+    max_name_chars: int = 128  # policy ids, dataset names, tokenizer hashes, model families, capabilities
+    max_config_chars: int = 2048  # canonical JSON of a task's options
+    max_capabilities: int = 32
+    max_policy_bytes: int = 2**40  # announced size of a policy delta or snapshot
+    max_chunks: int = 2**20
+    max_clock_skew_s: float = 30.0
+    max_age_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_message_bytes", "max_groups_per_message", "max_completions_per_group",
+                     "max_tokens_per_completion", "max_text_chars", "vocab_size", "max_name_chars",
+                     "max_config_chars", "max_capabilities", "max_policy_bytes", "max_chunks"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
+        if self.vocab_size > 2**32:
+            raise ValueError("Limits.vocab_size must fit the uint32 token blob (<= 2**32)")
+        for name in ("max_clock_skew_s", "max_age_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                raise ValueError(f"Limits.{name} must be a finite non-negative number, got {value!r}")

@@ -1,0 +1,205 @@
+"""Typed node configuration: one dataclass per component, loaded as defaults < TOML file < CLI overrides.
+
+A TOML file has one table per component ([run], [model], [task], [sampler], [train], [status]); CLI flags arrive
+as dotted overrides ("train.lr" -> 1e-4). Unknown keys, wrong types and impossible values raise `ConfigError`
+with one line naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from swarm_node.errors import ConfigError
+from swarm_node.tasks import DEFAULT_TASK
+
+
+@dataclass
+class RunConfig:
+    steps: int = 200
+    prompts_per_step: int = 16  # B: prompts drawn per step
+    group_size: int = 8  # G: completions per prompt
+    seed: int = 0
+    run_dir: str = "runs/solo"
+    resume: bool = False
+    checkpoint_every: int = 25
+    keep_checkpoints: int = 3
+    eval_every: int = 0  # 0: only at the end of the run
+    eval_problems: int = 200
+
+    def validate(self) -> None:
+        _positive(self, "steps", "prompts_per_step", "group_size", "checkpoint_every", "keep_checkpoints",
+                  "eval_problems")
+        _non_negative(self, "eval_every", "seed")
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""  # empty: the embedded default model
+
+    def validate(self) -> None:
+        pass
+
+
+@dataclass
+class TaskConfig:
+    name: str = DEFAULT_TASK
+    options: dict[str, Any] = field(default_factory=dict)  # empty: the task's defaults (see tasks.py)
+    seed: int = 0
+
+    def validate(self) -> None:
+        _non_negative(self, "seed")
+
+
+@dataclass
+class SamplerConfig:
+    kind: str = "auto"  # auto | vllm | hf
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 8
+    threads: int = 0  # 0: derived from the machine (see sampler/vllm_sampler.py)
+    max_model_len: int = 0  # 0: derived from the model
+    kv_cache_gb: float = 0.0  # 0: derived from max_model_len and batch size
+    max_num_seqs: int = 0
+
+    def validate(self) -> None:
+        if self.kind not in ("auto", "vllm", "hf"):
+            raise ConfigError(f"sampler.kind must be auto, vllm or hf, not {self.kind!r}")
+        if not 0 < self.temperature <= 10:
+            raise ConfigError(f"sampler.temperature must be in (0, 10], got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"sampler.top_p must be in (0, 1], got {self.top_p}")
+        _positive(self, "max_new_tokens")
+        _non_negative(self, "threads", "max_model_len", "kv_cache_gb", "max_num_seqs")
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 2e-4
+    minibatches: int = 2  # optimizer steps per batch
+    advantage: str = "grpo"  # rl.advantages registry
+    loss: str = "grpo"  # rl.loss registry
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    kl_coef: float = 0.0
+    max_grad_norm: float = 1.0
+    is_cap: float = 2.0  # truncation of importance weights for off-policy rollouts
+    weight_decay: float = 0.0
+    threads: int = 0  # torch intra-op threads; 0: all cores
+
+    def validate(self) -> None:
+        from swarm_node.rl.advantages import ADVANTAGE_ESTIMATORS
+        from swarm_node.rl.loss import LOSSES
+
+        if self.advantage not in ADVANTAGE_ESTIMATORS:
+            raise ConfigError(f"train.advantage {self.advantage!r} unknown; choose {sorted(ADVANTAGE_ESTIMATORS)}")
+        if self.loss not in LOSSES:
+            raise ConfigError(f"train.loss {self.loss!r} unknown; choose {sorted(LOSSES)}")
+        _positive(self, "lr", "minibatches", "max_grad_norm", "is_cap")
+        _non_negative(self, "eps_low", "eps_high", "kl_coef", "weight_decay", "threads")
+
+
+@dataclass
+class StatusConfig:
+    host: str = "127.0.0.1"
+    port: int = 8470  # 0: ephemeral; -1: no status server
+    token: str = ""
+
+    def validate(self) -> None:
+        if not -1 <= self.port <= 65535:
+            raise ConfigError(f"status.port must be -1 (off), 0 (ephemeral) or a port number, got {self.port}")
+
+
+@dataclass
+class NodeConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    status: StatusConfig = field(default_factory=StatusConfig)
+
+    def validate(self) -> NodeConfig:
+        for section in dataclasses.fields(self):
+            getattr(self, section.name).validate()
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def load_config(toml_path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> NodeConfig:
+    """Defaults, then the TOML file, then dotted CLI overrides (None values are skipped); validated."""
+    config = NodeConfig()
+    if toml_path is not None:
+        path = Path(toml_path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file {str(path)!r} not found") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from exc
+        apply_mapping(config, data, where=f" in {path.name}")
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        section, _, key = dotted.partition(".")
+        apply_mapping(config, {section: {key: value}}, where=" (command line)")
+    return config.validate()
+
+
+def apply_mapping(target: Any, data: dict[str, Any], where: str = "", prefix: str = "") -> None:
+    """Set dataclass fields from a nested mapping, checking every key and value type."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}{where} must be a table")
+    fields = {f.name: f for f in dataclasses.fields(target)}
+    hints = typing.get_type_hints(type(target))
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if key not in fields:
+            raise ConfigError(f"unknown key {name!r}{where}; known: {', '.join(sorted(fields))}")
+        current = getattr(target, key)
+        if dataclasses.is_dataclass(current):
+            apply_mapping(current, value, where, prefix=f"{name}.")
+        else:
+            setattr(target, key, _coerce(value, hints[key], name, where))
+
+
+def _coerce(value: Any, hint: Any, name: str, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        origin = typing.get_origin(hint)
+    expected = origin or hint
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if expected is bool and not isinstance(value, bool):
+        raise ConfigError(f"{name}{where} must be true or false, got {value!r}")
+    if expected is int and isinstance(value, bool):
+        raise ConfigError(f"{name}{where} must be an integer, got {value!r}")
+    if not isinstance(value, expected):
+        raise ConfigError(f"{name}{where} must be {expected.__name__}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name}{where} must be finite, got {value!r}")
+    return value
+
+
+def _positive(obj: Any, *names: str) -> None:
+    section = type(obj).__name__.removesuffix("Config").lower()
+    for n in names:
+        if getattr(obj, n) <= 0:
+            raise ConfigError(f"{section}.{n} must be > 0, got {getattr(obj, n)}")
+
+
+def _non_negative(obj: Any, *names: str) -> None:
+    section = type(obj).__name__.removesuffix("Config").lower()
+    for n in names:
+        if getattr(obj, n) < 0:
+            raise ConfigError(f"{section}.{n} must be >= 0, got {getattr(obj, n)}")

@@ -1,0 +1,254 @@
+"""The node: wires model, task source, sampler, trainer, checkpoints and stats into the step loop.
+
+One step (solo): draw B task references, sample G completions each, score them locally, compute group
+advantages, drop groups without signal, run the GRPO update, push the new weights into the sampler (policy
+version + 1), log metrics, checkpoint every K steps. Everything the node does is visible through `NodeStats`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from swarm_node import checkpoint, tasks
+from swarm_node.config import NodeConfig
+from swarm_node.errors import UserError
+from swarm_node.evaluate import EvalResult, evaluate
+from swarm_node.model import ensure_default_model, load_model
+from swarm_node.rollout import ScoredGroup, score_group, to_samples
+from swarm_node.sampler.base import PromptTooLongError, Sampler, SamplingParams
+from swarm_node.sampler.factory import SamplerSettings, make_sampler
+from swarm_node.stats import NodeStats
+from swarm_node.trainer import Trainer
+
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass
+class NodeEvents:
+    """Callbacks the CLI uses to show progress; all optional."""
+
+    log: Callable[[str], None] = print
+    build_progress: Callable[[int, int, str], None] | None = None
+    on_step: Callable[[dict[str, Any]], None] | None = None
+
+
+@dataclass
+class RunSummary:
+    steps: int
+    first_reward: float | None
+    last_reward: float | None
+    eval: EvalResult | None
+    run_dir: Path
+    skipped_steps: int
+
+
+def prepare_run_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise UserError(f"run dir {str(path)!r} is not writable: {exc.strerror or exc}") from exc
+
+
+def _truncate_metrics(path: Path, last_step: int) -> None:
+    """After a resume, drop metric lines for steps the checkpoint does not contain (rewritten atomically)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= last_step:
+                kept.append(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a kill mid-write
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
+class Node:
+    def __init__(self, cfg: NodeConfig, stats: NodeStats | None = None, events: NodeEvents | None = None) -> None:
+        self.cfg = cfg
+        self.stats = stats or NodeStats()
+        self.events = events or NodeEvents()
+        self.run_dir = Path(cfg.run.run_dir)
+        self.step = 0
+        self.version = 0
+        self.skipped_steps = 0
+        self.sampler: Sampler | None = None
+
+    # -- setup ---------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg = self.cfg
+        prepare_run_dir(self.run_dir)
+        torch.set_num_threads(cfg.train.threads or os.cpu_count() or 1)
+        self.task_source = tasks.TaskSource(cfg.task.name, cfg.task.options, cfg.task.seed)
+        self.stats.set_phase("building-model")
+        if cfg.model.path:
+            self.model_dir = Path(cfg.model.path)
+        else:
+            self.model_dir = ensure_default_model(self.events.build_progress)
+        self.model, self.tokenizer = load_model(self.model_dir)
+        self.trainer = Trainer(self.model, cfg.train, cfg.sampler, self.tokenizer.pad_token_id, cfg.run.seed)
+        self.rng = random.Random(cfg.run.seed)
+        self._restore_or_start()
+        self.stats.set_phase("loading-sampler")
+        s = cfg.sampler
+        self.sampler = make_sampler(s.kind, self.model_dir, self.model, self.tokenizer,
+                                    SamplerSettings(s.threads, s.max_model_len, s.kv_cache_gb, s.max_num_seqs),
+                                    self.version, self.events.log)
+        if self.step > 0:
+            self.sampler.load_weights(self.model.state_dict(), self.version)
+
+    def _restore_or_start(self) -> None:
+        ckpt_root = self.run_dir / checkpoint.CHECKPOINT_DIR
+        if not self.cfg.run.resume:
+            if any(ckpt_root.glob("step-*")):
+                raise UserError(f"run dir {str(self.run_dir)!r} already has checkpoints: pass --resume to "
+                                "continue it, or choose another --run-dir")
+            (self.run_dir / METRICS_FILE).unlink(missing_ok=True)
+            return
+        ckpt = checkpoint.latest_checkpoint(self.run_dir, warn=self.events.log)
+        if ckpt is None:
+            self.events.log("resume: no complete checkpoint found; starting from step 0")
+            (self.run_dir / METRICS_FILE).unlink(missing_ok=True)
+            return
+        checkpoint.restore(ckpt, self.model, self.trainer.optimizer)
+        self.step = ckpt.step
+        self.version = int(ckpt.state["policy_version"])
+        self.skipped_steps = int(ckpt.state.get("skipped_steps", 0))
+        self.rng.setstate(checkpoint.state_from_json(ckpt.state["task_rng"]))
+        _truncate_metrics(self.run_dir / METRICS_FILE, self.step)
+        self.stats.update(last_checkpoint={"step": ckpt.step, "path": str(ckpt.path)})
+        self.events.log(f"resume: continuing from checkpoint step {ckpt.step} (policy version {self.version})")
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def run(self) -> RunSummary:
+        if self.sampler is None:
+            self.setup()
+        cfg = self.cfg
+        self.stats.update(total_steps=cfg.run.steps, policy_version=self.version, step=self.step)
+        self.stats.set_phase("training")
+        with open(self.run_dir / METRICS_FILE, "a") as metrics_file:
+            while self.step < cfg.run.steps:
+                metrics = self.train_one_step()
+                metrics_file.write(json.dumps(metrics) + "\n")
+                metrics_file.flush()
+                if self.step % cfg.run.checkpoint_every == 0 or self.step == cfg.run.steps:
+                    self.save_checkpoint()
+                if cfg.run.eval_every and self.step % cfg.run.eval_every == 0 and self.step < cfg.run.steps:
+                    self.events.log(f"eval at step {self.step}: {self.evaluate()}")
+        result = self.evaluate() if cfg.run.eval_problems else None
+        self.stats.set_phase("done")
+        return self.summary(result)
+
+    def generate_groups(self) -> tuple[list[ScoredGroup], float, int]:
+        """Sample and score this step's local groups: (groups, seconds, generated tokens)."""
+        cfg = self.cfg
+        insts = [tasks.instance(r) for r in self.task_source.draw(self.rng, cfg.run.prompts_per_step)]
+        prompts = [self.tokenizer.encode(i.prompt) for i in insts]
+        params = SamplingParams(cfg.sampler.temperature, cfg.sampler.top_p, cfg.sampler.max_new_tokens,
+                                seed=cfg.run.seed * 1_000_003 + self.step)
+        started = time.monotonic()
+        try:
+            outputs = self.sampler.generate(prompts, cfg.run.group_size, params)
+        except PromptTooLongError as exc:
+            raise UserError(f"task {cfg.task.name!r}: {exc}") from exc
+        seconds = time.monotonic() - started
+        groups = [score_group(i, p, out, cfg.train.advantage) for i, p, out in zip(insts, prompts, outputs,
+                                                                                    strict=True)]
+        tokens = sum(len(c.token_ids) for out in outputs for c in out)
+        return groups, seconds, tokens
+
+    def train_one_step(self) -> dict[str, Any]:
+        step_started = time.monotonic()
+        try:
+            groups, gen_s, gen_tokens = self.generate_groups()
+        except FloatingPointError as exc:
+            return self._skip_step(f"non-finite reward ({exc})")
+        self.stats.count("groups", "produced", len(groups))
+        rewards = [r for g in groups for r in g.rewards]
+        used = [g for g in groups if g.has_signal]
+        self.stats.count("dropped", "zero_advantage", len(groups) - len(used))
+        self.stats.count("groups", "used", len(used))
+        train_started = time.monotonic()
+        result = self.trainer.train_step(to_samples(used))
+        train_s = time.monotonic() - train_started
+        if result.skipped_minibatches:
+            self.stats.count("errors", "nonfinite_loss", result.skipped_minibatches)
+        if result.minibatches > result.skipped_minibatches:
+            self.version += 1
+            self.sampler.load_weights(self.model.state_dict(), self.version)
+        self.step += 1
+        metrics = {
+            "step": self.step, "policy_version": self.version,
+            "reward_mean": sum(rewards) / len(rewards),
+            "accuracy": sum(g.accuracy for g in groups) / len(groups),
+            "groups_used": len(used), "groups_total": len(groups),
+            "loss": result.loss, "clip_frac": result.clip_frac, "kl": result.kl, "entropy": result.entropy,
+            "grad_norm": result.grad_norm, "skipped_minibatches": result.skipped_minibatches,
+            "tokens_per_s": gen_tokens / gen_s if gen_s > 0 else 0.0,
+            "gen_s": gen_s, "train_s": train_s, "step_s": time.monotonic() - step_started, "time": time.time(),
+        }
+        self._publish(metrics)
+        return metrics
+
+    def _skip_step(self, reason: str) -> dict[str, Any]:
+        self.skipped_steps += 1
+        self.step += 1
+        self.stats.count("errors", "skipped_step", 1)
+        self.events.log(f"step {self.step} skipped: {reason}")
+        metrics = {"step": self.step, "policy_version": self.version, "skipped": reason, "time": time.time()}
+        self._publish(metrics)
+        return metrics
+
+    def _publish(self, metrics: dict[str, Any]) -> None:
+        self.stats.record_step(metrics)
+        if self.events.on_step is not None:
+            self.events.on_step(metrics)
+
+    # -- checkpoints, eval, summary ------------------------------------------------------------------
+    def save_checkpoint(self) -> None:
+        state = {"policy_version": self.version, "skipped_steps": self.skipped_steps,
+                 "task_rng": checkpoint.state_to_json(self.rng.getstate()), "config": self.cfg.to_dict()}
+        try:
+            path = checkpoint.save_checkpoint(self.run_dir, self.step, self.model, self.trainer.optimizer, state,
+                                              keep=self.cfg.run.keep_checkpoints)
+        except checkpoint.CheckpointError as exc:
+            self.stats.count("errors", "checkpoint_failed", 1)
+            self.events.log(f"warning: {exc}")
+            return
+        self.stats.update(last_checkpoint={"step": self.step, "path": str(path), "time": time.time()})
+
+    def evaluate(self) -> EvalResult:
+        self.stats.set_phase("evaluating")
+        result = evaluate(self.sampler, self.tokenizer, self.task_source, self.cfg.run.eval_problems,
+                          self.cfg.sampler.max_new_tokens)
+        self.stats.set_phase("training")
+        return result
+
+    def summary(self, result: EvalResult | None) -> RunSummary:
+        rewards = []
+        path = self.run_dir / METRICS_FILE
+        if path.exists():
+            rewards = [m["reward_mean"] for m in map(json.loads, path.read_text().splitlines())
+                       if "reward_mean" in m]
+        window = max(1, min(10, len(rewards) // 4))
+        first = sum(rewards[:window]) / window if rewards else None
+        last = sum(rewards[-window:]) / window if rewards else None
+        return RunSummary(self.step, first, last, result, self.run_dir, self.skipped_steps)
+
+    def close(self) -> None:
+        if self.sampler is not None:
+            self.sampler.close()

@@ -1,0 +1,51 @@
+"""Rollout groups: G completions of one task instance, scored locally, with group-relative advantages.
+
+A group's rewards always come from our own verifier (`tasks.score`) on a question regenerated from the task
+reference; whoever generated the completions, nothing they claim about correctness is used here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from swarm_node import tasks
+from swarm_node.rl.advantages import ADVANTAGE_ESTIMATORS
+from swarm_node.sampler.base import Completion
+from swarm_node.trainer import TrainSample
+
+
+@dataclass
+class ScoredGroup:
+    inst: tasks.TaskInstance
+    prompt_ids: list[int]
+    completions: list[Completion]
+    rewards: list[float]
+    advantages: list[float] = field(default_factory=list)
+    source: str = "local"  # "local" or the sending peer's id
+    off_policy: bool = False
+
+    @property
+    def has_signal(self) -> bool:
+        return any(a != 0.0 for a in self.advantages)
+
+    @property
+    def accuracy(self) -> float:
+        return sum(r >= 1.0 for r in self.rewards) / len(self.rewards)
+
+
+def score_group(inst: tasks.TaskInstance, prompt_ids: list[int], completions: list[Completion],
+                advantage: str = "grpo", source: str = "local") -> ScoredGroup:
+    """Score every completion with the task's verifier and compute advantages; non-finite rewards raise."""
+    rewards = [tasks.score(inst, c.text) for c in completions]
+    if not all(math.isfinite(r) for r in rewards):
+        raise FloatingPointError(f"non-finite reward for task {inst.ref}")
+    adv = ADVANTAGE_ESTIMATORS[advantage](torch.tensor(rewards, dtype=torch.float64)).tolist()
+    return ScoredGroup(inst, prompt_ids, completions, rewards, adv, source)
+
+
+def to_samples(groups: list[ScoredGroup]) -> list[TrainSample]:
+    return [TrainSample(g.prompt_ids, c.token_ids, c.logprobs, a, g.off_policy)
+            for g in groups for c, a in zip(g.completions, g.advantages, strict=True) if c.token_ids]

@@ -1,0 +1,5 @@
+"""Samplers: generate G completions per prompt with behaviour log-probs, and take new weights.
+
+`base.Sampler` is the interface; `hf.HFSampler` (transformers) is the reference and fallback; the vLLM sampler
+lives in `vllm_sampler`. `make_sampler` picks one by name (`auto|vllm|hf`).
+"""

@@ -1,0 +1,70 @@
+"""Transformers sampler: the reference implementation and the CPU fallback.
+
+Uses `generate(output_scores=True)`: the scores it returns are the logits after temperature and top-p warping,
+so their log-softmax is exactly the processed log-prob of `rl.logprobs`. Weights are shared by copy, not by
+reference, so the trainer can keep updating its own model while this one samples the version it was given.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from swarm_node.sampler.base import Completion, Sampler, SamplingParams, check_prompt_lengths
+
+
+class HFSampler(Sampler):
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, version: int = 0) -> None:
+        self.model = copy.deepcopy(model).eval()
+        self.tokenizer = tokenizer
+        self.version = version
+        self.max_len = int(getattr(model.config, "max_position_embeddings", 2048))
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        self.model.load_state_dict(state_dict, strict=False)
+        self.version = version
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams) -> list[list[Completion]]:
+        check_prompt_lengths(prompts, params.max_new_tokens, self.max_len)
+        eos = self.tokenizer.eos_token_id
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
+        rows = [p for p in prompts for _ in range(n)]
+        width = max(len(p) for p in rows)
+        # Left padding: every row's next token is generated at the same position.
+        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, p in enumerate(rows):
+            input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            attention[i, width - len(p):] = 1
+        greedy = params.temperature <= 0
+        generator_state = None
+        if params.seed is not None:
+            generator_state = torch.random.get_rng_state()
+            torch.manual_seed(params.seed)
+        try:
+            out = self.model.generate(
+                input_ids=input_ids, attention_mask=attention, max_new_tokens=params.max_new_tokens,
+                do_sample=not greedy, temperature=None if greedy else params.temperature,
+                top_p=None if greedy else params.top_p, top_k=None if greedy else 0,
+                output_scores=True, return_dict_in_generate=True, pad_token_id=pad, eos_token_id=eos)
+        finally:
+            if generator_state is not None:
+                torch.random.set_rng_state(generator_state)
+        new_tokens = out.sequences[:, width:]  # [rows, steps]
+        # scores: one [rows, V] per generated step, already warped (temperature, top-p) when sampling.
+        logps = torch.stack([s.float().log_softmax(-1) for s in out.scores], dim=1)  # [rows, steps, V]
+        token_logps = logps.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)  # [rows, steps]
+        results: list[list[Completion]] = []
+        for i in range(len(rows)):
+            ids = new_tokens[i].tolist()
+            if eos in ids:
+                ids = ids[: ids.index(eos) + 1]
+            lps = token_logps[i, : len(ids)].tolist()
+            text = self.tokenizer.decode([t for t in ids if t != eos], skip_special_tokens=True)
+            if i % n == 0:
+                results.append([])
+            results[-1].append(Completion(ids, text, lps, self.version))
+        return results

