@@ -14,7 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from swarm_node.errors import UserError
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # one error = one line, never wrapped
 
 
 @contextmanager

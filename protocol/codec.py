@@ -5,7 +5,8 @@ Contract:
   as a little-endian uint32 blob, log-probs as a little-endian float32 blob. decode(encode(m)) == m and
   encode(decode(b)) == b for every canonical b (log-probs are rounded to float32 by encode).
 - decode validates before it allocates: the byte length first, then msgpack with length bounds derived from the
-  limits (no list, string or blob larger than the limits allow is ever built), then an exact schema check
+  limits (no list, string or blob larger than the limits allow is ever built, and parsing stops once more
+  containers and entries exist than a valid message holds), then an exact schema check
   (key sets, types, ranges), blob checks (vocabulary, finite non-positive log-probs) and, when `now` is given,
   freshness. Any failure raises `WireError`; no other exception leaves decode for any input bytes.
 - Reject-class failures are all checked before the ignore-class timestamp window, so a message that is both
@@ -23,7 +24,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from protocol.errors import WireError, ignore, reject
+from protocol.errors import ignore, reject
 from protocol.limits import MAX_INT, MAX_TIMESTAMP, Limits
 from protocol.messages import (
     GROUP_ID_BYTES,
@@ -133,13 +134,35 @@ class _DuplicateKey(Exception):
     pass
 
 
-def _pairs_to_dict(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
-    # Reject duplicate keys: implementations disagree on which one wins, so a signed message could mean
-    # different things to different peers.
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        raise _DuplicateKey
-    return out
+class _TooManyObjects(Exception):
+    pass
+
+
+def _container_hooks(budget: int) -> tuple[Callable[[list[Any]], list[Any]],
+                                          Callable[[list[tuple[Any, Any]]], dict[Any, Any]]]:
+    """msgpack hooks that stop parsing once the arrays and maps built so far, plus their entries, exceed
+    `budget`: a peer must not make us build hundreds of thousands of tiny objects (CPU and memory amplification)
+    before the schema check sees the first. Inner containers complete first, so the count grows as we parse."""
+    remaining = [budget]
+
+    def on_list(items: list[Any]) -> list[Any]:
+        remaining[0] -= 1 + len(items)
+        if remaining[0] < 0:
+            raise _TooManyObjects
+        return items
+
+    def on_pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+        remaining[0] -= 1 + len(pairs)
+        if remaining[0] < 0:
+            raise _TooManyObjects
+        # Reject duplicate keys: implementations disagree on which one wins, so a signed message could mean
+        # different things to different peers.
+        out = dict(pairs)
+        if len(out) != len(pairs):
+            raise _DuplicateKey
+        return out
+
+    return on_list, on_pairs
 
 
 def _fields(obj: Any, keys: tuple[str, ...], where: str) -> dict[str, Any]:
@@ -211,7 +234,7 @@ def _timestamp(value: Any, where: str) -> float:
 def _task(obj: Any, where: str, limits: Limits) -> TaskRefWire:
     f = _fields(obj, TASK_KEYS, where)
     return TaskRefWire(dataset=_str(f["dataset"], f"{where}.dataset", limits.max_name_chars),
-                       config=_str(f["config"], f"{where}.config", limits.max_config_chars),
+                       config=_str(f["config"], f"{where}.config", limits.max_config_chars, "config_too_long"),
                        seed=_int(f["seed"], f"{where}.seed"), index=_int(f["index"], f"{where}.index"))
 
 
@@ -300,19 +323,33 @@ _BODY_DECODERS: dict[type, Callable[[Any, Limits], Message]] = {
 }
 
 
+def _object_budget(limits: Limits) -> int:
+    """Twice the arrays and maps plus their entries of the largest valid message: room for one entry over
+    each limit or an extra key everywhere, so that such a message still gets its precise reason."""
+    groups, completions = limits.max_groups_per_message + 1, limits.max_completions_per_group + 1
+    envelope = 2 * (1 + len(ENVELOPE_KEYS)) + 2  # envelope map, body map and the groups array
+    per_group = (1 + len(GROUP_KEYS)) + (1 + len(TASK_KEYS)) + (1 + completions) \
+        + completions * (1 + len(COMPLETION_KEYS)) + 1
+    status = (1 + len(STATUS_KEYS)) + (1 + limits.max_capabilities + 1)
+    return 2 * (envelope + max(groups * per_group, status, 1 + len(ANNOUNCE_KEYS) + 1))
+
+
 def _unpack(data: bytes, limits: Limits) -> Any:
     # Bounds one past each schema limit: a count just over a limit still reaches the schema check and gets its
     # precise reason; anything larger is refused by msgpack before the container is allocated.
     max_chars = max(limits.max_text_chars, limits.max_config_chars, limits.max_name_chars)
+    on_list, on_pairs = _container_hooks(_object_budget(limits))
     try:
         return msgpack.unpackb(
-            data, raw=False, strict_map_key=True, use_list=True, object_pairs_hook=_pairs_to_dict,
+            data, raw=False, strict_map_key=True, use_list=True, list_hook=on_list, object_pairs_hook=on_pairs,
             max_str_len=4 * (max_chars + 1), max_bin_len=max(4 * (limits.max_tokens_per_completion + 1), 64),
             max_array_len=max(limits.max_groups_per_message, limits.max_completions_per_group,
                               limits.max_capabilities) + 1,
             max_map_len=_MAX_MAP_LEN, max_ext_len=0)
     except _DuplicateKey as exc:
         raise reject("duplicate_key", "a map repeats a key") from exc
+    except _TooManyObjects as exc:
+        raise reject("too_large", "more arrays, maps and entries than any valid message holds") from exc
     except msgpack.ExtraData as exc:
         raise reject("bad_msgpack", "trailing bytes after the message") from exc
     # msgpack signals truncation, bad format bytes, invalid UTF-8, nesting too deep and oversized containers

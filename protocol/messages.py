@@ -11,7 +11,6 @@ Policy ids bind a policy to the peer that owns it: a policy id is the owner's li
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 SCHEMA_VERSION = 1
 
@@ -115,7 +114,7 @@ class Status:
         _set(self, "capabilities", tuple(self.capabilities))
 
 
-Message = Union[RolloutBatch, PolicyAnnounce, Status]
+Message = RolloutBatch | PolicyAnnounce | Status
 
 # The envelope's type tag for each message type, and back.
 TYPE_TAGS: dict[type, str] = {RolloutBatch: "rollouts", PolicyAnnounce: "policy_announce", Status: "status"}

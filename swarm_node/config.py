@@ -32,12 +32,11 @@ class RunConfig:
     checkpoint_every: int = 25
     keep_checkpoints: int = 3
     eval_every: int = 0  # 0: only at the end of the run
-    eval_problems: int = 200
+    eval_problems: int = 200  # 0: no held-out eval
 
     def validate(self) -> None:
-        _positive(self, "steps", "prompts_per_step", "group_size", "checkpoint_every", "keep_checkpoints",
-                  "eval_problems")
-        _non_negative(self, "eval_every", "seed")
+        _positive(self, "steps", "prompts_per_step", "group_size", "checkpoint_every", "keep_checkpoints")
+        _non_negative(self, "eval_every", "seed", "eval_problems")
 
 
 @dataclass
@@ -83,6 +82,7 @@ class SamplerConfig:
 @dataclass
 class TrainConfig:
     lr: float = 2e-4
+    warmup_steps: int = 10  # optimizer steps of linear lr warm-up: Adam's first steps are sign-like and large
     minibatches: int = 2  # optimizer steps per batch
     advantage: str = "grpo"  # rl.advantages registry
     loss: str = "grpo"  # rl.loss registry
@@ -103,7 +103,7 @@ class TrainConfig:
         if self.loss not in LOSSES:
             raise ConfigError(f"train.loss {self.loss!r} unknown; choose {sorted(LOSSES)}")
         _positive(self, "lr", "minibatches", "max_grad_norm", "is_cap")
-        _non_negative(self, "eps_low", "eps_high", "kl_coef", "weight_decay", "threads")
+        _non_negative(self, "eps_low", "eps_high", "kl_coef", "weight_decay", "threads", "warmup_steps")
 
 
 @dataclass

@@ -26,6 +26,7 @@ from transformers import (
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
@@ -130,6 +131,19 @@ def ensure_default_model(progress: ProgressFn | None = None,
     return target
 
 
+# Tokenizers saved as a plain tokenizer.json. AutoTokenizer would pick a class from the model type instead (for
+# qwen2 in transformers 5, Qwen2Tokenizer, which replaces our character pre-tokenizer and drops spaces).
+PLAIN_TOKENIZER_CLASSES = {"PreTrainedTokenizerFast", "TokenizersBackend"}
+
+
+def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    config_file = path / "tokenizer_config.json"
+    declared = json.loads(config_file.read_text()).get("tokenizer_class") if config_file.exists() else None
+    if declared in PLAIN_TOKENIZER_CLASSES:
+        return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
 def load_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a local HF causal-LM directory (fp32 on CPU); any problem is one UserError line."""
     path = Path(path)
@@ -139,7 +153,7 @@ def load_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBa
         raise UserError(f"model path {str(path)!r} has no config.json: not a Hugging Face model directory")
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tokenizer = load_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32,
                                                      config=config)
     except (OSError, ValueError, KeyError) as exc:

@@ -128,6 +128,7 @@ class Node:
         self.step = ckpt.step
         self.version = int(ckpt.state["policy_version"])
         self.skipped_steps = int(ckpt.state.get("skipped_steps", 0))
+        self.trainer.optimizer_steps = int(ckpt.state.get("optimizer_steps", 0))
         self.rng.setstate(checkpoint.state_from_json(ckpt.state["task_rng"]))
         _truncate_metrics(self.run_dir / METRICS_FILE, self.step)
         self.stats.update(last_checkpoint={"step": ckpt.step, "path": str(ckpt.path)})
@@ -221,6 +222,7 @@ class Node:
     # -- checkpoints, eval, summary ------------------------------------------------------------------
     def save_checkpoint(self) -> None:
         state = {"policy_version": self.version, "skipped_steps": self.skipped_steps,
+                 "optimizer_steps": self.trainer.optimizer_steps,
                  "task_rng": checkpoint.state_to_json(self.rng.getstate()), "config": self.cfg.to_dict()}
         try:
             path = checkpoint.save_checkpoint(self.run_dir, self.step, self.model, self.trainer.optimizer, state,

@@ -91,6 +91,13 @@ class Trainer:
         self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if train.kl_coef > 0 else None
         self.rng = random.Random(seed)
         self.skipped_total = 0
+        self.optimizer_steps = 0  # checkpointed by the node: drives the lr warm-up
+
+    def _set_lr(self) -> None:
+        warm = self.cfg.warmup_steps
+        scale = min(1.0, (self.optimizer_steps + 1) / warm) if warm else 1.0
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.lr * scale
 
     def token_log_probs(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Processed log-probs [N, L-1] of each target token, and the entropy [N, L-1] at each position."""
@@ -148,7 +155,9 @@ class Trainer:
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             return None
+        self._set_lr()
         self.optimizer.step()
+        self.optimizer_steps += 1
         drift = out.kl if self.ref_model is not None else float(masked_mean(
             kl_k3(logp.detach(), batch.behaviour), batch.mask))
         return {"loss": float(out.loss.detach()), "clip_frac": out.clip_frac, "kl": drift,

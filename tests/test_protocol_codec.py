@@ -148,7 +148,7 @@ def test_encode_refuses_unencodable_values() -> None:
 # ---------------------------------------------------------------------------------------------- limits/schema
 
 SMALL = Limits(max_message_bytes=4096, max_groups_per_message=2, max_completions_per_group=2,
-               max_tokens_per_completion=4, max_text_chars=8, vocab_size=300, max_name_chars=16,
+               max_tokens_per_completion=4, max_text_chars=8, vocab_size=300, max_name_chars=24,
                max_config_chars=32, max_capabilities=2, max_policy_bytes=1000, max_chunks=10)
 
 
@@ -187,6 +187,13 @@ def n_tokens(n: int) -> bytes:
     return encode(RolloutBatch((group(completions=(CompletionWire((1,) * n, "a", (-1.0,) * n, 0.0),)),)))
 
 
+def nested_empty_arrays(width: int, depth: int) -> bytes:
+    data = b"\x90"
+    for _ in range(depth):
+        data = bytes([0x90 + width]) + data * width
+    return data
+
+
 REJECTS: list[tuple[str, Callable[[], bytes], str]] = [
     ("message bytes", lambda: b"\x90" * 4097, "message_too_large"),
     ("groups max+1", lambda: n_groups(3), "too_many_groups"),
@@ -216,14 +223,15 @@ REJECTS: list[tuple[str, Callable[[], bytes], str]] = [
     ("bool as version", lambda: mutated_group(set_key("version", True)), "bad_schema"),
     ("negative version", lambda: mutated_group(set_key("version", -1)), "out_of_range"),
     ("uint64 index", lambda: mutated_group(lambda g: g["task"].__setitem__("index", 2**64 - 1)), "out_of_range"),
-    ("config too long", lambda: mutated_group(lambda g: g["task"].__setitem__("config", "x" * 33)), "name_too_long"),
+    ("config too long", lambda: mutated_group(lambda g: g["task"].__setitem__("config", "x" * 33)), "config_too_long"),
     ("missing key", lambda: mutated_group(lambda g: g.pop("family")), "bad_schema"),
     ("extra key", lambda: mutated_group(set_key("extra", 1)), "bad_schema"),
     ("short group id", lambda: mutated_group(set_key("id", b"\x00" * 15)), "bad_schema"),
     ("policy id with space", lambda: mutated_group(set_key("policy", "Qm 1")), "bad_policy_id"),
     ("policy id empty name", lambda: mutated_group(set_key("policy", "Qm1/")), "bad_policy_id"),
-    ("policy id too long", lambda: mutated_group(set_key("policy", "Q" * 17)), "name_too_long"),
+    ("policy id too long", lambda: mutated_group(set_key("policy", "Q" * 25)), "name_too_long"),
     ("duplicate group id", lambda: encode(RolloutBatch((group(), group(policy_version=3)))), "duplicate_group"),
+    ("many tiny containers", lambda: nested_empty_arrays(3, 6), "too_large"),
     ("duplicate map key", lambda: b"\x83\xa1v\x01\xa1v\x01\xa4type\xa6status", "duplicate_key"),
     ("trailing bytes", lambda: encode(status()) + b"\x00", "bad_msgpack"),
     ("truncated", lambda: encode(status())[:-3], "bad_msgpack"),
@@ -260,6 +268,21 @@ def test_values_at_each_limit_are_accepted() -> None:
     top = encode(RolloutBatch((group(completions=(CompletionWire((299,), "a" * 8, (0.0,), 0.0),)),)))
     assert decode(top, SMALL).groups[0].completions[0].token_ids == (299,)
     assert decode(encode(announce(size=1000, chunk_count=10, base_version=7)), SMALL).chunk_count == 10
+
+
+def test_largest_valid_message_fits_the_parse_budget() -> None:
+    limits = Limits()
+    c = CompletionWire((), "", (), 0.0)
+    groups = tuple(group(group_id=i.to_bytes(16, "big"), completions=(c,) * limits.max_completions_per_group)
+                   for i in range(limits.max_groups_per_message))
+    assert len(decode(encode(RolloutBatch(groups)), limits).groups) == limits.max_groups_per_message
+    # One key too many in every map is still a schema error, not a budget overflow.
+    obj = raw(RolloutBatch(groups))
+    for g in obj["body"]["groups"]:
+        g["x"] = 0
+        for comp in g["completions"]:
+            comp["x"] = 0
+    assert fails(pack(obj), limits).reason == "bad_schema"
 
 
 def test_unknown_version_is_ignored_even_with_an_unknown_body() -> None:

@@ -50,6 +50,7 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 import json  # noqa: E402
+import logging  # noqa: E402
 import random  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
@@ -76,6 +77,19 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # other size starts fine and fails at the first forward pass, so it is rejected before the engine starts.
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
+# vLLM warnings that are expected with this setup (in-process, eager, no tokenizer in the engine, CPU without
+# tcmalloc/iomp preloaded) and say nothing to a user; everything else vLLM warns about still shows.
+EXPECTED_VLLM_WARNINGS = (
+    "The global random seed is set to", "Enforce eager set", "Inductor compilation was disabled",
+    "Triton is not installed", "Reset SSM cache type", "Model Runner V2 requires Triton", "not found in LD_PRELOAD",
+    "doesn't allow to use `torch.set_num_threads`", "Chat template warmup failed", "Using None for EOS token id",
+    "RotaryEmbedding: Failed to load weights",  # its cos/sin cache is a buffer, never in a state dict
+    # A second engine in one process (simulations, tests) re-registers kernels and finds its own env variable.
+    "is already registered. Overwriting", "Unknown vLLM environment variable detected: VLLM_DIST_IDENT",
+)
+
+EMBEDDING = "model.embed_tokens.weight"
+
 _set_torch_threads = torch._C.set_num_threads  # the real setter; vLLM's CPU worker patches torch.set_num_threads
 
 
@@ -88,6 +102,7 @@ class ModelShape:
     head_dim: int
     max_positions: int
     vocab_size: int
+    tied_embeddings: bool = False
 
     @classmethod
     def from_config(cls, config: dict) -> ModelShape:
@@ -96,7 +111,8 @@ class ModelShape:
         return cls(layers=int(config["num_hidden_layers"]),
                    kv_heads=int(config.get("num_key_value_heads") or heads), head_dim=head_dim,
                    max_positions=int(config.get("max_position_embeddings", 2048)),
-                   vocab_size=int(config["vocab_size"]))
+                   vocab_size=int(config["vocab_size"]),
+                   tied_embeddings=bool(config.get("tie_word_embeddings", False)))
 
     def kv_bytes_per_token(self, dtype: str) -> int:
         return 2 * self.layers * self.kv_heads * self.head_dim * DTYPE_BYTES[dtype]  # K and V
@@ -137,6 +153,18 @@ def derive_engine_sizes(settings: SamplerSettings, shape: ModelShape, cores: int
 
 def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+class _ExpectedWarnings(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(pattern in message for pattern in EXPECTED_VLLM_WARNINGS)
+
+
+def _quiet_expected_vllm_warnings() -> None:
+    for handler in logging.getLogger("vllm").handlers:
+        if not any(isinstance(f, _ExpectedWarnings) for f in handler.filters):
+            handler.addFilter(_ExpectedWarnings())
 
 
 @contextmanager
@@ -188,6 +216,7 @@ class VLLMSampler(Sampler):
         self.sizes = derive_engine_sizes(settings, self.shape, usable_cores(), psutil.virtual_memory().available)
         self.max_len = self.sizes.max_model_len
         self.version = version
+        _quiet_expected_vllm_warnings()
         with _preserved_process_state(), torch_threads(self.sizes.threads):
             self.llm = vllm.LLM(
                 model=str(model_dir), dtype=settings.dtype, seed=0,
@@ -262,11 +291,18 @@ class VLLMSampler(Sampler):
         return Completion(ids, text, logprobs, self.version)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        # reload_weights runs the model's own load_weights (checkpoint names; a tied lm_head is skipped) and then
-        # its post-load processing, which the CPU backend needs to repack weights; model.load_weights alone does
-        # not. The tensors are copied, so the trainer may keep updating its own.
+        # reload_weights runs the model's own load_weights (checkpoint names) and then its post-load processing,
+        # which the CPU backend needs to repack weights; model.load_weights alone does not. The tensors are
+        # copied, so the trainer may keep updating its own.
+        weights = dict(state_dict)
+        if self.shape.tied_embeddings:
+            # The in-place reload unties vLLM's lm_head from the embedding: a name left out keeps its old values
+            # (measured on 0.32), so a tied pair is always sent under both names.
+            for name, twin in (("lm_head.weight", EMBEDDING), (EMBEDDING, "lm_head.weight")):
+                if name not in weights and twin in weights:
+                    weights[name] = weights[twin]
         with torch_threads(self.sizes.threads):
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state_dict.items())})
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
         # Cached KV blocks were computed with the old weights.
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM could not reset its prefix cache after a weight update")
@@ -282,4 +318,4 @@ class VLLMSampler(Sampler):
         """One line for the start-up log."""
         return (f"vLLM {vllm.__version__} in-process, {self.sizes.threads} threads, {self.settings.dtype}, "
                 f"max_model_len {self.sizes.max_model_len}, max_num_seqs {self.sizes.max_num_seqs}, "
-                f"KV cache {self.sizes.kv_cache_bytes / 2**20:.0f} MiB")
+                f"KV cache {self.sizes.kv_cache_bytes / 2**20:.3g} MiB")

@@ -1,10 +1,11 @@
 """Prometheus exposition of a node's stats, built with prometheus-client from one `NodeStats.snapshot()`.
 
-Contract: `render_metrics(snapshot)` returns the text exposition (format 0.0.4, `CONTENT_TYPE`) of the metric
-families named in `METRICS`, made by a prometheus-client collector over a fresh registry (never hand
-formatted). A family with nothing to report (e.g. no step yet) is still listed (HELP/TYPE) so dashboards can
-rely on the names; values that are None are left out. Counter families carry the `_total` suffix on their
-samples. Peer labels are bounded by `view.MAX_PEERS`, so a swarm cannot blow up the series count.
+Contract: `render_metrics(snapshot, accept)` returns (body, content type): the exposition of the metric families
+named in `METRICS`, made by a prometheus-client collector over a fresh registry (never hand formatted), in the
+format prometheus-client's own encoder picks for the scraper's Accept header (text 0.0.4 by default,
+OpenMetrics when asked). A family with nothing to report (e.g. no step yet) is still listed (HELP/TYPE) so
+dashboards can rely on the names; values that are None are left out. Counter families carry the `_total`
+suffix on their samples. Peer labels are bounded by `view.MAX_PEERS`, so a swarm cannot blow up the series count.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -20,12 +21,10 @@ from prometheus_client.core import (
     InfoMetricFamily,
     Metric,
 )
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
 from swarm_node.status.view import MAX_KEYS, MAX_PEERS
-
-CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # Family name -> (type, label names, help). The documented names; tests parse the exposition back and check them.
 METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
@@ -64,11 +63,12 @@ _TRAIN_KEYS = {  # history key -> family
 }
 
 
-def render_metrics(snapshot: dict[str, Any]) -> bytes:
-    """Text exposition of one snapshot."""
+def render_metrics(snapshot: dict[str, Any], accept: str = "") -> tuple[bytes, str]:
+    """(exposition of one snapshot, its Content-Type) for a scraper sending `accept`."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(snapshot))
-    return generate_latest(registry)
+    encoder, content_type = choose_encoder(accept)
+    return encoder(registry), content_type
 
 
 class SnapshotCollector:

@@ -34,10 +34,10 @@ from collections.abc import Awaitable, Callable
 from importlib import resources
 
 from aiohttp import web
+from prometheus_client.exposition import choose_encoder
 
 from swarm_node.errors import UserError
 from swarm_node.stats import NodeStats
-from swarm_node.status.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from swarm_node.status.metrics import render_metrics
 from swarm_node.status.view import status_view
 
@@ -80,8 +80,11 @@ def build_app(stats: NodeStats, token: str | None, cache_ttl_s: float = CACHE_TT
         return web.Response(body=body, content_type="application/json")
 
     async def metrics(request: web.Request) -> web.Response:
-        body = cache.get("metrics", lambda: render_metrics(stats.snapshot()))
-        return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
+        accept = request.headers.get("Accept", "")
+        # The content type depends on Accept (text or OpenMetrics); it comes from a small fixed set.
+        _, content_type = choose_encoder(accept)
+        body = cache.get("metrics:" + content_type, lambda: render_metrics(stats.snapshot(), accept)[0])
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def dashboard(request: web.Request) -> web.Response:
         return web.Response(text=page, content_type="text/html", charset="utf-8",

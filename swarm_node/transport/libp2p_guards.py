@@ -1,0 +1,139 @@
+"""Guards for py-libp2p 0.8.1 pubsub: the two measured remote crashes, application verdicts, library limits.
+
+Runs inside the network host (trio). Contract:
+- Crash (a): `Pubsub.continuously_read_stream` parses each frame with `rpc_pb2.RPC.ParseFromString`; an invalid
+  protobuf raises `google.protobuf.message.DecodeError`, which `Pubsub.stream_handler` does not catch (it catches
+  StreamError, ParseError, IncompleteReadError only), so it escapes the connection's nursery and kills the host.
+  `GuardedPubsub.stream_handler` catches it (and, as the last line at this trust boundary, any other Exception
+  raised while handling one peer's pubsub stream), resets that stream and drops the peer from pubsub.
+- Crash (b): `validators.signature_validator` falls back to `deserialize_public_key(msg.key)` when the `from`
+  field is not an identity-multihash peer id, and re-raises when that key is malformed; `Pubsub.push_msg` runs
+  in a service task, so the exception kills the pubsub service. `install_signature_guard` rebinds the name
+  `signature_validator` in `libp2p.pubsub.pubsub` (the only caller) to a wrapper that returns False (invalid
+  signature) instead of raising. `GuardedPubsub.push_msg` also catches anything else one message raises.
+- Application verdicts: py-libp2p validators return a bool, so there is no IGNORE. `GuardedPubsub.validate_msg`
+  asks `app_validate(topic, signer, data)` for each subscribed topic of the message: REJECT raises
+  ValidationError (the library then counts an invalid message against the forwarder's score), IGNORE raises
+  `IgnoredMessage`, which `push_msg` swallows: not delivered, not forwarded, not penalised. Our own publishes are
+  not validated. The library's validation cache is bypassed so the replay guard sees every copy.
+- Duplicates in flight: the library marks a message seen only after validation; while one copy awaits the
+  node's verdict, further copies from other forwarders are dropped here (else they would be validated and
+  delivered twice, and an honest forwarder could be penalised by the replay guard).
+- `raise_library_limits` patches the hard-coded per-peer outbound queue (32 RPCs) and subscription channel (32).
+With `crash_guards=False` the two crash paths behave as in the library (to test supervision).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from google.protobuf.message import DecodeError
+from libp2p.exceptions import ValidationError
+from libp2p.peer.id import ID
+from libp2p.pubsub import pubsub as pubsub_module
+from libp2p.pubsub import rpc_queue
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.validators import signature_validator as library_signature_validator
+
+from swarm_node.transport.base import ValidationResult
+
+log = logging.getLogger(__name__)
+
+AppValidate = Callable[[str, str, bytes], Awaitable[ValidationResult]]
+
+
+class IgnoredMessage(Exception):
+    """A message the application IGNOREs: dropped without penalising its forwarder."""
+
+
+def install_signature_guard(counters: Counter[str]) -> None:
+    """Make a malformed key an invalid signature instead of an exception (crash b). Idempotent per process."""
+
+    def guarded_signature_validator(msg: rpc_pb2.Message) -> bool:
+        try:
+            return library_signature_validator(msg)
+        except Exception:  # deserialize_public_key raises several types for peer-chosen bytes; all mean "invalid"
+            counters["malformed_key"] += 1
+            log.warning("dropped a pubsub message with a malformed signing key (from field %s)",
+                        msg.from_id[:40].hex())
+            return False
+
+    pubsub_module.signature_validator = guarded_signature_validator
+
+
+def raise_library_limits(queue_size: int, max_message_bytes: int, subscription_channel: int) -> None:
+    """Per-process: the library builds each peer's RpcQueue() and each subscription channel from constants."""
+    rpc_queue.RpcQueue.__init__.__defaults__ = (queue_size, max_message_bytes)
+    pubsub_module.SUBSCRIPTION_CHANNEL_SIZE = subscription_channel
+
+
+class GuardedPubsub(Pubsub):
+    """Pubsub with the crash guards, application verdicts (with IGNORE) and in-flight de-duplication."""
+
+    def __init__(self, *args: Any, app_validate: AppValidate, crash_guards: bool = True,
+                 counters: Counter[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.app_validate = app_validate
+        self.crash_guards = crash_guards
+        self.counters: Counter[str] = counters if counters is not None else Counter()
+        self._validating: set[bytes] = set()
+
+    async def stream_handler(self, stream: Any) -> None:
+        if not self.crash_guards:
+            await super().stream_handler(stream)
+            return
+        peer_id = stream.muxed_conn.peer_id
+        try:
+            await super().stream_handler(stream)
+        except DecodeError:
+            self.counters["undecodable_frame"] += 1
+            log.warning("peer %s sent an undecodable pubsub frame; dropping its pubsub stream", peer_id)
+            await self._drop_stream(stream, peer_id)
+        except Exception:  # trust boundary: nothing one peer sends may end more than that peer's stream
+            self.counters["stream_error"] += 1
+            log.warning("pubsub stream from %s failed; dropping it", peer_id, exc_info=True)
+            await self._drop_stream(stream, peer_id)
+
+    async def _drop_stream(self, stream: Any, peer_id: ID) -> None:
+        await stream.reset()  # NetStream.reset swallows the muxer's errors itself
+        self._handle_dead_peer(peer_id)
+
+    async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
+        msg_id = self._msg_id_constructor(msg)
+        if msg_id in self._validating:
+            self.counters["duplicate_in_flight"] += 1
+            return
+        self._validating.add(msg_id)
+        try:
+            await super().push_msg(msg_forwarder, msg)
+        except IgnoredMessage:
+            pass
+        except Exception:
+            if not self.crash_guards:
+                raise
+            self.counters["message_error"] += 1
+            log.warning("dropped a pubsub message forwarded by %s that raised", msg_forwarder, exc_info=True)
+        finally:
+            self._validating.discard(msg_id)
+
+    async def validate_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
+        if msg_forwarder == self.my_id:
+            return  # our own publish
+        signer = ID(msg.from_id).to_base58()  # StrictSign already verified that from_id signed it
+        worst = ValidationResult.ACCEPT
+        for topic in msg.topicIDs:
+            if topic not in self.topic_ids:
+                continue
+            verdict = await self.app_validate(topic, signer, msg.data)
+            worst = max(worst, verdict, key=_SEVERITY.__getitem__)
+        if worst is ValidationResult.REJECT:
+            raise ValidationError("rejected by the application validator")
+        if worst is ValidationResult.IGNORE:
+            raise IgnoredMessage
+
+
+_SEVERITY = {ValidationResult.ACCEPT: 0, ValidationResult.IGNORE: 1, ValidationResult.REJECT: 2}

@@ -1,0 +1,400 @@
+"""The libp2p network host: py-libp2p 0.8.1 on trio, driven by the node over one socket (libp2p_ipc frames).
+
+Run as `python -m swarm_node.transport.libp2p_host --ipc-fd N` (what `libp2p_transport` does: a child process, so a
+remote crash in py-libp2p ends only this process) or in a thread via `run_host(sock)`. Contract:
+- Reads HELLO (private key + HostSettings), starts TCP + Noise (only) + yamux, GossipSub (/meshsub/1.2.0 and
+  1.1.0, StrictSign, default message ids, heartbeat 1 s, library spam limiter off: our validators and peer score
+  do that job), answers READY(peer id, listen addrs, advertised addrs), then serves CALLs until the node's
+  socket closes, then exits.
+- CALL methods: subscribe(topic, validated), publish(topic, data), connect(multiaddr) -> peer id,
+  peers() -> [[id, addrs, latency_ms | None]], serve(protocol), open_stream(peer, protocol) -> sid,
+  counters() -> {name: count} of what the guards and validation dropped.
+- Every subscription is drained continuously; messages signed by others go to the node as DELIVER. For a
+  validated topic every message from a peer is first sent to the node as VALIDATE and waits (up to
+  validation_timeout_s, then IGNORE) for its VERDICT before it is delivered or forwarded (libp2p_guards).
+- publish applies back-pressure on the per-peer outbound queues (see HostSettings) and refuses a message over
+  the gossip size limit with an error instead of letting the library drop it silently.
+- Streams are bridged as S_* frames with credit-based flow control (STREAM_WINDOW per direction).
+- Nothing a peer sends may raise out of this module's handlers; the crash guards cover the library's own paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import math
+import signal
+import socket
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+import multiaddr
+import trio
+from libp2p import new_host
+from libp2p.crypto.keys import KeyPair
+from libp2p.crypto.serialization import deserialize_private_key
+from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
+from libp2p.network.stream.exceptions import StreamEOF
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
+from libp2p.pubsub.score import ScoreParams, TopicScoreParams
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.tools.anyio_service import background_trio_service
+
+from swarm_node.transport.base import ValidationResult
+from swarm_node.transport.libp2p_guards import GuardedPubsub, install_signature_guard, raise_library_limits
+from swarm_node.transport.libp2p_ipc import (
+    STREAM_CHUNK,
+    STREAM_WINDOW,
+    FrameDecoder,
+    HostSettings,
+    IpcError,
+    Op,
+    encode,
+)
+
+log = logging.getLogger(__name__)
+
+GOSSIP_OVERHEAD_BYTES = 4096  # RPC envelope, signature, key, topic and sender record around the data
+SUBSCRIPTION_CHANNEL = 4096  # library default 32: a burst larger than that was dropped with only a warning
+SCORE_DECAY_PER_HEARTBEAT = 0.999  # invalid-message counts fade with a half-life of ~11 min at 1 s heartbeats
+
+
+def gossip_limit(settings: HostSettings) -> int:
+    """Largest `data` publish() accepts: the library's RPC limit minus the envelope around the data."""
+    return settings.max_message_bytes - GOSSIP_OVERHEAD_BYTES
+
+
+class _StreamBridge:
+    """One libp2p stream <-> S_* frames. Either side's error resets the stream and tells the other side."""
+
+    def __init__(self, owner: NetworkHost, sid: int, stream: Any) -> None:
+        self.owner, self.sid, self.stream = owner, sid, stream
+        self.to_peer_send, self.to_peer_recv = trio.open_memory_channel[bytes | None](math.inf)
+        self.credit = STREAM_WINDOW  # bytes we may still push to the node before it reports consuming them
+        self.credit_event = trio.Event()
+        self.scope = trio.CancelScope()
+
+    def add_credit(self, n: int) -> None:
+        self.credit += n
+        self.credit_event.set()
+        self.credit_event = trio.Event()
+
+    async def run(self) -> None:
+        reason = ""
+        with self.scope:
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._to_node)
+                    nursery.start_soon(self._to_peer)
+                await self.stream.close()
+            except Exception as exc:  # any failure of a peer's stream (reset, EOF mid-write, muxer error)
+                reason = f"{type(exc).__name__}: {exc}"
+        if self.scope.cancelled_caught or reason:
+            await self.stream.reset()
+            if reason:
+                self.owner.send(Op.S_RESET, self.sid, reason)
+        self.owner.streams.pop(self.sid, None)
+
+    def abort(self) -> None:
+        self.scope.cancel()
+
+    async def _to_node(self) -> None:
+        while True:
+            while self.credit <= 0:
+                await self.credit_event.wait()
+            try:
+                data = await self.stream.read(min(self.credit, STREAM_CHUNK))
+            except StreamEOF:
+                data = b""
+            if not data:
+                self.owner.send(Op.S_CLOSE, self.sid)
+                return
+            self.credit -= len(data)
+            self.owner.send(Op.S_DATA, self.sid, data)
+
+    async def _to_peer(self) -> None:
+        async for item in self.to_peer_recv:
+            if item is None:
+                await self.stream.close_write()
+                return
+            await self.stream.write(item)
+            self.owner.send(Op.S_CREDIT, self.sid, len(item))
+
+
+class NetworkHost:
+    """State of one running host; methods named in `_methods` are the node's CALLs."""
+
+    def __init__(self, key_pair: KeyPair, settings: HostSettings) -> None:
+        self.settings = settings
+        self.counters: Counter[str] = Counter()
+        self.out_send, self.out_recv = trio.open_memory_channel[bytes](math.inf)
+        self.streams: dict[int, _StreamBridge] = {}
+        self._sids = itertools.count(1)
+        self._vids = itertools.count(1)
+        self._verdicts: dict[int, tuple[trio.Event, list[ValidationResult]]] = {}
+        self._validated: set[str] = set()
+        self._slow_peers: set[ID] = set()
+        self._nursery: trio.Nursery | None = None
+        self._methods = {
+            "subscribe": self.subscribe, "publish": self.publish, "connect": self.connect, "peers": self.peers,
+            "serve": self.serve, "open_stream": self.open_stream, "counters": self.get_counters,
+        }
+        if settings.crash_guards:
+            install_signature_guard(self.counters)
+        raise_library_limits(settings.queue_size, settings.max_message_bytes, SUBSCRIPTION_CHANNEL)
+        # Noise only: the library default also offers plaintext, which a peer could pick.
+        security = {NOISE_PROTOCOL_ID: NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)}
+        announce = [multiaddr.Multiaddr(a) for a in settings.announce] or None
+        self.host = new_host(key_pair=key_pair, sec_opt=security, announce_addrs=announce)
+        score = ScoreParams(
+            p4_invalid_messages=TopicScoreParams(weight=settings.invalid_penalty, cap=1e9,
+                                                 decay=SCORE_DECAY_PER_HEARTBEAT),
+            publish_threshold=settings.publish_threshold,
+        )
+        self.gossipsub = GossipSub(
+            protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11], degree=settings.degree, degree_low=settings.degree_low,
+            degree_high=settings.degree_high, heartbeat_interval=settings.heartbeat_s, heartbeat_initial_delay=0.1,
+            spam_protection_enabled=False, score_params=score,
+        )
+        self.pubsub = GuardedPubsub(
+            self.host, self.gossipsub, strict_signing=True, seen_ttl=settings.seen_ttl_s,
+            sweep_interval=settings.sweep_s, max_inbound_rpc_size=settings.max_message_bytes,
+            app_validate=self._app_validate, crash_guards=settings.crash_guards, counters=self.counters,
+        )
+        self.my_id_bytes = self.host.get_id().to_bytes()
+
+    def send(self, op: Op, *fields: Any) -> None:
+        self.out_send.send_nowait(encode(op, *fields))
+
+    # -- main loop ------------------------------------------------------------------------------------------
+    async def serve_node(self, conn: trio.SocketStream, decoder: FrameDecoder) -> None:
+        listen = [multiaddr.Multiaddr(a) for a in self.settings.listen]
+        async with self.host.run(listen), background_trio_service(self.pubsub), \
+                background_trio_service(self.gossipsub):
+            await self.pubsub.wait_until_ready()
+            self.send(Op.READY, self.host.get_id().to_base58(), [str(a) for a in self.host.get_transport_addrs()],
+                      [str(a) for a in self.host.get_addrs()])
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._write_frames, conn)
+                await self._read_frames(conn, decoder, nursery)
+                nursery.cancel_scope.cancel()  # the node closed its socket: shut down
+
+    async def _write_frames(self, conn: trio.SocketStream) -> None:
+        while True:
+            batch = [await self.out_recv.receive()]
+            size = len(batch[0])
+            while size < (1 << 20):  # coalesce queued frames into one send
+                try:
+                    frame = self.out_recv.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                batch.append(frame)
+                size += len(frame)
+            await conn.send_all(b"".join(batch))
+
+    async def _read_frames(self, conn: trio.SocketStream, decoder: FrameDecoder, nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                data = await conn.receive_some(1 << 20)
+            except trio.BrokenResourceError:
+                return
+            if not data:
+                return
+            for op, fields in decoder.feed(data):
+                self._dispatch(op, fields, nursery)
+
+    def _dispatch(self, op: Op, fields: list[Any], nursery: trio.Nursery) -> None:
+        if op is Op.CALL:
+            req_id, method, args = fields
+            nursery.start_soon(self._call, req_id, method, args)
+        elif op is Op.VERDICT:
+            vid, verdict = fields
+            waiter = self._verdicts.get(vid)
+            if waiter is not None:
+                waiter[1].append(ValidationResult(verdict))
+                waiter[0].set()
+        elif op in (Op.S_DATA, Op.S_CLOSE, Op.S_RESET, Op.S_CREDIT):
+            bridge = self.streams.get(fields[0])
+            if bridge is None:
+                return  # already finished; late frames are harmless
+            if op is Op.S_DATA:
+                bridge.to_peer_send.send_nowait(fields[1])
+            elif op is Op.S_CLOSE:
+                bridge.to_peer_send.send_nowait(None)
+            elif op is Op.S_RESET:
+                bridge.abort()
+            else:
+                bridge.add_credit(fields[1])
+        else:
+            raise IpcError(f"unexpected op {op.name} from the node")
+
+    async def _call(self, req_id: int, method: str, args: list[Any]) -> None:
+        fn = self._methods.get(method)
+        try:
+            if fn is None:
+                raise IpcError(f"unknown method {method!r}")
+            value = await fn(*args)
+        except Exception as exc:  # report any failure of a request back to the node, which raises it there
+            self.send(Op.RESULT, req_id, False, f"{type(exc).__name__}: {exc}")
+            return
+        self.send(Op.RESULT, req_id, True, value)
+
+    async def get_counters(self) -> dict[str, int]:
+        """Guard and validation counters (undecodable_frame, malformed_key, validation_timeout, slow_peer, ...)."""
+        return dict(self.counters)
+
+    # -- gossip ---------------------------------------------------------------------------------------------
+    async def _app_validate(self, topic: str, signer: str, data: bytes) -> ValidationResult:
+        if topic not in self._validated:
+            return ValidationResult.ACCEPT
+        vid = next(self._vids)
+        event = trio.Event()
+        result: list[ValidationResult] = []
+        self._verdicts[vid] = (event, result)
+        self.send(Op.VALIDATE, vid, topic, signer, data)
+        try:
+            with trio.move_on_after(self.settings.validation_timeout_s):
+                await event.wait()
+        finally:
+            del self._verdicts[vid]
+        if not result:
+            self.counters["validation_timeout"] += 1
+            return ValidationResult.IGNORE
+        return result[0]
+
+    async def subscribe(self, topic: str, validated: bool) -> None:
+        if validated:
+            self._validated.add(topic)
+        else:
+            self._validated.discard(topic)
+        if topic in self.pubsub.topic_ids:
+            return
+        subscription = await self.pubsub.subscribe(topic)
+        assert self._nursery is not None
+        self._nursery.start_soon(self._drain, topic, subscription)
+
+    async def _drain(self, topic: str, subscription: Any) -> None:
+        while True:
+            msg = await subscription.get()
+            if msg.from_id == self.my_id_bytes:
+                continue  # our own publish
+            self.send(Op.DELIVER, topic, msg.data, ID(msg.from_id).to_base58(), time.time())
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        limit = gossip_limit(self.settings)
+        if len(data) > limit:
+            raise ValueError(f"gossip message of {len(data)} bytes exceeds {limit}; send large payloads over a stream")
+        await self._wait_for_queue_room()
+        await self.pubsub.publish(topic, data)
+
+    async def _wait_for_queue_room(self) -> None:
+        """Back-pressure: wait while a peer's outbound queue is near full, but never for a peer that stalls."""
+        high = self.settings.high_water
+        queues = self.pubsub.peer_queues
+        self._slow_peers = {p for p in self._slow_peers if p in queues and len(queues[p]) >= high // 2}
+        deadline = trio.current_time() + self.settings.slow_peer_wait_s
+        while True:
+            full = [p for p, q in queues.items() if len(q) >= high and p not in self._slow_peers]
+            if not full:
+                return
+            if trio.current_time() >= deadline:
+                self._slow_peers.update(full)
+                self.counters["slow_peer"] += len(full)
+                log.warning("peer(s) %s read nothing for %.0f s; publishing without waiting for them (they may "
+                            "miss messages until they catch up)", [p.to_base58() for p in full],
+                            self.settings.slow_peer_wait_s)
+                return
+            await trio.sleep(0.002)
+
+    # -- peers ----------------------------------------------------------------------------------------------
+    async def connect(self, addr: str) -> str:
+        info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+        if info.peer_id == self.host.get_id():
+            raise ValueError("that address is this node itself")
+        with trio.fail_after(self.settings.connect_timeout_s):
+            await self.host.connect(info)
+        return info.peer_id.to_base58()
+
+    async def peers(self) -> list[list[Any]]:
+        out: list[list[Any]] = []
+        store = self.host.get_peerstore()
+        for peer in self.host.get_connected_peers():
+            try:
+                addrs = [str(a) for a in store.addrs(peer)]
+            except Exception:  # the peerstore raises when it holds no address for a (dialing-in) peer
+                addrs = []
+            try:
+                latency = store.latency_EWMA(peer) * 1000.0 or None
+            except Exception:  # no latency recorded yet
+                latency = None
+            out.append([peer.to_base58(), addrs, latency])
+        return out
+
+    # -- streams --------------------------------------------------------------------------------------------
+    async def serve(self, protocol: str) -> None:
+        self.host.set_stream_handler(protocol, self._incoming_stream)
+
+    async def _incoming_stream(self, stream: Any) -> None:
+        try:
+            sid = next(self._sids)
+            bridge = _StreamBridge(self, sid, stream)
+            self.streams[sid] = bridge
+            remote = stream.get_remote_address()
+            host, port = (remote[0], remote[1]) if remote else (None, None)
+            self.send(Op.S_OPEN, sid, stream.muxed_conn.peer_id.to_base58(), str(stream.get_protocol()), host, port)
+            await bridge.run()
+        except Exception:  # a handler that raises would take the connection's nursery, then the host, down
+            log.warning("incoming stream failed", exc_info=True)
+            await stream.reset()
+
+    async def open_stream(self, peer: str, protocol: str) -> int:
+        with trio.fail_after(self.settings.connect_timeout_s):
+            stream = await self.host.new_stream(ID.from_base58(peer), [protocol])
+        sid = next(self._sids)
+        bridge = _StreamBridge(self, sid, stream)
+        self.streams[sid] = bridge
+        assert self._nursery is not None
+        self._nursery.start_soon(bridge.run)
+        return sid
+
+
+async def run_host(sock: socket.socket) -> None:
+    """Serve one node over `sock` until it closes. Raises if py-libp2p dies (the supervisor restarts us)."""
+    conn = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+    decoder = FrameDecoder()
+    frames: list[tuple[Op, list[Any]]] = []
+    while not frames:
+        data = await conn.receive_some(1 << 16)
+        if not data:
+            return
+        frames = decoder.feed(data)
+    op, fields = frames[0]
+    if op is not Op.HELLO or len(frames) > 1:
+        raise IpcError("the node must send HELLO first, alone")
+    key, settings = fields
+    private_key = deserialize_private_key(key)
+    host = NetworkHost(KeyPair(private_key, private_key.get_public_key()), HostSettings.from_wire(settings))
+    await host.serve_node(conn, decoder)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ipc-fd", type=int, required=True, help="inherited socket connected to the node")
+    parser.add_argument("--log-level", default="WARNING")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s libp2p-host %(levelname)s %(name)s: %(message)s")
+    # Ctrl-C reaches the whole process group; the node decides when we stop (it closes the socket).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    trio.run(run_host, socket.socket(fileno=args.ipc_fd))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Frames between the node (asyncio) and its libp2p network host (trio), sans-I/O.
+
+Contract: a frame is a 4-byte big-endian body length followed by a msgpack array `[op, *fields]`. `encode()` makes
+one; `FrameDecoder.feed()` turns received bytes into complete `(Op, fields)` pairs, raising `IpcError` for a
+frame over `MAX_FRAME_BYTES` or a body that is not such an array. Both ends are our own code (never a peer), so a
+decode error means a bug or a dying process, not an attack. `HostSettings` travels in the HELLO frame.
+
+Ops and their fields (N = node, H = network host):
+  N->H HELLO(key: bytes, settings: dict)            H->N READY(peer_id, listen: list, advertised: list)
+  N->H CALL(req_id, method: str, args: list)        H->N RESULT(req_id, ok: bool, value | error text)
+  H->N VALIDATE(vid, topic, signer, data)           N->H VERDICT(vid, ValidationResult value)
+  H->N DELIVER(topic, data, signer, received_at)
+  H->N S_OPEN(sid, peer_id, protocol_id, remote_host | None, remote_port | None): an incoming stream
+  both S_DATA(sid, bytes)   S_CLOSE(sid): sender's half is done   S_RESET(sid, reason)
+  both S_CREDIT(sid, n): "I consumed n bytes of yours" (flow control: at most STREAM_WINDOW unconsumed per
+       direction, so neither side buffers a fast peer's stream without bound)
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import msgpack
+
+HEADER = struct.Struct("!I")
+MAX_FRAME_BYTES = 8 << 20  # > the 1 MiB gossip limit and the stream chunk, with room for msgpack overhead
+STREAM_CHUNK = 256 << 10  # bytes per S_DATA frame
+STREAM_WINDOW = 4 << 20  # unconsumed stream bytes allowed in flight per direction
+
+
+class IpcError(Exception):
+    """A malformed frame between the node and its network host."""
+
+
+class Op(enum.IntEnum):
+    HELLO = 1
+    CALL = 2
+    VERDICT = 3
+    READY = 10
+    RESULT = 11
+    DELIVER = 12
+    VALIDATE = 13
+    S_OPEN = 14
+    S_DATA = 20
+    S_CLOSE = 21
+    S_RESET = 22
+    S_CREDIT = 23
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """Network-host knobs (DESIGN.md, measured on py-libp2p 0.8.1); sent to the host in HELLO.
+
+    listen/announce: multiaddrs without /p2p. heartbeat_s: gossipsub heartbeat (library default 120 s is far too
+    slow to form a mesh). queue_size: per-peer outbound RPC queue (library default 32 drops silently when full).
+    high_water: our publish waits while any peer's queue holds this many RPCs; slow_peer_wait_s: how long it
+    waits before publishing anyway (a peer that stops reading must not stall us; the miss is counted and logged).
+    seen_ttl_s/sweep_s: gossipsub seen-cache (tests shorten it to exercise replays after it forgets).
+    validation_timeout_s: a node that does not answer a VALIDATE in time makes the message IGNOREd.
+    invalid_penalty/publish_threshold: peer score per REJECTed message and the score under which a forwarder's
+    messages are dropped unread. crash_guards: False only to test that the supervisor restarts a dead host.
+    """
+
+    listen: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
+    announce: tuple[str, ...] = ()
+    heartbeat_s: int = 1
+    degree: int = 6
+    degree_low: int = 4
+    degree_high: int = 12
+    queue_size: int = 256
+    high_water: int = 192
+    slow_peer_wait_s: float = 5.0
+    max_message_bytes: int = 1 << 20
+    seen_ttl_s: int = 120
+    sweep_s: int = 60
+    validation_timeout_s: float = 5.0
+    invalid_penalty: float = 10.0
+    publish_threshold: float = -100.0
+    connect_timeout_s: float = 10.0
+    crash_guards: bool = True
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, obj: dict[str, Any]) -> HostSettings:
+        known = {f.name for f in fields(cls)}
+        unknown = set(obj) - known
+        if unknown:
+            raise IpcError(f"unknown host settings {sorted(unknown)}")
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in obj.items()}
+        return cls(**values)
+
+
+def encode(op: Op, *fields_: Any) -> bytes:
+    body = msgpack.packb([int(op), *fields_], use_bin_type=True)
+    if len(body) > MAX_FRAME_BYTES:
+        raise IpcError(f"frame of {len(body)} bytes exceeds {MAX_FRAME_BYTES}")
+    return HEADER.pack(len(body)) + body
+
+
+class FrameDecoder:
+    """Incremental decoder: feed bytes, get complete frames."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[Op, list[Any]]]:
+        self._buf += data
+        out: list[tuple[Op, list[Any]]] = []
+        while len(self._buf) >= HEADER.size:
+            (length,) = HEADER.unpack_from(self._buf)
+            if length > MAX_FRAME_BYTES:
+                raise IpcError(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
+            end = HEADER.size + length
+            if len(self._buf) < end:
+                break
+            body = bytes(self._buf[HEADER.size:end])
+            del self._buf[:end]
+            out.append(_parse(body))
+        return out
+
+    @property
+    def pending(self) -> int:
+        return len(self._buf)
+
+
+def _parse(body: bytes) -> tuple[Op, list[Any]]:
+    try:
+        obj = msgpack.unpackb(body, raw=False)
+    except (ValueError, msgpack.ExtraData) as exc:
+        raise IpcError(f"undecodable frame: {exc}") from exc
+    if not isinstance(obj, list) or not obj or not isinstance(obj[0], int):
+        raise IpcError("frame is not [op, ...]")
+    try:
+        op = Op(obj[0])
+    except ValueError:
+        raise IpcError(f"unknown op {obj[0]}") from None
+    return op, obj[1:]

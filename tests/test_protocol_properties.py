@@ -1,0 +1,161 @@
+"""Property tests: valid messages round-trip byte-exactly; any other bytes only ever raise WireError."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from protocol.codec import decode, encode
+from protocol.errors import WireError
+from protocol.limits import Limits
+from protocol.messages import (
+    ROLES,
+    TYPE_TAGS,
+    CompletionWire,
+    Message,
+    PolicyAnnounce,
+    RolloutBatch,
+    RolloutGroup,
+    Status,
+    TaskRefWire,
+)
+
+LIMITS = Limits()
+FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+BASE58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+peer_ids = st.text(BASE58, min_size=1, max_size=52)
+policy_ids = st.one_of(peer_ids, st.builds("{}/{}".format, peer_ids,
+                                           st.text("abcxyz019._-", min_size=1, max_size=20)))
+u63 = st.integers(0, 2**63 - 1)
+finite = st.floats(allow_nan=False, allow_infinity=False)
+timestamps = st.floats(0.0, 1e11)
+logprobs = st.floats(max_value=0.0, width=32, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def completions(draw: st.DrawFn) -> CompletionWire:
+    n = draw(st.integers(0, 12))
+    return CompletionWire(token_ids=draw(st.lists(st.integers(0, LIMITS.vocab_size - 1), min_size=n, max_size=n)),
+                          text=draw(st.text(max_size=60)), logprobs=draw(st.lists(logprobs, min_size=n, max_size=n)),
+                          claimed_reward=draw(finite))
+
+
+groups = st.builds(
+    RolloutGroup, group_id=st.binary(min_size=16, max_size=16), policy_id=policy_ids, policy_version=u63,
+    task=st.builds(TaskRefWire, st.text(max_size=30), st.text(max_size=100), u63, u63),
+    completions=st.lists(completions(), min_size=1, max_size=4), tokenizer_hash=st.text(max_size=30),
+    model_family=st.text(max_size=30), created_at=timestamps)
+batches = st.builds(RolloutBatch, st.lists(groups, min_size=1, max_size=3, unique_by=lambda g: g.group_id))
+statuses = st.builds(Status, role=st.sampled_from(ROLES), capabilities=st.lists(st.text(max_size=20), max_size=5),
+                     throughput=st.floats(min_value=0.0, allow_nan=False, allow_infinity=False),
+                     policy_version=u63, follows=st.one_of(st.just(""), policy_ids), created_at=timestamps)
+
+
+@st.composite
+def announces(draw: st.DrawFn) -> PolicyAnnounce:
+    version = draw(u63)
+    size = draw(st.integers(1, LIMITS.max_policy_bytes))
+    return PolicyAnnounce(owner=draw(policy_ids), version=version, base_version=draw(st.integers(0, version)),
+                          size=size, sha256=draw(st.binary(min_size=32, max_size=32)),
+                          chunk_count=draw(st.integers(1, min(size, LIMITS.max_chunks))),
+                          encoding=draw(st.text(min_size=1, max_size=20)), created_at=draw(timestamps))
+
+
+messages = st.one_of(batches, statuses, announces())
+
+
+def decode_or_wire_error(data: bytes, limits: Limits = LIMITS) -> Message | None:
+    """Decode; a WireError is fine, any other exception fails the test. A success must be canonical-stable."""
+    try:
+        msg = decode(data, limits)
+    except WireError:
+        return None
+    assert decode(encode(msg), limits) == msg
+    return msg
+
+
+@FAST
+@given(messages)
+def test_every_valid_message_round_trips_byte_exactly(msg: Message) -> None:
+    data = encode(msg)
+    assert decode(data, LIMITS) == msg
+    assert encode(decode(data, LIMITS)) == data
+
+
+@FAST
+@given(st.binary(max_size=2000))
+def test_random_bytes_only_raise_wire_error(data: bytes) -> None:
+    decode_or_wire_error(data)
+
+
+@FAST
+@given(messages, st.data())
+def test_mutated_bytes_only_raise_wire_error(msg: Message, data: st.DataObject) -> None:
+    raw = bytearray(encode(msg))
+    for _ in range(data.draw(st.integers(1, 4))):
+        kind = data.draw(st.sampled_from(["flip", "truncate", "insert", "delete", "byte"]))
+        pos = data.draw(st.integers(0, max(len(raw) - 1, 0)))
+        if kind == "flip" and raw:
+            raw[pos] ^= 1 << data.draw(st.integers(0, 7))
+        elif kind == "truncate":
+            del raw[pos:]
+        elif kind == "insert":
+            raw[pos:pos] = data.draw(st.binary(min_size=1, max_size=8))
+        elif kind == "delete":
+            del raw[pos:pos + data.draw(st.integers(1, 8))]
+        elif raw:
+            raw[pos] = data.draw(st.sampled_from([0x00, 0x7F, 0x80, 0x90, 0xA0, 0xC0, 0xC1, 0xC4, 0xCB, 0xD7,
+                                                  0xDC, 0xDD, 0xDE, 0xDF, 0xFF]))
+    decode_or_wire_error(bytes(raw))
+
+
+msgpack_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=20)
+    | st.binary(max_size=40),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=12), inner, max_size=5),
+    max_leaves=30)
+
+
+@FAST
+@given(st.sampled_from(sorted(TYPE_TAGS.values())), msgpack_values)
+def test_msgpack_valid_wrong_schema_only_raises_wire_error(tag: str, body: Any) -> None:
+    decode_or_wire_error(msgpack.packb({"v": 1, "type": tag, "body": body}, use_bin_type=True))
+
+
+def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [prefix]
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            out += _paths(value, (*prefix, key))
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            out += _paths(value, (*prefix, i))
+    return out
+
+
+@FAST
+@given(messages, st.data())
+def test_field_replaced_by_any_value_only_raises_wire_error(msg: Message, data: st.DataObject) -> None:
+    obj = msgpack.unpackb(encode(msg), raw=False)
+    path = data.draw(st.sampled_from(_paths(obj)[1:]))
+    parent = obj
+    for step in path[:-1]:
+        parent = parent[step]
+    if data.draw(st.booleans()) and isinstance(parent, dict):
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = data.draw(msgpack_values)
+    decode_or_wire_error(msgpack.packb(obj, use_bin_type=True))
+
+
+def test_fuzz_bench_inputs_only_raise_wire_error() -> None:
+    from bench.fuzz_wire import run
+
+    result = run(inputs=3000, seed=1)
+    assert result["crashes"] == 0, result["crash_examples"]
+    assert sum(result["verdicts"].values()) == 3000
+    assert result["verdicts"]["accept"] > 0 and result["verdicts"]["reject"] > 0

@@ -1,0 +1,92 @@
+"""Node <-> network-host frames, host settings on the wire, and the restart backoff (pure logic)."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from swarm_node.transport.libp2p_ipc import (
+    HEADER,
+    MAX_FRAME_BYTES,
+    FrameDecoder,
+    HostSettings,
+    IpcError,
+    Op,
+    encode,
+)
+from swarm_node.transport.supervisor import Backoff, RestartTracker
+
+
+def test_frame_bytes_are_length_prefixed_msgpack() -> None:
+    frame = encode(Op.CALL, 7, "publish", ["t", b"\x00\x01"])
+    # msgpack: fixarray(4), 2, 7, fixstr(7) "publish", fixarray(2), fixstr(1) "t", bin8 len 2
+    body = bytes([0x94, 0x02, 0x07, 0xA7]) + b"publish" + bytes([0x92, 0xA1]) + b"t" + bytes([0xC4, 0x02, 0, 1])
+    assert frame == len(body).to_bytes(4, "big") + body
+
+
+def test_decoder_reassembles_frames_split_anywhere() -> None:
+    frames = [encode(Op.DELIVER, "topic", b"x" * 1000, "peer", 1.5), encode(Op.S_CREDIT, 3, 262144),
+              encode(Op.READY, "12D3", ["/ip4/127.0.0.1/tcp/1"], [])]
+    stream = b"".join(frames)
+    for cut in (1, 3, 4, 5, 700, len(stream) - 1):
+        decoder = FrameDecoder()
+        out = decoder.feed(stream[:cut]) + decoder.feed(stream[cut:])
+        assert out == [(Op.DELIVER, ["topic", b"x" * 1000, "peer", 1.5]), (Op.S_CREDIT, [3, 262144]),
+                       (Op.READY, ["12D3", ["/ip4/127.0.0.1/tcp/1"], []])]
+        assert decoder.pending == 0
+
+
+def test_decoder_byte_by_byte() -> None:
+    decoder = FrameDecoder()
+    frame = encode(Op.VERDICT, 1, 2)
+    out = [f for b in frame for f in decoder.feed(bytes([b]))]
+    assert out == [(Op.VERDICT, [1, 2])]
+
+
+@pytest.mark.parametrize("body, message", [
+    (msgpack.packb({"op": 1}), "not \\[op"),
+    (msgpack.packb([]), "not \\[op"),
+    (msgpack.packb([99]), "unknown op 99"),
+    (b"\xc1", "undecodable"),  # 0xc1 is never used in msgpack
+    (msgpack.packb([1]) + b"\x00", "undecodable"),  # trailing bytes
+])
+def test_decoder_rejects_bad_bodies(body: bytes, message: str) -> None:
+    with pytest.raises(IpcError, match=message):
+        FrameDecoder().feed(HEADER.pack(len(body)) + body)
+
+
+def test_oversized_frames_refused_both_ways() -> None:
+    with pytest.raises(IpcError, match="exceeds"):
+        FrameDecoder().feed(HEADER.pack(MAX_FRAME_BYTES + 1))
+    with pytest.raises(IpcError, match="exceeds"):
+        encode(Op.S_DATA, 1, b"\0" * MAX_FRAME_BYTES)
+
+
+def test_host_settings_round_trip_and_unknown_keys() -> None:
+    settings = HostSettings(listen=("/ip4/127.0.0.1/tcp/0",), announce=("/ip4/1.2.3.4/tcp/4001",), seen_ttl_s=2)
+    wire = msgpack.unpackb(msgpack.packb(settings.to_wire()))  # tuples travel as lists
+    assert HostSettings.from_wire(wire) == settings
+    with pytest.raises(IpcError, match="unknown host settings"):
+        HostSettings.from_wire({**wire, "bogus": 1})
+
+
+def test_backoff_values() -> None:
+    backoff = Backoff(initial_s=0.5, factor=2.0, max_s=4.0, jitter=0.5)
+    assert [backoff.delay(n) for n in range(6)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    assert backoff.delay(1, 0.5) == 1.0 * (1 - 0.25)
+    assert backoff.delay(10_000) == 4.0  # no float overflow for absurd attempt counts
+    with pytest.raises(ValueError):
+        backoff.delay(-1)
+    with pytest.raises(ValueError):
+        Backoff(initial_s=0)
+
+
+def test_restart_tracker_resets_after_stable_run() -> None:
+    tracker = RestartTracker(stable_s=60)
+    tracker.started(0)
+    assert tracker.failed(5) == 0  # first crash
+    tracker.started(6)
+    assert tracker.failed(7) == 1  # crash loop: back off more
+    assert tracker.failed(8) == 2  # a failed start (never started) counts too
+    tracker.started(10)
+    assert tracker.failed(100) == 0  # it ran 90 s: a fresh start
