@@ -69,11 +69,12 @@ class NodeStats:
 
     def upsert_peer(self, peer_id: str, **fields: Any) -> None:
         """Add a connected peer or update its latency_ms / score / counters."""
+        unknown = set(fields) - set(PeerStats.__dataclass_fields__)
+        if unknown:
+            raise AttributeError(f"PeerStats has no field {sorted(unknown)[0]!r}")
         with self._lock:
             peer = self.peers.setdefault(peer_id, PeerStats(peer_id))
             for name, value in fields.items():
-                if name == "peer_id" or not hasattr(peer, name):
-                    raise AttributeError(f"PeerStats has no field {name!r}")
                 setattr(peer, name, value)
 
     def count_peer_message(self, peer_id: str, accepted: bool, n: int = 1) -> None:

@@ -9,10 +9,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol.codec import decode, encode
-from protocol.errors import WireError
+from protocol.errors import Verdict, WireError
 from protocol.limits import Limits
 from protocol.messages import (
     ROLES,
+    TOPIC_TYPES,
     TYPE_TAGS,
     CompletionWire,
     Message,
@@ -22,6 +23,7 @@ from protocol.messages import (
     Status,
     TaskRefWire,
 )
+from protocol.validation import AcceptPolicy, ReplayGuard, validate_gossip
 
 LIMITS = Limits()
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -150,6 +152,19 @@ def test_field_replaced_by_any_value_only_raises_wire_error(msg: Message, data: 
     else:
         parent[path[-1]] = data.draw(msgpack_values)
     decode_or_wire_error(msgpack.packb(obj, use_bin_type=True))
+
+
+@FAST
+@given(messages, st.binary(max_size=8), st.integers(0, 10_000), st.sampled_from(sorted(TOPIC_TYPES)))
+def test_validate_gossip_never_raises(msg: Message, noise: bytes, cut: int, topic: str) -> None:
+    data = encode(msg)
+    guard = ReplayGuard(LIMITS.max_age_s)
+    policy = AcceptPolicy(tasks=frozenset(), max_index=10)
+    for candidate in (data, data[:cut] + noise + data[cut:], data[:cut]):
+        result = validate_gossip(topic, candidate, "12D3KooWx", limits=LIMITS, policy=policy, now=1e9,
+                                 replay=guard)
+        assert result.verdict in (Verdict.ACCEPT, Verdict.REJECT, Verdict.IGNORE)
+        assert (result.message is None) == (result.verdict != Verdict.ACCEPT)
 
 
 def test_fuzz_bench_inputs_only_raise_wire_error() -> None:

@@ -113,14 +113,14 @@ async def test_status_json_is_strict_json_when_values_are_not_finite(make_client
 async def test_metrics_endpoint_serves_prometheus_text(make_client: Make) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    from swarm_node.status.metrics import METRICS
+    from swarm_node.status.metrics import TEXT_FAMILY_NAMES
 
     client = await make_client()
     response = await client.get("/metrics")
     assert response.status == 200
     assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
     families = {f.name: f for f in text_string_to_metric_families(await response.text())}
-    assert set(METRICS) <= set(families)
+    assert set(TEXT_FAMILY_NAMES) <= set(families)
     assert [s.value for s in families["swarm_node_step"].samples] == [3.0]
     groups = {s.labels["kind"]: s.value for s in families["swarm_node_rollout_groups"].samples}
     assert groups == {"produced": 12.0, "received": 7.0, "used": 15.0}

@@ -53,6 +53,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "swarm_node_broadcast": ("gauge", ("field",), "Numeric fields of the policy broadcast progress."),
     "swarm_node_last_checkpoint_step": ("gauge", (), "Step of the last checkpoint written."),
 }
+# The family names as the Prometheus text format (and its parser) shows them: an info family gains `_info`.
+TEXT_FAMILY_NAMES = tuple(name + "_info" if kind == "info" else name for name, (kind, _, _) in METRICS.items())
 _FAMILY = {"info": InfoMetricFamily, "counter": CounterMetricFamily, "gauge": GaugeMetricFamily}
 
 _TRAIN_KEYS = {  # history key -> family

@@ -307,7 +307,6 @@ class LibP2PTransport(Transport):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._supervisor: asyncio.Task[None] | None = None
         self._tracker = RestartTracker()
-        self._last_counters: dict[str, int] = {}
 
     @property
     def peer_id(self) -> str:

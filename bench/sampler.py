@@ -1,0 +1,149 @@
+"""Sampler throughput and weight-sync latency: our vLLM sampler vs raw `LLM.generate` vs the transformers sampler.
+
+In one run, on the same prompts (64 default-task prompts x 8 samples, up to 64 new tokens, temperature 1, top-p 1,
+stop at EOS) and for two models, the default one and a larger random one (~23M parameters): tokens/s of
+  ours     VLLMSampler.generate (processed log-probs, conversion to Completions, text),
+  raw      LLM.generate on the same engine with the same sampling settings and no log-probs,
+  hf       HFSampler.generate (transformers `generate` with scores: the fallback sampler),
+each the median of `--runs` rounds; and the median latency of VLLMSampler.load_weights (reload + prefix-cache
+reset). Tokens are those actually generated (EOS ends a completion early), divided by wall time.
+Writes bench/results/sampler.json and prints one summary line.
+
+    python -m bench.sampler [--runs 3] [--prompts 64] [--samples 8] [--max-new-tokens 64]
+"""
+
+from __future__ import annotations
+
+# Sets vLLM's environment (in-process engine) before anything imports vllm.
+from swarm_node.sampler.vllm_sampler import VLLMSampler, usable_cores  # isort: skip
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import vllm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from vllm.inputs import TokensPrompt
+
+from swarm_node import tasks
+from swarm_node.model import DefaultModelRecipe, cache_dir, load_model, random_qwen2
+from swarm_node.sampler.base import SamplingParams
+from swarm_node.sampler.factory import SamplerSettings
+from swarm_node.sampler.hf import HFSampler
+from swarm_node.tokenizer import build_char_tokenizer
+
+RESULTS = Path(__file__).parent / "results"
+LARGE_RECIPE = DefaultModelRecipe(hidden_size=512, layers=8, heads=8, kv_heads=2, intermediate_size=1408,
+                                  max_positions=256)
+WEIGHT_SYNC_REPEATS = 5
+
+
+def default_model(tmp: Path) -> tuple[str, PreTrainedModel, PreTrainedTokenizerBase, Path]:
+    """The built default model when the cache has it; else its shape with random weights (same speed)."""
+    built = cache_dir() / "models" / f"default-{DefaultModelRecipe().key()}"
+    if (built / "config.json").exists():
+        model, tokenizer = load_model(built)
+        return "default", model, tokenizer, built
+    return random_model("default-shape-random", DefaultModelRecipe(), tmp)
+
+
+def random_model(name: str, recipe: DefaultModelRecipe, tmp: Path
+                 ) -> tuple[str, PreTrainedModel, PreTrainedTokenizerBase, Path]:
+    tokenizer = build_char_tokenizer()
+    model = random_qwen2(tokenizer, recipe, seed=0).eval()
+    path = tmp / name
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return name, model, tokenizer, path
+
+
+def timed(fn: Callable[[], int]) -> float:
+    """tokens/s of one call that returns its generated token count."""
+    started = time.perf_counter()
+    tokens = fn()
+    return tokens / (time.perf_counter() - started)
+
+
+def bench_model(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path,
+                prompts: list[list[int]], samples: int, params: SamplingParams, runs: int) -> dict[str, Any]:
+    started = time.perf_counter()
+    ours = VLLMSampler(path, tokenizer, SamplerSettings(), version=0)
+    engine_start_s = time.perf_counter() - started
+    hf = HFSampler(model, tokenizer, version=0)
+    raw_params = vllm.SamplingParams(n=samples, temperature=params.temperature, top_p=params.top_p, top_k=0,
+                                     max_tokens=params.max_new_tokens, stop_token_ids=[tokenizer.eos_token_id],
+                                     detokenize=False)
+    raw_prompts = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+
+    def run_ours() -> int:
+        return sum(len(c.token_ids) for g in ours.generate(prompts, samples, params) for c in g)
+
+    def run_raw() -> int:
+        outs = ours.llm.generate(raw_prompts, raw_params, use_tqdm=False)
+        return sum(len(c.token_ids) for o in outs for c in o.outputs)
+
+    def run_hf() -> int:
+        return sum(len(c.token_ids) for g in hf.generate(prompts, samples, params) for c in g)
+
+    rates: dict[str, list[float]] = {"ours": [], "raw": [], "hf": []}
+    with torch.no_grad():
+        for i in range(runs):
+            for key, fn in (("ours", run_ours), ("raw", run_raw), ("hf", run_hf)):
+                rates[key].append(timed(fn))
+            print(f"  {name} run {i + 1}/{runs}: " + ", ".join(f"{k} {v[-1]:,.0f} tok/s" for k, v in rates.items()),
+                  flush=True)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    sync_ms = []
+    for version in range(1, WEIGHT_SYNC_REPEATS + 1):
+        started = time.perf_counter()
+        ours.load_weights(state, version)
+        sync_ms.append((time.perf_counter() - started) * 1000)
+    ours.close()
+    return {"name": name, "params": sum(p.numel() for p in model.parameters()),
+            "ours_tok_s": round(statistics.median(rates["ours"]), 1),
+            "raw_vllm_tok_s": round(statistics.median(rates["raw"]), 1),
+            "hf_tok_s": round(statistics.median(rates["hf"]), 1),
+            "weight_sync_ms": round(statistics.median(sync_ms), 2),
+            "engine_start_s": round(engine_start_s, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    args = parser.parse_args()
+    torch.set_num_threads(usable_cores())  # the HF baseline gets the cores the vLLM sampler gets by default
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
+    source = tasks.TaskSource()
+    texts = [tasks.instance(ref).prompt for ref in source.eval_refs(args.prompts)]
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, model, tokenizer, path in (default_model(Path(tmp)),
+                                             random_model("larger-random", LARGE_RECIPE, Path(tmp))):
+            prompts = [tokenizer.encode(t) for t in texts]
+            results.append(bench_model(name, model, tokenizer, path, prompts, args.samples, params, args.runs))
+            print(f"  {json.dumps(results[-1])}", flush=True)
+    out = {"runs": args.runs, "models": results,
+           "setup": {"prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
+                     "temperature": params.temperature, "top_p": params.top_p, "threads": usable_cores(),
+                     "vllm": vllm.__version__, "dtype": "float32"}}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "sampler.json").write_text(json.dumps(out, indent=1) + "\n")
+    large = results[-1]
+    print(f"sampler: {large['name']} ({large['params'] / 1e6:.1f}M params) ours {large['ours_tok_s']:,.0f} tok/s = "
+          f"{large['ours_tok_s'] / large['raw_vllm_tok_s']:.2f}x raw vLLM, "
+          f"{large['ours_tok_s'] / large['hf_tok_s']:.2f}x transformers; weight sync {large['weight_sync_ms']:.0f} ms; "
+          + "; ".join(f"{r['name']} ours {r['ours_tok_s']:,.0f} / raw {r['raw_vllm_tok_s']:,.0f} / "
+                      f"hf {r['hf_tok_s']:,.0f} tok/s, sync {r['weight_sync_ms']:.1f} ms" for r in results[:-1]))
+
+
+if __name__ == "__main__":
+    main()

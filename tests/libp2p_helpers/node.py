@@ -1,0 +1,87 @@
+"""A swarm node for the multi-process tests: LibP2PTransport + the protocol's validator, driven by JSON lines.
+
+Events: {"event": "ready", "peer_id", "addr"} at start; answers carry the command's "rid".
+Commands: publish {count} -> "published" {group_ids}; stats -> "stats" {delivered: {signer: [gid hex]}, verdicts,
+restarts, host_counters, peers}; connect {addr} -> "connected"; wait_peers {n} -> "peers"; quit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from typing import Any
+
+from swarm_node.identity import generate
+from swarm_node.transport.base import Delivery, TransportError
+from swarm_node.transport.connectivity import BootstrapKeeper
+from swarm_node.transport.libp2p_ipc import HostSettings
+from swarm_node.transport.libp2p_transport import LibP2PConfig, LibP2PTransport
+from swarm_node.transport.supervisor import Backoff
+from tests.libp2p_helpers.rollouts import TOPIC, group_ids, protocol_validator, rollout_batch
+
+
+def emit(**event: Any) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+async def main(args: argparse.Namespace) -> None:
+    settings = HostSettings(listen=("/ip4/127.0.0.1/tcp/0",), seen_ttl_s=args.seen_ttl, sweep_s=args.sweep)
+    transport = LibP2PTransport(generate(), LibP2PConfig(host=settings, restart=Backoff(initial_s=0.2)))
+    delivered: dict[str, list[str]] = {}
+
+    def on_delivery(delivery: Delivery) -> None:
+        delivered.setdefault(delivery.from_peer, []).extend(g.hex() for g in group_ids(delivery.data))
+
+    transport.set_validator(TOPIC, protocol_validator())
+    await transport.subscribe(TOPIC, on_delivery)
+    await transport.start()
+    if args.bootstrap:
+        keeper = BootstrapKeeper(transport, [args.bootstrap], backoff=Backoff(initial_s=0.2, max_s=1.0),
+                                 check_interval_s=0.5)
+        asyncio.get_running_loop().create_task(keeper.run())
+    emit(event="ready", peer_id=transport.peer_id, addr=transport.listen_addrs()[0])
+
+    reader = asyncio.StreamReader()
+    await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    index = 0
+    while line := await reader.readline():
+        cmd = json.loads(line)
+        rid = cmd.get("rid")
+        if cmd["cmd"] == "publish":
+            gids = []
+            for _ in range(cmd["count"]):
+                index += 1
+                gid, data = rollout_batch(transport.peer_id, index)
+                try:
+                    await transport.publish(TOPIC, data)
+                    gids.append(gid.hex())
+                except TransportError as exc:
+                    emit(event="publish_error", error=str(exc))
+            emit(event="published", rid=rid, group_ids=gids)
+        elif cmd["cmd"] == "stats":
+            counters = await transport.host_counters()
+            peers = [p.peer_id for p in await transport.peers()]
+            emit(event="stats", rid=rid, delivered=delivered, verdicts=transport.stats.validated,
+                 restarts=transport.stats.restarts, host_counters=counters, peers=peers)
+        elif cmd["cmd"] == "connect":
+            emit(event="connected", rid=rid, peer_id=await transport.connect(cmd["addr"]))
+        elif cmd["cmd"] == "wait_peers":
+            while len(await transport.peers()) < cmd["n"]:
+                await asyncio.sleep(0.1)
+            emit(event="peers", rid=rid)
+        elif cmd["cmd"] == "quit":
+            break
+    await transport.stop()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bootstrap", default="")
+    parser.add_argument("--seen-ttl", type=int, default=120)
+    parser.add_argument("--sweep", type=int, default=60)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    asyncio.run(main(parser.parse_args()))

@@ -1,0 +1,213 @@
+"""libp2p transport against real network hosts (child processes) on 127.0.0.1.
+
+Covers the interface contract (gossip with REJECT/IGNORE, streams with half-close, peers, dial-back), the two
+py-libp2p 0.8.1 remote crashes (guarded: the host survives and still delivers; unguarded: the host dies and the
+supervisor restarts it), and a host killed with SIGKILL coming back with the same peer id, port and subscriptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+
+import pytest
+
+from swarm_node.identity import generate
+from swarm_node.transport.base import Delivery, StreamReset, TransportError, TransportUnavailable, ValidationResult
+from swarm_node.transport.connectivity import ask_dialback, serve_dialback, tcp_endpoint
+from swarm_node.transport.libp2p_ipc import HostSettings
+from swarm_node.transport.libp2p_transport import LibP2PConfig, LibP2PTransport
+from swarm_node.transport.supervisor import Backoff
+from tests.libp2p_helpers.procs import JsonProc
+
+pytestmark = [pytest.mark.libp2p, pytest.mark.timeout(120)]
+
+TOPIC = "test-topic"
+
+
+def config(**host: object) -> LibP2PConfig:
+    settings = HostSettings(listen=("/ip4/127.0.0.1/tcp/0",), **host)  # type: ignore[arg-type]
+    return LibP2PConfig(host=settings, restart=Backoff(initial_s=0.1, max_s=1.0), health_interval_s=1.0)
+
+
+@contextlib.asynccontextmanager
+async def transports(*configs: LibP2PConfig) -> AsyncIterator[list[LibP2PTransport]]:
+    nodes = [LibP2PTransport(generate(), cfg) for cfg in configs]
+    try:
+        await asyncio.gather(*(n.start() for n in nodes))
+        yield nodes
+    finally:
+        await asyncio.gather(*(n.stop() for n in nodes), return_exceptions=True)
+
+
+async def wait_for(predicate, timeout: float = 20.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
+    async def poll() -> None:
+        while not predicate():
+            await asyncio.sleep(0.05)
+    try:
+        await asyncio.wait_for(poll(), timeout)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
+async def link(a: LibP2PTransport, b: LibP2PTransport) -> None:
+    """Connect a to b and give gossipsub a heartbeat to exchange subscriptions and graft the mesh."""
+    assert await a.connect(b.listen_addrs()[0]) == b.peer_id
+    await asyncio.sleep(1.5)
+
+
+async def test_gossip_streams_peers_dialback_and_sigkill_restart() -> None:
+    async with transports(config(), config()) as (a, b):
+        got_a: list[Delivery] = []
+        got_b: list[Delivery] = []
+        verdicts = {b"bad": ValidationResult.REJECT, b"old": ValidationResult.IGNORE}
+        b.set_validator(TOPIC, lambda signer, data: verdicts.get(data[:3], ValidationResult.ACCEPT))
+        await b.subscribe(TOPIC, got_b.append)
+        await a.subscribe(TOPIC, got_a.append)
+        await link(a, b)
+        assert [p.peer_id for p in await a.peers()] == [b.peer_id]
+
+        for payload in (b"good-1", b"bad-1", b"old-1", b"good-2"):
+            await a.publish(TOPIC, payload)
+        await wait_for(lambda: len(got_b) == 2 and b.stats.validated["IGNORE"] == 1, what="b's deliveries")
+        assert [(d.topic, d.data, d.from_peer) for d in got_b] == [(TOPIC, b"good-1", a.peer_id),
+                                                                  (TOPIC, b"good-2", a.peer_id)]
+        assert b.stats.validated == {"ACCEPT": 2, "REJECT": 1, "IGNORE": 1}
+        assert got_a == []  # our own publishes are not delivered to us
+
+        with pytest.raises(TransportError, match="exceeds"):
+            await a.publish(TOPIC, b"x" * (1 << 20))  # never silently dropped: refused with a reason
+
+        # Streams: request/response with half-close, 3 MB each way (more than the flow-control window).
+        async def reverse(stream) -> None:
+            data = b""
+            while chunk := await stream.read(1 << 20):
+                data += chunk
+            await stream.write(data[::-1])
+            await stream.close()
+
+        await b.serve_stream("/test/reverse/1", reverse)
+        payload = os.urandom(3 << 20)
+        stream = await a.open_stream(b.peer_id, "/test/reverse/1")
+        await stream.write(payload)
+        await stream.close()
+        assert await stream.read_exactly(len(payload)) == payload[::-1]
+        assert await stream.read() == b""
+        with pytest.raises(TransportError):
+            await a.open_stream(b.peer_id, "/test/nobody-serves-this/1")
+
+        # Dial-back: b dials a's listening port at the IP it sees a's connection come from (127.0.0.1).
+        await serve_dialback(b)
+        a_port = tcp_endpoint(a.listen_addrs()[0])[1]  # type: ignore[index]
+        assert await ask_dialback(a, b.peer_id, a_port) is True
+        with socket_closed_port() as closed_port:
+            assert await ask_dialback(a, b.peer_id, closed_port) is False
+
+        # SIGKILL a's host: the supervisor restarts it with the same peer id and port, resubscribes, redials b.
+        addr_before, pid_before = a.listen_addrs(), a.host_pid
+        hanging = await a.open_stream(b.peer_id, "/test/reverse/1")
+        assert a.kill_host_for_test() == pid_before
+        with pytest.raises(StreamReset):
+            await hanging.read()
+        await wait_for(lambda: a.stats.restarts == 1 and a.is_up, what="a's restart")
+        assert a.host_pid != pid_before and a.listen_addrs() == addr_before
+        await wait_for(lambda: bool(a.peers_snapshot()), what="a redialling b")
+        await asyncio.sleep(1.5)
+        await a.publish(TOPIC, b"good-3")
+        await b.publish(TOPIC, b"from-b")
+        await wait_for(lambda: len(got_b) == 3 and len(got_a) == 1, what=f"gossip after restart {got_a} {got_b} {a.peers_snapshot()} {b.peers_snapshot()} {await a.host_counters()} {await b.host_counters()}")
+        assert got_b[-1].data == b"good-3" and got_a[0].data == b"from-b"
+
+
+@contextlib.contextmanager
+def socket_closed_port():  # type: ignore[no-untyped-def]
+    """A TCP port on 127.0.0.1 that nothing listens on (bound, never listening)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+async def test_calls_while_host_is_down_raise_unavailable() -> None:
+    async with transports(config()) as (a,):
+        a.kill_host_for_test()
+        await wait_for(lambda: not a.is_up, what="a going down")
+        with pytest.raises(TransportUnavailable):
+            await a.publish(TOPIC, b"x")
+        await wait_for(lambda: a.is_up, what="a coming back")
+        await a.publish(TOPIC, b"x")
+
+
+async def attack(attacker: JsonProc, target: LibP2PTransport, kind: str) -> None:
+    await attacker.request("sent", cmd="raw", target=target.peer_id, kind=kind, topic=TOPIC, honest="")
+
+
+async def test_guards_survive_both_remote_crashes() -> None:
+    attacker = await JsonProc.start("tests.libp2p_helpers.attacker", name="attacker")
+    try:
+        async with transports(config(), config()) as (a, b):
+            got: list[Delivery] = []
+            await a.subscribe(TOPIC, got.append)
+            await b.subscribe(TOPIC, lambda d: None)
+            await link(b, a)
+            await attacker.expect(lambda e: e.get("event") == "ready")
+            await attacker.request("connected", cmd="connect", addr=a.listen_addrs()[0])
+            await attacker.request("capturing", cmd="capture", topic=TOPIC)  # subscribed: a accepts our frames
+            await asyncio.sleep(1.0)
+            pid = a.host_pid
+            for kind in ("undecodable_frame", "malformed_key", "oversized_frame", "unsigned"):
+                await attack(attacker, a, kind)
+            await attacker.request("sent", cmd="raw", target=a.peer_id, kind="forged_signature", topic=TOPIC,
+                                   honest=b.peer_id)
+            await asyncio.sleep(0.5)
+            counters = await a.host_counters()
+            assert counters["undecodable_frame"] == 1 and counters["malformed_key"] == 1
+            await b.publish(TOPIC, b"still-alive")
+            await wait_for(lambda: len(got) == 1, what="delivery after the attacks")
+            assert [(d.data, d.from_peer) for d in got] == [(b"still-alive", b.peer_id)]
+            assert a.stats.restarts == 0 and a.host_pid == pid
+    finally:
+        await attacker.close()
+
+
+@pytest.mark.parametrize("kind", ["undecodable_frame", "malformed_key"])
+async def test_unguarded_crash_kills_host_and_supervisor_restarts_it(kind: str) -> None:
+    """Without the guards each crash is real; the supervisor brings the host back and gossip resumes."""
+    attacker = await JsonProc.start("tests.libp2p_helpers.attacker", name="attacker")
+    try:
+        async with transports(config(crash_guards=False), config()) as (a, b):
+            got: list[Delivery] = []
+            await a.subscribe(TOPIC, got.append)
+            await b.subscribe(TOPIC, lambda d: None)
+            await link(a, b)
+            await attacker.expect(lambda e: e.get("event") == "ready")
+            await attacker.request("connected", cmd="connect", addr=a.listen_addrs()[0])
+            await attacker.request("capturing", cmd="capture", topic=TOPIC)
+            await asyncio.sleep(1.0)
+            pid = a.host_pid
+            await attack(attacker, a, kind)
+            await wait_for(lambda: a.stats.restarts == 1 and a.is_up, what="the crash and the restart")
+            assert a.host_pid != pid
+            await wait_for(lambda: bool(a.peers_snapshot()), what="a redialling b")
+            await asyncio.sleep(1.5)
+            await b.publish(TOPIC, b"after-restart")
+            await wait_for(lambda: len(got) == 1, what="delivery after the restart")
+            assert got[0].data == b"after-restart" and got[0].from_peer == b.peer_id
+    finally:
+        await attacker.close()
+
+
+async def test_thread_isolation_works_too() -> None:
+    cfg = config()
+    thread_cfg = LibP2PConfig(host=cfg.host, isolation="thread")
+    async with transports(thread_cfg, config()) as (a, b):
+        got: list[Delivery] = []
+        await a.subscribe(TOPIC, lambda d: None)
+        await b.subscribe(TOPIC, got.append)
+        await link(a, b)
+        await a.publish(TOPIC, b"via-thread")
+        await wait_for(lambda: len(got) == 1, what="delivery from the thread host")
+        assert got[0].from_peer == a.peer_id and a.host_pid is None
