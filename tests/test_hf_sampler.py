@@ -1,0 +1,62 @@
+"""The transformers sampler: behaviour log-probs equal the trainer's definition; EOS handling; seeds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from swarm_node.config import SamplerConfig, TrainConfig
+from swarm_node.model import load_model
+from swarm_node.sampler.base import PromptTooLongError, SamplingParams
+from swarm_node.sampler.hf import HFSampler
+from swarm_node.trainer import Trainer, TrainSample, collate
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
+def test_behaviour_logprobs_match_trainer(tiny_model_dir: Path, temperature: float, top_p: float) -> None:
+    model, tok = load_model(tiny_model_dir)
+    sampler = HFSampler(model, tok)
+    prompts = [tok.encode("1 + 2 =\nAnswer: "), tok.encode("13 + 24 - 5 =\nAnswer: ")]  # different lengths
+    out = sampler.generate(prompts, 3, SamplingParams(temperature, top_p, max_new_tokens=6, seed=3))
+    trainer = Trainer(model, TrainConfig(), SamplerConfig(temperature=temperature, top_p=top_p), tok.pad_token_id)
+    samples = [TrainSample(p, c.token_ids, c.logprobs, 0.0) for p, group in zip(prompts, out) for c in group]
+    batch = collate(samples, tok.pad_token_id)
+    with torch.no_grad():
+        logp, _ = trainer.token_log_probs(model, batch)
+    assert torch.allclose(logp[batch.mask.bool()], batch.behaviour[batch.mask.bool()], atol=1e-4)
+
+
+def test_completions_stop_at_eos_and_text_excludes_it(tiny_model_dir: Path) -> None:
+    model, tok = load_model(tiny_model_dir)
+    out = HFSampler(model, tok, version=4).generate([tok.encode("a b")], 8, SamplingParams(max_new_tokens=12,
+                                                                                             seed=0))
+    assert len(out) == 1 and len(out[0]) == 8
+    for c in out[0]:
+        assert c.version == 4 and len(c.logprobs) == len(c.token_ids) <= 12
+        assert tok.eos_token_id not in c.token_ids[:-1]
+        assert c.text == tok.decode(c.token_ids, skip_special_tokens=True)
+        assert "<eos>" not in c.text
+        assert all(lp <= 0 for lp in c.logprobs)
+
+
+def test_seeded_sampling_is_reproducible_and_weights_update(tiny_model_dir: Path) -> None:
+    model, tok = load_model(tiny_model_dir)
+    sampler = HFSampler(model, tok)
+    params = SamplingParams(max_new_tokens=6, seed=11)
+    first = sampler.generate([tok.encode("x")], 4, params)
+    assert [c.token_ids for c in first[0]] == [c.token_ids for c in sampler.generate([tok.encode("x")], 4,
+                                                                                        params)[0]]
+    noisy = {k: v + 0.5 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    sampler.load_weights(noisy, version=1)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+    after = sampler.generate([tok.encode("hello")], 1, greedy)[0][0]
+    assert after.version == 1
+    assert after.token_ids != HFSampler(model, tok).generate([tok.encode("hello")], 1, greedy)[0][0].token_ids
+
+
+def test_prompt_too_long_is_a_clear_error(tiny_model_dir: Path) -> None:
+    model, tok = load_model(tiny_model_dir)
+    with pytest.raises(PromptTooLongError, match="prompt 0 has 300 tokens; with 8 new tokens it exceeds"):
+        HFSampler(model, tok).generate([[5] * 300], 1, SamplingParams())
