@@ -14,7 +14,11 @@ Writes bench/results/sampler.json and prints one summary line.
 
 from __future__ import annotations
 
-# Sets vLLM's environment (in-process engine) before anything imports vllm.
+import os
+
+# OpenMP reads its wait policy once, when torch loads it: passive waiting keeps 2 threads from collapsing when the
+# cores are shared (see swarm_node.sampler.vllm_sampler). Then vLLM's environment, before anything imports vllm.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from swarm_node.sampler.vllm_sampler import VLLMSampler, usable_cores  # isort: skip
 
 import argparse
@@ -81,10 +85,14 @@ def bench_model(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenize
                                      detokenize=False)
     raw_prompts = [TokensPrompt(prompt_token_ids=p) for p in prompts]
 
+    # Each timed vLLM call starts from an empty prefix cache, as an RL step does (new prompts every step): else the
+    # second of two calls on the same prompts would find their prefill done.
     def run_ours() -> int:
+        ours.llm.reset_prefix_cache()
         return sum(len(c.token_ids) for g in ours.generate(prompts, samples, params) for c in g)
 
     def run_raw() -> int:
+        ours.llm.reset_prefix_cache()
         outs = ours.llm.generate(raw_prompts, raw_params, use_tqdm=False)
         return sum(len(c.token_ids) for o in outs for c in o.outputs)
 
@@ -92,9 +100,10 @@ def bench_model(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenize
         return sum(len(c.token_ids) for g in hf.generate(prompts, samples, params) for c in g)
 
     rates: dict[str, list[float]] = {"ours": [], "raw": [], "hf": []}
+    order = [("ours", run_ours), ("raw", run_raw), ("hf", run_hf)]
     with torch.no_grad():
         for i in range(runs):
-            for key, fn in (("ours", run_ours), ("raw", run_raw), ("hf", run_hf)):
+            for key, fn in order[i % 2:] + order[:i % 2]:  # alternate who goes first: load drifts during a run
                 rates[key].append(timed(fn))
             print(f"  {name} run {i + 1}/{runs}: " + ", ".join(f"{k} {v[-1]:,.0f} tok/s" for k, v in rates.items()),
                   flush=True)

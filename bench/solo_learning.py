@@ -22,7 +22,7 @@ from swarm_node.evaluate import evaluate
 from swarm_node.node import Node, NodeEvents
 
 RESULTS = Path(__file__).parent / "results"
-EVAL_PROBLEMS = 200
+EVAL_PROBLEMS = 500
 EVAL_SAMPLES = 4
 
 

@@ -100,5 +100,18 @@ def run_solo(cfg: object, stats: object) -> None:
     console.print("; ".join(parts), highlight=False)
 
 
+@app.command()
+def simulate(scenario: Annotated[Path, typer.Argument(help="scenario TOML")],
+             run_dir: Annotated[Path | None, typer.Option("--run-dir", help="output directory")] = None,
+             rounds: Annotated[int | None, typer.Option("--rounds", help="override the scenario's rounds")] = None,
+             seed: Annotated[list[int] | None, typer.Option("--seed", help="override the scenario's seeds")] = None,
+             ) -> None:
+    """Run many nodes on this machine over a modelled network; writes CSV, plots and a summary table."""
+    with user_errors():
+        from cli.simulate_cmd import run_simulate
+
+        run_simulate(scenario, run_dir, rounds, seed)
+
+
 if __name__ == "__main__":
     app()

@@ -1,7 +1,7 @@
 """Typed node configuration: one dataclass per component, loaded as defaults < TOML file < CLI overrides.
 
-A TOML file has one table per component ([run], [model], [task], [sampler], [train], [status]); CLI flags arrive
-as dotted overrides ("train.lr" -> 1e-4). Unknown keys, wrong types and impossible values raise `ConfigError`
+A TOML file has one table per component ([run], [model], [task], [sampler], [train], [share], [status]); CLI flags
+arrive as dotted overrides ("train.lr" -> 1e-4). Unknown keys, wrong types and impossible values raise `ConfigError`
 with one line naming the key.
 """
 
@@ -92,6 +92,7 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     is_cap: float = 2.0  # truncation of importance weights for off-policy rollouts
     weight_decay: float = 0.0
+    adam_eps: float = 1e-8
     threads: int = 0  # torch intra-op threads; 0: all cores
 
     def validate(self) -> None:
@@ -104,6 +105,41 @@ class TrainConfig:
             raise ConfigError(f"train.loss {self.loss!r} unknown; choose {sorted(LOSSES)}")
         _positive(self, "lr", "minibatches", "max_grad_norm", "is_cap")
         _non_negative(self, "eps_low", "eps_high", "kl_coef", "weight_decay", "threads", "warmup_steps")
+        _positive(self, "adam_eps")
+
+
+@dataclass
+class ShareConfig:
+    """Experience sharing (SAPO): each update trains on I local + J external groups.
+
+    local_groups 0 means run.prompts_per_step (solo); external_groups 0 means no external groups are used
+    (received groups are still re-scored and pooled). max_external_age counts our own training steps since a
+    group was received. external_correction "none" treats external completions as on-policy (SAPO, rl-swarm);
+    "is" weights them by a truncated sequence-level importance ratio capped at is_cap (<= 2).
+    """
+
+    local_groups: int = 0
+    external_groups: int = 0
+    max_external_age: int = 4
+    external_correction: str = "none"  # none | is
+    is_cap: float = 2.0
+    pool_size: int = 256
+    per_peer_pool_cap: int = 64
+    per_peer_batch_cap: int = 0  # 0: no per-peer limit within one batch beyond external_groups
+    selection: str = "uniform"  # pool.SELECTIONS registry
+
+    def validate(self) -> None:
+        from swarm_node.pool import SELECTIONS
+
+        _non_negative(self, "local_groups", "external_groups", "max_external_age", "per_peer_batch_cap")
+        _positive(self, "pool_size", "per_peer_pool_cap", "is_cap")
+        if self.external_correction not in ("none", "is"):
+            raise ConfigError(f"share.external_correction must be none or is, not {self.external_correction!r}")
+        if self.is_cap > 2.0:
+            raise ConfigError(f"share.is_cap must be <= 2 (peers' log-probs may only shrink a gradient), "
+                              f"got {self.is_cap}")
+        if self.selection not in SELECTIONS:
+            raise ConfigError(f"share.selection {self.selection!r} unknown; choose {sorted(SELECTIONS)}")
 
 
 @dataclass
@@ -124,6 +160,7 @@ class NodeConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    share: ShareConfig = field(default_factory=ShareConfig)
     status: StatusConfig = field(default_factory=StatusConfig)
 
     def validate(self) -> NodeConfig:

@@ -3,6 +3,12 @@
 One step (solo): draw B task references, sample G completions each, score them locally, compute group
 advantages, drop groups without signal, run the GRPO update, push the new weights into the sampler (policy
 version + 1), log metrics, checkpoint every K steps. Everything the node does is visible through `NodeStats`.
+
+One step (peer, with an injected `sharing.Exchange`): sample I local groups, publish them, drain what peers sent
+(re-scored by `sharing.accept_external`, pooled in `pool.ExperiencePool`), mix the local groups with J external
+ones from the pool, train. `sample_and_share` and `mix_and_train` are the two halves, so a lockstep simulation
+can let the network run between them. The node never imports a transport implementation. The pool is not
+checkpointed: after a resume it refills from the swarm.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import json
 import os
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,15 +25,17 @@ from typing import Any
 
 import torch
 
-from swarm_node import checkpoint, tasks
+from swarm_node import checkpoint, sharing, tasks
 from swarm_node.config import NodeConfig
 from swarm_node.errors import UserError
 from swarm_node.evaluate import EvalResult, evaluate
 from swarm_node.model import ensure_default_model, load_model
+from swarm_node.pool import ExperiencePool, PoolEntry
 from swarm_node.rollout import ScoredGroup, score_group, to_samples
 from swarm_node.sampler.base import PromptTooLongError, Sampler, SamplingParams
 from swarm_node.sampler.factory import SamplerSettings, make_sampler
 from swarm_node.stats import NodeStats
+from swarm_node.tokenizer import tokenizer_hash
 from swarm_node.trainer import Trainer
 
 METRICS_FILE = "metrics.jsonl"
@@ -77,9 +86,22 @@ def _truncate_metrics(path: Path, last_step: int) -> None:
     os.replace(tmp, path)
 
 
+@dataclass
+class Draft:
+    """The first half of a step: this step's local groups, sampled, scored and (peer mode) published."""
+
+    groups: list[ScoredGroup]
+    gen_s: float
+    gen_tokens: int
+    started: float
+
+
 class Node:
-    def __init__(self, cfg: NodeConfig, stats: NodeStats | None = None, events: NodeEvents | None = None) -> None:
+    def __init__(self, cfg: NodeConfig, stats: NodeStats | None = None, events: NodeEvents | None = None,
+                 exchange: sharing.Exchange | None = None, model_dir: Path | None = None) -> None:
         self.cfg = cfg
+        self.exchange = exchange
+        self.model_dir_override = model_dir  # a simulation may hand nodes different starting weights
         self.stats = stats or NodeStats()
         self.events = events or NodeEvents()
         self.run_dir = Path(cfg.run.run_dir)
@@ -87,6 +109,7 @@ class Node:
         self.version = 0
         self.skipped_steps = 0
         self.sampler: Sampler | None = None
+        self.peer_drops: Counter[tuple[str, str]] = Counter()  # (sender, reason), incl. forged_reward
 
     # -- setup ---------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -95,13 +118,21 @@ class Node:
         torch.set_num_threads(cfg.train.threads or os.cpu_count() or 1)
         self.task_source = tasks.TaskSource(cfg.task.name, cfg.task.options, cfg.task.seed)
         self.stats.set_phase("building-model")
-        if cfg.model.path:
+        if self.model_dir_override is not None:
+            self.model_dir = self.model_dir_override
+        elif cfg.model.path:
             self.model_dir = Path(cfg.model.path)
         else:
             self.model_dir = ensure_default_model(self.events.build_progress)
         self.model, self.tokenizer = load_model(self.model_dir)
         self.trainer = Trainer(self.model, cfg.train, cfg.sampler, self.tokenizer.pad_token_id, cfg.run.seed)
         self.rng = random.Random(cfg.run.seed)
+        sh = cfg.share
+        self.pool = ExperiencePool(sh.pool_size, sh.per_peer_pool_cap, sh.max_external_age)
+        self.share_rng = random.Random(cfg.run.seed * 7919 + 17)  # external selection, apart from task draws
+        self.tokenizer_hash = tokenizer_hash(self.tokenizer)
+        self.share_ctx = sharing.ShareContext(self.tokenizer, self.tokenizer_hash, self.task_source,
+                                              cfg.train.advantage)
         self._restore_or_start()
         self.stats.set_phase("loading-sampler")
         s = cfg.sampler
@@ -157,7 +188,8 @@ class Node:
     def generate_groups(self) -> tuple[list[ScoredGroup], float, int]:
         """Sample and score this step's local groups: (groups, seconds, generated tokens)."""
         cfg = self.cfg
-        insts = [tasks.instance(r) for r in self.task_source.draw(self.rng, cfg.run.prompts_per_step)]
+        count = cfg.share.local_groups or cfg.run.prompts_per_step
+        insts = [tasks.instance(r) for r in self.task_source.draw(self.rng, count)]
         prompts = [self.tokenizer.encode(i.prompt) for i in insts]
         params = SamplingParams(cfg.sampler.temperature, cfg.sampler.top_p, cfg.sampler.max_new_tokens,
                                 seed=cfg.run.seed * 1_000_003 + self.step)
@@ -173,18 +205,80 @@ class Node:
         return groups, seconds, tokens
 
     def train_one_step(self) -> dict[str, Any]:
+        draft = self.sample_and_share()
+        if isinstance(draft, dict):
+            return draft
+        return self.mix_and_train(draft)
+
+    def sample_and_share(self) -> Draft | dict[str, Any]:
+        """Sample and score local groups and publish them; a skipped step's metrics if sampling failed."""
         step_started = time.monotonic()
         try:
             groups, gen_s, gen_tokens = self.generate_groups()
         except FloatingPointError as exc:
             return self._skip_step(f"non-finite reward ({exc})")
         self.stats.count("groups", "produced", len(groups))
+        if self.exchange is not None:
+            now = time.time()
+            family = str(getattr(self.model.config, "model_type", ""))
+            self.exchange.publish([
+                sharing.to_wire(g, self.exchange.peer_id, self.version, self.tokenizer_hash, family, now,
+                                sharing.group_id_for(self.exchange.peer_id, self.step, i, self.cfg.run.seed))
+                for i, g in enumerate(groups)])
+        return Draft(groups, gen_s, gen_tokens, step_started)
+
+    def ingest(self, received: list[sharing.Received]) -> dict[str, int]:
+        """Re-score received groups into the pool; returns this step's drop counts by reason."""
+        dropped: dict[str, int] = {}
+
+        def drop(sender: str, reason: str) -> None:
+            dropped[reason] = dropped.get(reason, 0) + 1
+            self.stats.count("dropped", reason)
+            self.peer_drops[(sender, reason)] += 1
+
+        now = time.time()
+        for item in received:
+            if item.group is None:
+                drop(item.sender, item.reason)
+                self.stats.count_peer_message(item.sender, accepted=False)
+                continue
+            self.stats.count("groups", "received")
+            outcome = sharing.accept_external(item.group, item.sender, self.share_ctx, now)
+            if outcome.forged_reward:
+                self.stats.count("errors", "forged_reward")
+                self.peer_drops[(item.sender, "forged_reward")] += 1
+            self.stats.count_peer_message(item.sender, accepted=outcome.external is not None
+                                          and not outcome.forged_reward)
+            if outcome.external is None:
+                drop(item.sender, outcome.reason)
+                continue
+            ext = outcome.external
+            for sender, reason in self.pool.add(PoolEntry(ext.group, item.sender, ext.key, self.step,
+                                                          ext.retokenized)):
+                drop(sender, reason)
+        for sender, reason in self.pool.expire(self.step):
+            drop(sender, reason)
+        self.stats.update(pool_size=len(self.pool))
+        return dropped
+
+    def mix_and_train(self, draft: Draft) -> dict[str, Any]:
+        """Mix I local groups with J external ones from the pool and run one GRPO update."""
+        cfg = self.cfg
+        groups = draft.groups
+        peer_mode = self.exchange is not None
+        received = self.exchange.drain() if peer_mode else []
+        ext_dropped = self.ingest(received) if peer_mode else {}
+        externals = self.pool.take(cfg.share.external_groups, cfg.share.selection, self.share_rng,
+                                   cfg.share.per_peer_batch_cap)
         rewards = [r for g in groups for r in g.rewards]
         used = [g for g in groups if g.has_signal]
         self.stats.count("dropped", "zero_advantage", len(groups) - len(used))
-        self.stats.count("groups", "used", len(used))
+        self.stats.count("groups", "used", len(used) + len(externals))
+        self.stats.update(pool_size=len(self.pool))
         train_started = time.monotonic()
-        result = self.trainer.train_step(to_samples(used))
+        samples = to_samples(used) + sharing.external_samples(self.trainer, externals, cfg.share.external_correction,
+                                                              cfg.share.is_cap)
+        result = self.trainer.train_step(samples)
         train_s = time.monotonic() - train_started
         if result.skipped_minibatches:
             self.stats.count("errors", "nonfinite_loss", result.skipped_minibatches)
@@ -199,9 +293,18 @@ class Node:
             "groups_used": len(used), "groups_total": len(groups),
             "loss": result.loss, "clip_frac": result.clip_frac, "kl": result.kl, "entropy": result.entropy,
             "grad_norm": result.grad_norm, "skipped_minibatches": result.skipped_minibatches,
-            "tokens_per_s": gen_tokens / gen_s if gen_s > 0 else 0.0,
-            "gen_s": gen_s, "train_s": train_s, "step_s": time.monotonic() - step_started, "time": time.time(),
+            "tokens_per_s": draft.gen_tokens / draft.gen_s if draft.gen_s > 0 else 0.0,
+            "gen_s": draft.gen_s, "train_s": train_s, "step_s": time.monotonic() - draft.started,
+            "time": time.time(),
         }
+        if peer_mode:
+            ext_rewards = [r for e in externals for r in e.group.rewards]
+            metrics.update({
+                "external_used": len(externals),
+                "external_sources": sorted({e.sender for e in externals}),
+                "external_reward_mean": sum(ext_rewards) / len(ext_rewards) if ext_rewards else None,
+                "pool_size": len(self.pool), "received": len(received), "external_dropped": ext_dropped,
+            })
         self._publish(metrics)
         return metrics
 

@@ -87,7 +87,7 @@ class Trainer:
         self.loss_fn = LOSSES[train.loss]
         self.loss_cfg = LossConfig(eps_low=train.eps_low, eps_high=train.eps_high, kl_coef=train.kl_coef)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr, weight_decay=train.weight_decay,
-                                           betas=(0.9, 0.99))
+                                           betas=(0.9, 0.99), eps=train.adam_eps)
         self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if train.kl_coef > 0 else None
         self.rng = random.Random(seed)
         self.skipped_total = 0

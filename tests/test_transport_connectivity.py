@@ -6,18 +6,24 @@ import asyncio
 import logging
 import random
 
+import msgpack
 import pytest
 
 from swarm_node.transport.background import BackgroundTransport
 from swarm_node.transport.base import ValidationResult
 from swarm_node.transport.connectivity import (
+    MAX_ADDRS_PER_PEER,
     BootstrapKeeper,
     Reach,
     ask_dialback,
+    ask_peers,
     classify_host,
+    decode_peer_list,
+    encode_peer_list,
     expand_unspecified,
     local_self_check,
     serve_dialback,
+    serve_peer_exchange,
     tcp_endpoint,
 )
 from swarm_node.transport.memory import MemoryHub, MemoryTransport, memory_addr
@@ -90,7 +96,39 @@ async def test_bootstrap_keeper_warns_retries_and_connects(caplog: pytest.LogCap
         task.cancel()
     assert keeper.state == "connected"
     assert [p.peer_id for p in await node.peers()] == ["boot"]
-    assert any("connected to bootstrap peer(s) boot" in r.message for r in caplog.records)
+    assert any("connected to peer(s) boot" in r.message for r in caplog.records)
+
+
+def test_peer_list_round_trip_and_strict_decoding() -> None:
+    addrs = ["/ip4/10.0.0.2/tcp/4001/p2p/QmA", "/ip4/127.0.0.1/tcp/4001/p2p/QmA", "/ip4/10.0.0.3/tcp/1/p2p/QmB",
+             "/ip4/10.0.0.9/tcp/1/p2p/QmSelf"]
+    assert decode_peer_list(encode_peer_list(addrs), "QmSelf") == {
+        "QmA": ["/ip4/10.0.0.2/tcp/4001/p2p/QmA", "/ip4/127.0.0.1/tcp/4001/p2p/QmA"],
+        "QmB": ["/ip4/10.0.0.3/tcp/1/p2p/QmB"]}
+    many = [f"/ip4/10.0.0.{i}/tcp/1/p2p/QmA" for i in range(MAX_ADDRS_PER_PEER + 3)]
+    assert len(decode_peer_list(encode_peer_list(many), "x")["QmA"]) == MAX_ADDRS_PER_PEER
+    for bad in (b"\xc1", msgpack.packb({"a": 1}), msgpack.packb([1]), msgpack.packb(["/ip4/1.2.3.4/tcp/1"]),
+                msgpack.packb(["no-slash/p2p/QmA"]), msgpack.packb(["/ip4/1.2.3.4/tcp/1/p2p/" + "A" * 300]),
+                msgpack.packb(["/x/p2p/bad id"]), b"\x00" * 200_000):
+        with pytest.raises(ValueError):
+            decode_peer_list(bad, "QmSelf")
+
+
+async def test_peer_exchange_connects_a_newcomer_to_the_swarm() -> None:
+    hub = MemoryHub()
+    nodes = {n: MemoryTransport(hub, n) for n in ("a", "b", "c", "new")}
+    for node in nodes.values():
+        await node.start()
+        await serve_peer_exchange(node)
+    await nodes["a"].connect(memory_addr("b"))
+    await nodes["b"].connect(memory_addr("c"))
+    assert await ask_peers(nodes["new"], "b") == {}  # not connected yet: no answer, no exception
+    await nodes["new"].connect(memory_addr("b"))
+    assert await ask_peers(nodes["new"], "b") == {"a": [memory_addr("a")], "c": [memory_addr("c")]}
+    keeper = BootstrapKeeper(nodes["new"], [memory_addr("b")], min_peers=3, rng=random.Random(0))
+    assert sorted(await keeper.exchange({"b"})) == ["a", "c"]
+    assert sorted(p.peer_id for p in await nodes["new"].peers()) == ["a", "b", "c"]
+    assert await keeper.exchange({"a", "b", "c"}) == []  # enough peers: no more asking
 
 
 async def test_dialback_over_memory_is_unknown_without_an_observed_ip() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from collections.abc import AsyncIterator
 
@@ -16,7 +17,7 @@ import pytest
 
 from swarm_node.identity import generate
 from swarm_node.transport.base import Delivery, StreamReset, TransportError, TransportUnavailable, ValidationResult
-from swarm_node.transport.connectivity import ask_dialback, serve_dialback, tcp_endpoint
+from swarm_node.transport.connectivity import ask_dialback, local_self_check, serve_dialback, tcp_endpoint
 from swarm_node.transport.libp2p_ipc import HostSettings
 from swarm_node.transport.libp2p_transport import LibP2PConfig, LibP2PTransport
 from swarm_node.transport.supervisor import Backoff
@@ -52,10 +53,23 @@ async def wait_for(predicate, timeout: float = 20.0, what: str = "condition") ->
         raise AssertionError(f"timed out waiting for {what}") from None
 
 
+async def mutually_subscribed(a: LibP2PTransport, b: LibP2PTransport, timeout: float = 20.0) -> None:
+    """Until each sees the other subscribed to TOPIC (earlier gossip would miss it), plus a moment to graft."""
+    async def sees(x: LibP2PTransport, y: LibP2PTransport) -> bool:
+        return any(p.peer_id == y.peer_id and TOPIC in p.topics for p in await x.peers())
+
+    async def poll() -> None:
+        while not (await sees(a, b) and await sees(b, a)):
+            await asyncio.sleep(0.1)
+
+    await asyncio.wait_for(poll(), timeout)
+    await asyncio.sleep(0.3)
+
+
 async def link(a: LibP2PTransport, b: LibP2PTransport) -> None:
-    """Connect a to b and give gossipsub a heartbeat to exchange subscriptions and graft the mesh."""
+    """Connect a to b and wait until gossip flows both ways."""
     assert await a.connect(b.listen_addrs()[0]) == b.peer_id
-    await asyncio.sleep(1.5)
+    await mutually_subscribed(a, b)
 
 
 async def test_gossip_streams_peers_dialback_and_sigkill_restart() -> None:
@@ -67,7 +81,7 @@ async def test_gossip_streams_peers_dialback_and_sigkill_restart() -> None:
         await b.subscribe(TOPIC, got_b.append)
         await a.subscribe(TOPIC, got_a.append)
         await link(a, b)
-        assert [p.peer_id for p in await a.peers()] == [b.peer_id]
+        assert [(p.peer_id, p.topics) for p in await a.peers()] == [(b.peer_id, (TOPIC,))]
 
         for payload in (b"good-1", b"bad-1", b"old-1", b"good-2"):
             await a.publish(TOPIC, payload)
@@ -113,11 +127,10 @@ async def test_gossip_streams_peers_dialback_and_sigkill_restart() -> None:
             await hanging.read()
         await wait_for(lambda: a.stats.restarts == 1 and a.is_up, what="a's restart")
         assert a.host_pid != pid_before and a.listen_addrs() == addr_before
-        await wait_for(lambda: bool(a.peers_snapshot()), what="a redialling b")
-        await asyncio.sleep(1.5)
+        await mutually_subscribed(a, b)  # a redialled b and resubscribed
         await a.publish(TOPIC, b"good-3")
         await b.publish(TOPIC, b"from-b")
-        await wait_for(lambda: len(got_b) == 3 and len(got_a) == 1, what=f"gossip after restart {got_a} {got_b} {a.peers_snapshot()} {b.peers_snapshot()} {await a.host_counters()} {await b.host_counters()}")
+        await wait_for(lambda: len(got_b) == 3 and len(got_a) == 1, what="gossip after restart")
         assert got_b[-1].data == b"good-3" and got_a[0].data == b"from-b"
 
 
@@ -131,8 +144,12 @@ def socket_closed_port():  # type: ignore[no-untyped-def]
         yield sock.getsockname()[1]
 
 
-async def test_calls_while_host_is_down_raise_unavailable() -> None:
-    async with transports(config()) as (a,):
+async def test_announce_addr_and_calls_while_host_is_down() -> None:
+    async with transports(config(announce=("/ip4/1.2.3.4/tcp/4001",))) as (a,):
+        # --announce-addr: what others should dial (port forwarding / NAT), whatever we listen on.
+        assert a.listen_addrs() == [f"/ip4/1.2.3.4/tcp/4001/p2p/{a.peer_id}"]
+        report = await local_self_check(a.listen_addrs())
+        assert report.reachable is None and "dial-back will confirm" in report.summary
         a.kill_host_for_test()
         await wait_for(lambda: not a.is_up, what="a going down")
         with pytest.raises(TransportUnavailable):
@@ -191,8 +208,7 @@ async def test_unguarded_crash_kills_host_and_supervisor_restarts_it(kind: str) 
             await attack(attacker, a, kind)
             await wait_for(lambda: a.stats.restarts == 1 and a.is_up, what="the crash and the restart")
             assert a.host_pid != pid
-            await wait_for(lambda: bool(a.peers_snapshot()), what="a redialling b")
-            await asyncio.sleep(1.5)
+            await mutually_subscribed(a, b)
             await b.publish(TOPIC, b"after-restart")
             await wait_for(lambda: len(got) == 1, what="delivery after the restart")
             assert got[0].data == b"after-restart" and got[0].from_peer == b.peer_id
@@ -211,3 +227,42 @@ async def test_thread_isolation_works_too() -> None:
         await a.publish(TOPIC, b"via-thread")
         await wait_for(lambda: len(got) == 1, what="delivery from the thread host")
         assert got[0].from_peer == a.peer_id and a.host_pid is None
+
+
+def test_background_facade_start_network_over_libp2p(caplog: pytest.LogCaptureFixture) -> None:
+    """The node's wiring: synchronous facades, start_network with a bootstrap, publish/drain from plain threads."""
+    import time
+
+    from swarm_node.transport.background import BackgroundTransport
+
+    a = BackgroundTransport(lambda: LibP2PTransport(generate(), config()))
+    b = BackgroundTransport(lambda: LibP2PTransport(generate(), config()))
+    a.start()
+    b.start()
+    try:
+        for net in (a, b):
+            net.set_validator(TOPIC, lambda signer, data: ValidationResult.ACCEPT)
+            net.subscribe_queue(TOPIC)
+        with caplog.at_level(logging.WARNING, logger="swarm_node.transport.connectivity"):
+            a.start_network([])
+            keeper = b.start_network([a.listen_addrs()[0]], check_interval_s=0.2)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not (
+                    keeper.state == "connected" and any(TOPIC in p.topics for p in b.peers())
+                    and any(TOPIC in p.topics for p in a.peers())):
+                time.sleep(0.1)
+            assert keeper.state == "connected"
+            time.sleep(0.3)
+            a.publish(TOPIC, b"group-from-a")
+            while time.monotonic() < deadline and not (got := b.drain(TOPIC)):
+                time.sleep(0.05)
+            assert [(d.data, d.from_peer) for d in got] == [(b"group-from-a", a.peer_id)]
+            while time.monotonic() < deadline and not any("dialled us back" in r.message for r in caplog.records):
+                time.sleep(0.1)
+        messages = [r.message for r in caplog.records]
+        assert any(f"others can join with --bootstrap {a.listen_addrs()[0]}" in m for m in messages)
+        assert any("loopback only" in m for m in messages)  # the local self-check's verdict and advice
+        assert any(f"peer {a.peer_id} dialled us back" in m for m in messages)  # b asked a for a dial-back
+    finally:
+        b.stop()
+        a.stop()

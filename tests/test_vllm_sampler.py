@@ -155,6 +155,18 @@ def test_prompt_too_long_is_rejected_before_the_engine(sampler: VLLMSampler, pro
     assert len(sampler.generate([long_prompt], 1, SamplingParams(0.0, 1.0, 8))[0][0].token_ids) <= 8  # 128 fits
 
 
+def test_partial_or_foreign_state_dict_is_rejected(sampler: VLLMSampler, prompts: list[list[int]]) -> None:
+    version = sampler.version
+    state = scaled_model(1).state_dict()
+    partial = {k: v for k, v in state.items() if k != "model.norm.weight"}
+    with pytest.raises(ValueError, match=r"missing \['model.norm.weight'\] \(1\), unknown \[\] \(0\)"):
+        sampler.load_weights(partial, version=9)
+    with pytest.raises(ValueError, match=r"missing \[\] \(0\), unknown \['extra.weight'\] \(1\)"):
+        sampler.load_weights({**state, "extra.weight": torch.zeros(1)}, version=9)
+    assert sampler.version == version  # nothing was installed
+    assert sampler.generate(prompts[:1], 1, GREEDY)[0][0].version == version
+
+
 @pytest.mark.parametrize(("batch", "n", "message"), [
     ([[5, 99]], 1, r"prompt 0 has token ids outside the vocabulary of 99: \[99\]"),
     ([[5], []], 1, "prompt 1 is empty"),
@@ -184,11 +196,13 @@ def test_engine_sizes_follow_the_model_and_the_machine() -> None:
         threads=2, max_model_len=256, max_num_seqs=256, kv_cache_bytes=128 * 2**20)
     # Capped at a quarter of 256 MiB ...
     assert derive_engine_sizes(SamplerSettings(), shape, 2, 256 * 2**20).kv_cache_bytes == 64 * 2**20
-    # ... but never below one full-length sequence (two 128-token blocks of 2 KiB per token).
+    # ... but never below one full-length sequence (eight 32-token blocks of 2 KiB per token).
     assert derive_engine_sizes(SamplerSettings(), shape, 2, 2**20).kv_cache_bytes == 256 * 2048
     sized = derive_engine_sizes(SamplerSettings(threads=1, max_model_len=100, max_num_seqs=8, dtype="bfloat16"),
                                 shape, cores=16, available_bytes=8 * gib)
     assert sized == EngineSizes(threads=1, max_model_len=100, max_num_seqs=8, kv_cache_bytes=8 * 100 * 1024)
+    # One sequence of 100 tokens takes four 32-token blocks: the floor when only 1 MiB is free.
+    assert derive_engine_sizes(SamplerSettings(max_model_len=100), shape, 2, 2**20).kv_cache_bytes == 128 * 2048
     assert derive_engine_sizes(SamplerSettings(kv_cache_gb=0.5), shape, 2, gib).kv_cache_bytes == gib // 2
     # No head_dim or kv-head entries: derived from hidden size and attention heads.
     assert ModelShape.from_config({"num_hidden_layers": 1, "num_attention_heads": 4, "hidden_size": 256,

@@ -9,7 +9,7 @@ thread-safe inboxes. Typical wiring (what `swarm-node join` does):
     print("join with: --bootstrap", net.listen_addrs()[0])
     net.set_validator(TOPIC, validator)                # runs on the network thread: keep it fast, self-contained
     net.subscribe_queue(TOPIC)                         # deliveries pile up in a thread-safe inbox
-    net.start_bootstrap(bootstrap_addrs)               # BootstrapKeeper in the background
+    net.start_network(bootstrap_addrs)                 # dial-back, peer exchange, reachability, bootstrap keeper
     for step in ...:                                   # the training loop
         try:
             net.publish(TOPIC, encoded_group)          # back-pressure: may block briefly
@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from swarm_node.transport.base import Delivery, PeerInfo, Transport, TransportError, Validator
-from swarm_node.transport.connectivity import BootstrapKeeper
+from swarm_node.transport.connectivity import BootstrapKeeper, start_network
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,7 @@ class BackgroundTransport:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._transport: Transport | None = None
-        self.bootstrap: BootstrapKeeper | None = None
-        self._bootstrap_task: asyncio.Task[None] | None = None
+        self.keeper: BootstrapKeeper | None = None
 
     @property
     def transport(self) -> Transport:
@@ -87,8 +86,8 @@ class BackgroundTransport:
             return
 
         async def stop() -> None:
-            if self._bootstrap_task is not None:
-                self._bootstrap_task.cancel()
+            if self.keeper is not None:
+                self.keeper.stop()
             if self._transport is not None:
                 await self._transport.stop()
 
@@ -163,12 +162,7 @@ class BackgroundTransport:
     def connect(self, multiaddr: str, timeout: float = 30.0) -> str:
         return self._submit(self.transport.connect(multiaddr), timeout)
 
-    def start_bootstrap(self, addrs: list[str], **kwargs: Any) -> BootstrapKeeper:
-        keeper = BootstrapKeeper(self.transport, addrs, **kwargs)
-
-        async def launch() -> None:
-            self._bootstrap_task = asyncio.get_running_loop().create_task(keeper.run(), name="bootstrap")
-
-        self._submit(launch(), 10)
-        self.bootstrap = keeper
-        return keeper
+    def start_network(self, bootstrap: list[str], **keeper_args: Any) -> BootstrapKeeper:
+        """connectivity.start_network on the network loop: logs our address and reachability, keeps peers."""
+        self.keeper = self._submit(start_network(self.transport, bootstrap, **keeper_args), 30)
+        return self.keeper

@@ -69,11 +69,13 @@ DeliveryHandler = Callable[[Delivery], None]
 
 @dataclass(frozen=True)
 class PeerInfo:
-    """A connected peer: its id, the multiaddrs we know for it, and the round-trip latency if measured."""
+    """A connected peer: its id, the multiaddrs we know for it, the round-trip latency if measured, and the
+    topics it told us it subscribes to (gossip published before a peer's subscription arrives misses it)."""
 
     peer_id: str
     addrs: tuple[str, ...] = ()
     latency_ms: float | None = None
+    topics: tuple[str, ...] = ()
 
 
 class Stream(ABC):

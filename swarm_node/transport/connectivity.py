@@ -2,14 +2,21 @@
 
 Contract (works on any `Transport`):
 - `BootstrapKeeper(transport, addrs).run()`: dials every bootstrap address at start; whenever we have no peer at
-  all, redials them with exponential backoff. When none answers it logs one clear WARNING ("no bootstrap peer
-  answered ... training solo") and keeps retrying quietly; `state` is "solo" or "connected" for status output.
+  all, redials them (and the peers it learnt) with exponential backoff. When none answers it logs one clear
+  WARNING ("no bootstrap peer answered ... training solo") and keeps retrying quietly; `state` is "solo" or
+  "connected" for status output.
 - `local_self_check(addrs)`: classifies our advertised addresses (loopback / private / public) and test-dials
-  each one over TCP; `ReachabilityReport.advice` says what to do when peers outside could not dial us.
+  the local ones over TCP; `ReachabilityReport.advice` says what to do when peers outside could not dial us.
 - The dial-back protocol (`serve_dialback`, `ask_dialback`): a peer we are connected to opens a plain TCP
   connection to the IP it sees our connection come from, at the port we name, and answers reachable or not.
   It only ever dials the asker's own observed IP, so it cannot be used to make a node dial third parties.
-- Pure helpers: `tcp_endpoint(multiaddr)`, `classify_host(ip)`, `expand_unspecified(multiaddr)`.
+- Peer exchange (`serve_peer_exchange`, `ask_peers`): a peer answers with up to MAX_SHARED_PEERS multiaddrs of
+  the peers it is connected to; `BootstrapKeeper` asks after joining and while it has fewer than `min_peers`, so
+  the swarm stays connected when its bootstrap leaves. Answers are untrusted: bounded, strictly checked, and we
+  dial at most `min_peers` of them per round.
+- `start_network(transport, bootstrap)`: everything above wired for a node at start (what `swarm-node join` runs).
+- Pure helpers: `tcp_endpoint(multiaddr)`, `classify_host(ip)`, `expand_unspecified(multiaddr)`,
+  `encode_peer_list`, `decode_peer_list`.
 """
 
 from __future__ import annotations
@@ -23,13 +30,20 @@ import socket
 import struct
 from dataclasses import dataclass
 
+import msgpack
+
 from swarm_node.transport.base import Stream, Transport, TransportError, TransportUnavailable
 from swarm_node.transport.supervisor import Backoff
 
 log = logging.getLogger(__name__)
 
 DIALBACK_PROTOCOL = "/swarm-node/dialback/1.0.0"
+PEERS_PROTOCOL = "/swarm-node/peers/1.0.0"
 DIAL_TIMEOUT_S = 3.0
+MAX_SHARED_PEERS = 32
+MAX_ADDRS_PER_PEER = 4
+MAX_ADDR_CHARS = 256
+MAX_PEER_LIST_BYTES = MAX_SHARED_PEERS * MAX_ADDRS_PER_PEER * (MAX_ADDR_CHARS + 8) + 16
 
 
 class Reach(enum.Enum):
@@ -121,7 +135,13 @@ async def local_self_check(addrs: list[str]) -> ReachabilityReport:
     endpoints = [(a, ep) for a in addrs if (ep := tcp_endpoint(a)) is not None]
     if not endpoints:
         return ReachabilityReport(None, f"no TCP address to check among {addrs}", "")
-    results = [(a, ep, classify_host(ep[0]), await tcp_dial(*ep)) for a, ep in endpoints]
+    # Only local addresses are dialled: a public one may not loop back through the NAT (no hairpinning), so a
+    # failed dial from here would say nothing; a peer's dial-back judges those.
+    results = []
+    for addr, ep in endpoints:
+        reach = classify_host(ep[0])
+        local = reach in (Reach.LOOPBACK, Reach.PRIVATE)
+        results.append((addr, ep, reach, await tcp_dial(*ep) if local else True))
     dead = [a for a, _, reach, ok in results if not ok and reach in (Reach.LOOPBACK, Reach.PRIVATE)]
     if dead:
         return ReachabilityReport(False, f"nothing accepts connections at {', '.join(dead)}",
@@ -184,44 +204,154 @@ async def peer_check(transport: Transport, peer_id: str, addr: str) -> Reachabil
                               _forward_advice(endpoint[1]))
 
 
+def _unspecified(multiaddr: str) -> bool:
+    endpoint = tcp_endpoint(multiaddr)
+    return endpoint is not None and classify_host(endpoint[0]) is Reach.UNSPECIFIED
+
+
+def encode_peer_list(addrs: list[str]) -> bytes:
+    return msgpack.packb(addrs[:MAX_SHARED_PEERS * MAX_ADDRS_PER_PEER], use_bin_type=True)
+
+
+def decode_peer_list(data: bytes, own_peer_id: str) -> dict[str, list[str]]:
+    """peer id -> addresses from a peer's answer; ValueError for anything but a bounded list of /p2p multiaddrs."""
+    if len(data) > MAX_PEER_LIST_BYTES:
+        raise ValueError(f"peer list of {len(data)} bytes")
+    try:
+        items = msgpack.unpackb(data, raw=False)
+    except (ValueError, msgpack.ExtraData) as exc:
+        raise ValueError(f"undecodable peer list: {exc}") from None
+    if not isinstance(items, list) or len(items) > MAX_SHARED_PEERS * MAX_ADDRS_PER_PEER:
+        raise ValueError("peer list is not a bounded list")
+    out: dict[str, list[str]] = {}
+    for addr in items:
+        if not isinstance(addr, str) or len(addr) > MAX_ADDR_CHARS or not addr.startswith("/"):
+            raise ValueError(f"not a multiaddr: {str(addr)[:80]!r}")
+        parts = addr.rstrip("/").split("/")
+        if len(parts) < 3 or parts[-2] != "p2p" or not parts[-1].isalnum():
+            raise ValueError(f"address without /p2p/<peer id>: {addr[:80]!r}")
+        if parts[-1] != own_peer_id and len(out.setdefault(parts[-1], [])) < MAX_ADDRS_PER_PEER:
+            out[parts[-1]].append(addr)
+    if len(out) > MAX_SHARED_PEERS:
+        raise ValueError(f"{len(out)} peers in one answer")
+    return out
+
+
+async def serve_peer_exchange(transport: Transport) -> None:
+    """Answer peer-exchange requests with the dialable addresses of our other peers."""
+
+    async def handler(stream: Stream) -> None:
+        addrs: list[str] = []
+        for info in await transport.peers():
+            if info.peer_id == stream.remote_peer:
+                continue
+            usable = [a for a in info.addrs if "/p2p/" in a and not _unspecified(a)]
+            addrs += usable[:MAX_ADDRS_PER_PEER]
+            if len(addrs) >= MAX_SHARED_PEERS * MAX_ADDRS_PER_PEER:
+                break
+        await stream.write(encode_peer_list(addrs))
+        await stream.close()
+        await stream.read()
+
+    await transport.serve_stream(PEERS_PROTOCOL, handler)
+
+
+async def ask_peers(transport: Transport, peer_id: str, timeout: float = 10.0) -> dict[str, list[str]]:
+    """The peers `peer_id` is connected to ({} when it does not answer or answers nonsense)."""
+    try:
+        stream = await transport.open_stream(peer_id, PEERS_PROTOCOL)
+        await stream.close()
+
+        async def read_all() -> bytes:
+            data = b""
+            while chunk := await stream.read(1 << 16):
+                data += chunk
+                if len(data) > MAX_PEER_LIST_BYTES:
+                    raise ValueError("peer list too long")
+            return data
+
+        return decode_peer_list(await asyncio.wait_for(read_all(), timeout), transport.peer_id)
+    except (TransportError, ValueError, asyncio.TimeoutError) as exc:
+        log.info("peer exchange with %s failed: %s", peer_id, exc)
+        return {}
+
+
 class BootstrapKeeper:
-    """Keep at least one peer: dial the bootstrap addresses at start and whenever we are alone, with backoff."""
+    """Keep peers: dial the bootstrap addresses at start and whenever we are alone (with backoff), and learn
+    more peers by peer exchange while we have fewer than `min_peers`."""
 
     def __init__(self, transport: Transport, addrs: list[str], backoff: Backoff | None = None,
-                 check_interval_s: float = 5.0, rng: random.Random | None = None) -> None:
+                 check_interval_s: float = 5.0, rng: random.Random | None = None, min_peers: int = 4,
+                 exchange_interval_s: float = 30.0) -> None:
         self.transport = transport
         self.addrs = list(addrs)
         self.backoff = backoff or Backoff(initial_s=1.0, factor=2.0, max_s=60.0)
         self.check_interval_s = check_interval_s
         self.rng = rng or random.Random()
+        self.min_peers = min_peers
+        self.exchange_interval_s = exchange_interval_s
         self.state = "solo"
+        self.learnt: dict[str, list[str]] = {}  # peers heard of by exchange, redialled when we are alone
+        self.tasks: list[asyncio.Task[None]] = []  # what start_network runs on the loop for this keeper
+
+    def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
 
     async def dial_all(self) -> list[str]:
-        """Dial every bootstrap address once; returns the peer ids that answered."""
+        """Dial every bootstrap address (then learnt peers) once; returns the peer ids that answered."""
         answered: list[str] = []
-        for addr in self.addrs:
+        for addr in self.addrs + [a for addrs in self.learnt.values() for a in addrs[:1]]:
             try:
-                answered.append(await self.transport.connect(addr))
+                peer = await self.transport.connect(addr)
             except (TransportError, ValueError) as exc:
-                log.info("bootstrap %s did not answer: %s", addr, exc)
+                log.info("%s did not answer: %s", addr, exc)
+                continue
+            if peer not in answered:
+                answered.append(peer)
         return answered
+
+    async def exchange(self, connected: set[str]) -> list[str]:
+        """Ask one connected peer for its peers and dial new ones, up to min_peers; returns those reached."""
+        if not connected or len(connected) >= self.min_peers:
+            return []
+        heard = await ask_peers(self.transport, self.rng.choice(sorted(connected)))
+        self.learnt.update(heard)
+        reached: list[str] = []
+        for peer, addrs in heard.items():
+            if peer in connected or len(connected) + len(reached) >= self.min_peers:
+                continue
+            for addr in addrs:
+                try:
+                    reached.append(await self.transport.connect(addr))
+                    break
+                except (TransportError, ValueError):
+                    continue
+        if reached:
+            log.info("connected to %d more peer(s) by peer exchange", len(reached))
+        return reached
 
     async def run(self) -> None:
         attempt = 0
         warned = False
         if not self.addrs:
             log.warning("no --bootstrap given: training solo until a peer dials us")
-            return
+        loop = asyncio.get_running_loop()
+        next_exchange = loop.time()
         while True:
             try:
-                alone = not await self.transport.peers()
-                answered = await self.dial_all() if alone else []
+                connected = {p.peer_id for p in await self.transport.peers()}
+                answered = await self.dial_all() if not connected and (self.addrs or self.learnt) else []
+                connected |= set(answered)
+                if connected and (answered or loop.time() >= next_exchange):
+                    connected |= set(await self.exchange(connected))
+                    next_exchange = loop.time() + self.exchange_interval_s
             except TransportUnavailable:
                 await asyncio.sleep(self.check_interval_s)
                 continue
-            if alone and not answered:
+            if not connected:
                 self.state = "solo"
-                if not warned:
+                if not warned and self.addrs:
                     log.warning("no bootstrap peer answered (tried %s); training solo and retrying with backoff "
                                 "(up to every %.0f s)", ", ".join(self.addrs), self.backoff.max_s)
                     warned = True
@@ -229,7 +359,41 @@ class BootstrapKeeper:
                 attempt += 1
                 continue
             if answered:
-                log.info("connected to bootstrap peer(s) %s", ", ".join(answered))
+                log.info("connected to peer(s) %s", ", ".join(answered))
             self.state = "connected"
             attempt, warned = 0, False
             await asyncio.sleep(self.check_interval_s)
+
+
+async def start_network(transport: Transport, bootstrap: list[str], **keeper_args: object) -> BootstrapKeeper:
+    """Node start-up on a started transport: serve dial-back and peer exchange, log our addresses and what the
+    local reachability check says, start the BootstrapKeeper, and once the first peer answers, log what its
+    dial-back says. Returns the keeper (its task runs on the loop; `state` says solo/connected)."""
+    await serve_dialback(transport)
+    await serve_peer_exchange(transport)
+    addrs = transport.listen_addrs()
+    log.warning("peer id %s; others can join with --bootstrap %s", transport.peer_id, addrs[0] if addrs else "?")
+    for line in (await local_self_check(addrs)).log_lines():
+        log.warning("reachability: %s", line)
+    keeper = BootstrapKeeper(transport, bootstrap, **keeper_args)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    keeper.tasks.append(loop.create_task(keeper.run(), name="bootstrap-keeper"))
+
+    async def first_peer_check() -> None:
+        while not (peers := await _peers_or_empty(transport)):
+            await asyncio.sleep(1.0)
+        endpoint_addr = next((a for a in addrs if tcp_endpoint(a) is not None), None)
+        if endpoint_addr is None:
+            return
+        for line in (await peer_check(transport, peers[0], endpoint_addr)).log_lines():
+            log.warning("reachability: %s", line)
+
+    keeper.tasks.append(loop.create_task(first_peer_check(), name="reachability"))
+    return keeper
+
+
+async def _peers_or_empty(transport: Transport) -> list[str]:
+    try:
+        return [p.peer_id for p in await transport.peers()]
+    except TransportUnavailable:
+        return []

@@ -20,21 +20,28 @@ Runs inside the network host (trio). Contract:
   node's verdict, further copies from other forwarders are dropped here (else they would be validated and
   delivered twice, and an honest forwarder could be penalised by the replay guard).
 - `raise_library_limits` patches the hard-coded per-peer outbound queue (32 RPCs) and subscription channel (32).
+- Throughput (same wire format): `GuardedPubsub.handle_sending_messages` merges the RPCs queued for a peer into
+  one RPC per write, and `install_record_caches` stops re-signing-checking the signed peer record that rides on
+  every RPC; together about 2-3x more gossip per CPU second in the profiles behind bench/gossip.py.
 With `crash_guards=False` the two crash paths behave as in the library (to test supervision).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from google.protobuf.message import DecodeError
 from libp2p.exceptions import ValidationError
+from libp2p.peer import peerstore as peerstore_module
 from libp2p.peer.id import ID
+from libp2p.pubsub import gossipsub as gossipsub_module
 from libp2p.pubsub import pubsub as pubsub_module
 from libp2p.pubsub import rpc_queue
+from libp2p.pubsub import utils as pubsub_utils
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.validators import signature_validator as library_signature_validator
@@ -63,6 +70,47 @@ def install_signature_guard(counters: Counter[str]) -> None:
             return False
 
     pubsub_module.signature_validator = guarded_signature_validator
+
+
+def install_record_caches(ttl_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+    """Cache the signed peer record each pubsub RPC carries, on both ends. Per-process, idempotent.
+
+    py-libp2p 0.8.1 rebuilds our record's address list (multiaddr parsing) for every RPC it sends, and verifies
+    the sender's record signature and re-parses its addresses for every RPC it receives (twice when the RPC has
+    control entries): the largest CPU cost per gossip message in profiles. Outbound: reuse our envelope for
+    `ttl_s` (a changed listen address shows up within that time). Inbound: an envelope byte-identical to one
+    already accepted from the same peer within `ttl_s` was verified then; accept it without verifying again.
+    """
+    original_env = peerstore_module.env_to_send_in_RPC
+    original_consume = pubsub_utils.maybe_consume_signed_record
+    ours: dict[int, tuple[float, tuple[bytes, bool]]] = {}
+    theirs: dict[tuple[int, ID], tuple[float, bytes]] = {}
+
+    def cached_env(host: Any) -> tuple[bytes, bool]:
+        now = clock()
+        hit = ours.get(id(host))
+        if hit is not None and now - hit[0] < ttl_s:
+            return hit[1][0], False
+        result = original_env(host)
+        ours[id(host)] = (now, result)
+        return result
+
+    def cached_consume(rpc: rpc_pb2.RPC, host: Any, peer_id: ID) -> bool:
+        if not rpc.HasField("senderRecord"):
+            return True
+        now = clock()
+        key = (id(host), peer_id)
+        hit = theirs.get(key)
+        if hit is not None and now - hit[0] < ttl_s and hit[1] == rpc.senderRecord:
+            return True
+        accepted = original_consume(rpc, host, peer_id)
+        if accepted:
+            theirs[key] = (now, rpc.senderRecord)
+        return accepted
+
+    for module in (pubsub_module, gossipsub_module):
+        module.env_to_send_in_RPC = cached_env  # type: ignore[attr-defined]
+        module.maybe_consume_signed_record = cached_consume  # type: ignore[attr-defined]
 
 
 def raise_library_limits(queue_size: int, max_message_bytes: int, subscription_channel: int) -> None:
@@ -102,6 +150,44 @@ class GuardedPubsub(Pubsub):
         await stream.reset()  # NetStream.reset swallows the muxer's errors itself
         self._handle_dead_peer(peer_id)
 
+    async def handle_sending_messages(self, peer_id: ID, stream: Any, queue: rpc_queue.RpcQueue) -> None:
+        """The library's per-peer sender, merging the RPCs queued while the previous write was in flight.
+
+        Under load the library writes (and the peer parses, and verifies the signed peer record of) one RPC per
+        message and per control message. An RPC may carry many messages and control entries, so everything
+        waiting in the queue goes out as one RPC of at most the RPC size limit: same bytes on the wire format,
+        far fewer writes, frames, decryptions and record verifications.
+        """
+        limit = queue.max_message_size - _MERGE_MARGIN_BYTES
+        try:
+            while True:
+                rpc = await queue.pop()
+                if rpc is None:
+                    return
+                merged = rpc
+                size = rpc.ByteSize()
+                while size < limit:
+                    nxt = queue._queue.pop()  # non-blocking pop of the library's PriorityQueue (pinned 0.8.1)
+                    if nxt is None:
+                        break
+                    nxt_size = nxt.ByteSize()
+                    if size + nxt_size > limit:
+                        if not await self.write_msg(stream, merged):
+                            return
+                        merged, size = nxt, nxt_size
+                        continue
+                    if merged is rpc:
+                        merged = rpc_pb2.RPC()
+                        merged.CopyFrom(rpc)
+                    merged.MergeFrom(nxt)  # repeated fields concatenate; the sender record is the same bytes
+                    size = merged.ByteSize()
+                    self.counters["rpcs_merged"] += 1
+                if not await self.write_msg(stream, merged):
+                    return
+        except Exception:  # as the library's loop: a broken stream ends this peer, not the host
+            log.debug("sending loop for %s ended", peer_id, exc_info=True)
+            self._handle_dead_peer(peer_id)
+
     async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
         msg_id = self._msg_id_constructor(msg)
         if msg_id in self._validating:
@@ -136,4 +222,5 @@ class GuardedPubsub(Pubsub):
             raise IgnoredMessage
 
 
+_MERGE_MARGIN_BYTES = 64 << 10  # headroom under the RPC limit for the sender record and framing
 _SEVERITY = {ValidationResult.ACCEPT: 0, ValidationResult.IGNORE: 1, ValidationResult.REJECT: 2}

@@ -7,7 +7,7 @@ remote crash in py-libp2p ends only this process) or in a thread via `run_host(s
   do that job), answers READY(peer id, listen addrs, advertised addrs), then serves CALLs until the node's
   socket closes, then exits.
 - CALL methods: subscribe(topic, validated), publish(topic, data), connect(multiaddr) -> peer id,
-  peers() -> [[id, addrs, latency_ms | None]], serve(protocol), open_stream(peer, protocol) -> sid,
+  peers() -> [[id, addrs, latency_ms | None, topics]], serve(protocol), open_stream(peer, protocol) -> sid,
   counters() -> {name: count} of what the guards and validation dropped.
 - Every subscription is drained continuously; messages signed by others go to the node as DELIVER. For a
   validated topic every message from a peer is first sent to the node as VALIDATE and waits (up to
@@ -47,7 +47,12 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 
 from swarm_node.transport.base import ValidationResult
-from swarm_node.transport.libp2p_guards import GuardedPubsub, install_signature_guard, raise_library_limits
+from swarm_node.transport.libp2p_guards import (
+    GuardedPubsub,
+    install_record_caches,
+    install_signature_guard,
+    raise_library_limits,
+)
 from swarm_node.transport.libp2p_ipc import (
     STREAM_CHUNK,
     STREAM_WINDOW,
@@ -148,6 +153,7 @@ class NetworkHost:
         if settings.crash_guards:
             install_signature_guard(self.counters)
         raise_library_limits(settings.queue_size, settings.max_message_bytes, SUBSCRIPTION_CHANNEL)
+        install_record_caches()
         # Noise only: the library default also offers plaintext, which a peer could pick.
         security = {NOISE_PROTOCOL_ID: NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)}
         announce = [multiaddr.Multiaddr(a) for a in settings.announce] or None
@@ -197,7 +203,10 @@ class NetworkHost:
                     break
                 batch.append(frame)
                 size += len(frame)
-            await conn.send_all(b"".join(batch))
+            try:
+                await conn.send_all(b"".join(batch))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return  # the node has gone; _read_frames sees EOF and we shut down
 
     async def _read_frames(self, conn: trio.SocketStream, decoder: FrameDecoder, nursery: trio.Nursery) -> None:
         while True:
@@ -334,7 +343,8 @@ class NetworkHost:
                 latency = store.latency_EWMA(peer) * 1000.0 or None
             except Exception:  # no latency recorded yet
                 latency = None
-            out.append([peer.to_base58(), addrs, latency])
+            topics = sorted(t for t, members in self.pubsub.peer_topics.items() if peer in members)
+            out.append([peer.to_base58(), addrs, latency, topics])
         return out
 
     # -- streams --------------------------------------------------------------------------------------------
@@ -391,6 +401,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s libp2p-host %(levelname)s %(name)s: %(message)s")
+    # py-libp2p logs ordinary outcomes at ERROR (a peer that does not speak a protocol, a dial that fails, with
+    # multi-line dumps); the node gets them as TransportError and reports them at its own level.
+    for name in ("libp2p.host.basic_host", "libp2p.transport.tcp.tcp"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     # Ctrl-C reaches the whole process group; the node decides when we stop (it closes the socket).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     trio.run(run_host, socket.socket(fileno=args.ipc_fd))

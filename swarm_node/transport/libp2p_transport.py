@@ -102,9 +102,15 @@ class _ProcessHandle(HostHandle):
 async def launch_process(child_sock: socket.socket, config: LibP2PConfig) -> HostHandle:
     """The host as a child process that inherits its end of the socketpair (the key never appears in argv)."""
     fd = child_sock.fileno()
+    # The host's stdout goes to our stderr: a library print() must never land in a node's stdout (tools and
+    # tests read structured output there). Its log goes to stderr anyway.
+    try:
+        stdout: int = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # stderr replaced by an object without a descriptor
+        stdout = subprocess.DEVNULL
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "swarm_node.transport.libp2p_host", "--ipc-fd", str(fd),
-        "--log-level", config.host_log_level, pass_fds=(fd,), stdin=subprocess.DEVNULL,
+        "--log-level", config.host_log_level, pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=stdout,
     )
     child_sock.close()
     return _ProcessHandle(proc)
@@ -421,6 +427,7 @@ class LibP2PTransport(Transport):
                 return
             self._up.clear()
             session.end(how)
+            self._peers_snapshot = []
             self.stats.restarts += 1
             await self._restart_after_failure(how)
 
@@ -598,7 +605,7 @@ class LibP2PTransport(Transport):
 
     async def _refresh_peers(self) -> list[PeerInfo]:
         rows = await self._call("peers")
-        infos = [PeerInfo(peer, tuple(addrs), latency) for peer, addrs, latency in rows]
+        infos = [PeerInfo(peer, tuple(addrs), latency, tuple(topics)) for peer, addrs, latency, topics in rows]
         self._peers_snapshot = infos
         for info in infos:
             for addr in info.addrs:

@@ -236,7 +236,8 @@ class MemoryTransport(Transport):
         return peer
 
     async def peers(self) -> list[PeerInfo]:
-        return [PeerInfo(p, (memory_addr(p),)) for p in self.hub.neighbours(self._peer_id)]
+        return [PeerInfo(p, (memory_addr(p),), None, tuple(sorted(self.hub.nodes[p]._handlers)))
+                for p in self.hub.neighbours(self._peer_id)]
 
     # -- gossip ---------------------------------------------------------------------------------------------
     async def publish(self, topic: str, data: bytes) -> None:

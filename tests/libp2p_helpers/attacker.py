@@ -76,11 +76,17 @@ class Attacker:
             raise ValueError(f"unknown kind {kind}")
         return encode_varint_prefixed(rpc_pb2.RPC(publish=[msg]).SerializeToString())
 
-    async def send_raw(self, target: str, frame: bytes) -> None:
+    async def send_raw(self, target: str, frame: bytes) -> str:
+        """Write `frame` on a fresh pubsub stream; the target may reset it midway (that is its defence)."""
         stream = await self.host.new_stream(ID.from_base58(target), [PROTOCOL_ID_V11])
-        await stream.write(frame)
-        await trio.sleep(0.3)
+        try:
+            await stream.write(frame)
+            await trio.sleep(0.3)
+            outcome = "written"
+        except Exception as exc:  # the target reset the stream: report it, keep attacking
+            outcome = f"target reset the stream ({type(exc).__name__})"
         await stream.reset()
+        return outcome
 
     async def handle(self, cmd: dict[str, Any], nursery: trio.Nursery) -> None:
         rid = cmd.get("rid")
@@ -97,11 +103,11 @@ class Attacker:
             emit(event="captured", rid=rid, signers=[ID(m.from_id).to_base58() for m in self.captured])
         elif kind == "replay":
             msg = next(m for m in self.captured if ID(m.from_id).to_base58() == cmd["signer"])
-            await self.send_raw(cmd["target"], encode_varint_prefixed(rpc_pb2.RPC(publish=[msg]).SerializeToString()))
-            emit(event="sent", rid=rid)
+            frame = encode_varint_prefixed(rpc_pb2.RPC(publish=[msg]).SerializeToString())
+            emit(event="sent", rid=rid, outcome=await self.send_raw(cmd["target"], frame))
         elif kind == "raw":
-            await self.send_raw(cmd["target"], self.raw_frame(cmd["kind"], cmd["topic"], cmd.get("honest", "")))
-            emit(event="sent", rid=rid)
+            frame = self.raw_frame(cmd["kind"], cmd["topic"], cmd.get("honest", ""))
+            emit(event="sent", rid=rid, outcome=await self.send_raw(cmd["target"], frame))
         elif kind == "publish":
             await self.pubsub.publish(cmd["topic"], bytes.fromhex(cmd["data_hex"]))
             emit(event="sent", rid=rid)

@@ -2,7 +2,8 @@
 
 Events: {"event": "ready", "peer_id", "addr"} at start; answers carry the command's "rid".
 Commands: publish {count} -> "published" {group_ids}; stats -> "stats" {delivered: {signer: [gid hex]}, verdicts,
-restarts, host_counters, peers}; connect {addr} -> "connected"; wait_peers {n} -> "peers"; quit.
+restarts, host_counters, peers}; connect {addr} -> "connected"; wait_subscribed {n} (peers on the topic)
+-> "subscribed"; quit. Joins through --bootstrap with connectivity.start_network (peer exchange included).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from swarm_node.identity import generate
 from swarm_node.transport.base import Delivery, TransportError
-from swarm_node.transport.connectivity import BootstrapKeeper
+from swarm_node.transport.connectivity import start_network
 from swarm_node.transport.libp2p_ipc import HostSettings
 from swarm_node.transport.libp2p_transport import LibP2PConfig, LibP2PTransport
 from swarm_node.transport.supervisor import Backoff
@@ -39,10 +40,8 @@ async def main(args: argparse.Namespace) -> None:
     transport.set_validator(TOPIC, protocol_validator())
     await transport.subscribe(TOPIC, on_delivery)
     await transport.start()
-    if args.bootstrap:
-        keeper = BootstrapKeeper(transport, [args.bootstrap], backoff=Backoff(initial_s=0.2, max_s=1.0),
-                                 check_interval_s=0.5)
-        asyncio.get_running_loop().create_task(keeper.run())
+    await start_network(transport, [args.bootstrap] if args.bootstrap else [],
+                        backoff=Backoff(initial_s=0.2, max_s=1.0), check_interval_s=0.5, exchange_interval_s=1.0)
     emit(event="ready", peer_id=transport.peer_id, addr=transport.listen_addrs()[0])
 
     reader = asyncio.StreamReader()
@@ -69,10 +68,11 @@ async def main(args: argparse.Namespace) -> None:
                  restarts=transport.stats.restarts, host_counters=counters, peers=peers)
         elif cmd["cmd"] == "connect":
             emit(event="connected", rid=rid, peer_id=await transport.connect(cmd["addr"]))
-        elif cmd["cmd"] == "wait_peers":
-            while len(await transport.peers()) < cmd["n"]:
+        elif cmd["cmd"] == "wait_subscribed":
+            while sum(TOPIC in p.topics for p in await transport.peers()) < cmd["n"]:
                 await asyncio.sleep(0.1)
-            emit(event="peers", rid=rid)
+            await asyncio.sleep(0.3)  # a moment for the mesh graft
+            emit(event="subscribed", rid=rid)
         elif cmd["cmd"] == "quit":
             break
     await transport.stop()

@@ -1,0 +1,385 @@
+"""Gossip and stream throughput of the libp2p transport: 4 node processes on 127.0.0.1, realistic RolloutGroups.
+
+`python -m bench.gossip` writes bench/results/gossip.json:
+  {"nodes", "groups", "delivered_frac", "groups_per_s", "p50_ms", "p99_ms", "stream_mb_s"}
+- Each node is an OS process with a LibP2PTransport (network host in its own child process, the default) and the
+  protocol's gossip validator; the nodes form a full mesh. Every node publishes its share of `groups` RolloutBatches
+  of one group each (8 completions x 64 tokens, ~5 KB), starting at a common time.
+- groups_per_s, delivered_frac (capacity round): nodes publish as fast as the transport's back-pressure lets them;
+  groups_per_s = groups / (last delivery - start); delivered_frac = deliveries / (groups x (nodes - 1)).
+- p50_ms, p99_ms (paced round): publish-to-delivery latency over all deliveries while the nodes together offer
+  `--rate` groups/s (100, the goal), i.e. the latency at the goal load rather than queueing at saturation.
+- stream_mb_s: a 20 MiB blob node 1 -> node 2 over a stream protocol, until the receiver's ack (MB = 1e6 bytes).
+- Baseline, same run: the same workload with isolation="thread" (the network host on a trio thread inside the
+  node process). Medians of `--runs` interleaved runs; both, per run, with the machine's load average, go to
+  gossip_baseline.json.
+`python -m bench.gossip --arch` measures what the network layer costs a training loop in the same process
+(steps/s of a torch + Python loop while receiving 100 groups/s) for both isolations: gossip_arch.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parents[1]
+STREAM_PROTOCOL = "/swarm-node/bench-blob/1.0.0"
+BLOB_BYTES = 20 << 20
+
+
+# ------------------------------------------------------------------------------------------- the node process
+def rollout_message(peer_id: str, index: int) -> bytes:
+    from protocol.codec import encode
+    from protocol.messages import CompletionWire, RolloutBatch, RolloutGroup, TaskRefWire
+
+    rng = random.Random(index)
+    group = RolloutGroup(
+        group_id=os.urandom(16), policy_id=peer_id, policy_version=index, task=TaskRefWire("chain_sum", "{}", 0, index),
+        completions=tuple(CompletionWire(tuple(rng.randrange(64) for _ in range(64)), "12+30=42 " * 7,
+                                         tuple(-rng.random() for _ in range(64)), 1.0) for _ in range(8)),
+        tokenizer_hash="char-v1", model_family="qwen2", created_at=time.time())
+    return encode(RolloutBatch((group,)))
+
+
+def make_validator() -> Any:
+    from protocol.limits import Limits
+    from protocol.messages import TOPIC_ROLLOUTS
+    from protocol.validation import AcceptPolicy, ReplayGuard, validate_gossip
+    from swarm_node.transport.base import ValidationResult
+
+    limits = Limits(vocab_size=64)
+    policy = AcceptPolicy(tasks=frozenset({("chain_sum", "{}")}), max_index=1 << 30)
+    replay = ReplayGuard(limits.max_age_s)
+
+    def validate(signer: str, data: bytes) -> ValidationResult:
+        verdict = validate_gossip(TOPIC_ROLLOUTS, data, signer, limits=limits, policy=policy, now=time.time(),
+                                  replay=replay).verdict
+        return ValidationResult[verdict.name]
+
+    return validate
+
+
+def emit(**event: Any) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+async def worker(isolation: str) -> None:
+    from protocol.codec import decode
+    from protocol.limits import Limits
+    from protocol.messages import TOPIC_ROLLOUTS
+    from swarm_node.identity import generate
+    from swarm_node.transport.base import Delivery
+    from swarm_node.transport.libp2p_ipc import HostSettings
+    from swarm_node.transport.libp2p_transport import LibP2PConfig, LibP2PTransport
+
+    config = LibP2PConfig(host=HostSettings(listen=("/ip4/127.0.0.1/tcp/0",)), isolation=isolation)
+    transport = LibP2PTransport(generate(), config)
+    latencies: list[float] = []
+    received: dict[str, int] = {}
+    last_rx = [0.0]
+    limits = Limits(vocab_size=64)
+
+    def on_delivery(delivery: Delivery) -> None:
+        now = time.time()
+        msg = decode(delivery.data, limits)
+        latencies.extend(now - g.created_at for g in msg.groups)  # type: ignore[union-attr]
+        received[delivery.from_peer] = received.get(delivery.from_peer, 0) + 1
+        last_rx[0] = now
+
+    async def blob_sink(stream: Any) -> None:
+        got = 0
+        while chunk := await stream.read(1 << 20):
+            got += len(chunk)
+        await stream.write(got.to_bytes(8, "big"))
+        await stream.close()
+
+    transport.set_validator(TOPIC_ROLLOUTS, make_validator())
+    await transport.subscribe(TOPIC_ROLLOUTS, on_delivery)
+    await transport.serve_stream(STREAM_PROTOCOL, blob_sink)
+    await transport.start()
+    emit(event="ready", peer_id=transport.peer_id, addr=transport.listen_addrs()[0])
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    trainer_steps: list[float] = []
+    while line := await reader.readline():
+        cmd = json.loads(line)
+        op = cmd["cmd"]
+        if op == "connect":
+            for addr in cmd["addrs"]:
+                await transport.connect(addr)
+            emit(event="connected")
+        elif op == "wait_subscribed":
+            while sum(TOPIC_ROLLOUTS in p.topics for p in await transport.peers()) < cmd["n"]:
+                await asyncio.sleep(0.1)
+            emit(event="subscribed")
+        elif op == "go":
+            await asyncio.sleep(max(0.0, cmd["t0"] - time.time()))
+            interval = 1.0 / cmd["rate"] if cmd.get("rate") else 0.0
+            errors = 0
+            for i in range(cmd["count"]):
+                if interval:
+                    await asyncio.sleep(max(0.0, cmd["t0"] + i * interval - time.time()))
+                try:
+                    await transport.publish(TOPIC_ROLLOUTS, rollout_message(transport.peer_id, i))
+                except Exception as exc:  # a bench counts failures instead of stopping
+                    errors += 1
+                    emit(event="publish_error", error=str(exc))
+            emit(event="done", t_end=time.time(), errors=errors)
+        elif op == "stats":
+            emit(event="stats", received=received, latencies=latencies, last_rx=last_rx[0],
+                 counters=await transport.host_counters(), trainer_steps=trainer_steps)
+        elif op == "send_blob":
+            blob = os.urandom(BLOB_BYTES)
+            times = []
+            for _ in range(cmd["repeat"]):
+                t0 = time.perf_counter()
+                stream = await transport.open_stream(cmd["peer"], STREAM_PROTOCOL)
+                await stream.write(blob)
+                await stream.close()
+                ack = int.from_bytes(await stream.read_exactly(8), "big")
+                times.append(time.perf_counter() - t0)
+                assert ack == BLOB_BYTES, ack
+            emit(event="blob", seconds=times)
+        elif op == "train":
+            # A stand-in training loop on the main thread: torch matmuls (release the GIL) plus Python work
+            # (hold it), the mix of a small-model RL step. Gossip keeps arriving on the loop meanwhile.
+            trainer_steps = await loop.run_in_executor(None, train_for, cmd["seconds"])
+            emit(event="trained", steps=len(trainer_steps))
+        elif op == "quit":
+            break
+    await transport.stop()
+
+
+def train_for(seconds: float) -> list[float]:
+    import torch
+
+    torch.set_num_threads(1)
+    weight = torch.randn(256, 256)
+    x = torch.randn(64, 256)
+    steps: list[float] = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        for _ in range(20):
+            x = torch.tanh(x @ weight)
+        _ = sum(i * i for i in range(20_000))  # Python-side work: sampling bookkeeping, batching, logging
+        steps.append(time.perf_counter() - t0)
+    return steps
+
+
+# ------------------------------------------------------------------------------------------- the orchestrator
+class Proc:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.lines: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.task = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        while line := await self.proc.stdout.readline():
+            try:
+                await self.lines.put(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+
+    def send(self, **cmd: Any) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
+
+    async def expect(self, event: str, timeout: float = 120.0) -> dict[str, Any]:
+        while True:
+            msg = await asyncio.wait_for(self.lines.get(), timeout)
+            if msg.get("event") == event:
+                return msg
+
+    async def close(self) -> None:
+        if self.proc.returncode is None:
+            self.send(cmd="quit")
+            try:
+                await asyncio.wait_for(self.proc.wait(), 15)
+            except asyncio.TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        self.task.cancel()
+
+
+async def spawn(isolation: str) -> Proc:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.gossip", "--worker", "--isolation", isolation, cwd=REPO, env=env,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    return Proc(proc)
+
+
+async def start_swarm(nodes: int, isolation: str) -> tuple[list[Proc], list[dict[str, Any]]]:
+    procs = [await spawn(isolation) for _ in range(nodes)]
+    ready = [await p.expect("ready") for p in procs]
+    for i, proc in enumerate(procs[1:], start=1):  # full mesh: each node dials every earlier one
+        proc.send(cmd="connect", addrs=[r["addr"] for r in ready[:i]])
+        await proc.expect("connected")
+    for proc in procs:
+        proc.send(cmd="wait_subscribed", n=nodes - 1)
+        await proc.expect("subscribed")
+    await asyncio.sleep(1.5)  # a heartbeat or two so the mesh is grafted everywhere
+    return procs, ready
+
+
+async def gossip_round(procs: list[Proc], groups: int, rate: float | None) -> dict[str, float]:
+    n = len(procs)
+    per_node = groups // n
+    t0 = time.time() + 1.0
+    for proc in procs:
+        proc.send(cmd="go", t0=t0, count=per_node, rate=(rate / n) if rate else None)
+    for proc in procs:
+        await proc.expect("done", 600)
+    expected = per_node * (n - 1)
+    deadline = time.time() + 30
+    while True:
+        stats = []
+        for proc in procs:
+            proc.send(cmd="stats")
+            stats.append(await proc.expect("stats"))
+        delivered = sum(sum(s["received"].values()) for s in stats)
+        if delivered >= expected * n or time.time() > deadline:
+            break
+        await asyncio.sleep(0.5)
+    latencies = sorted(x for s in stats for x in s["latencies"])
+    last = max(s["last_rx"] for s in stats)
+    return {
+        "groups": per_node * n,
+        "delivered_frac": delivered / (per_node * n * (n - 1)),
+        "groups_per_s": per_node * n / (last - t0) if last > t0 else 0.0,
+        "p50_ms": 1000 * latencies[len(latencies) // 2] if latencies else float("nan"),
+        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else float("nan"),
+    }
+
+
+async def stream_round(procs: list[Proc], ready: list[dict[str, Any]], repeat: int) -> float:
+    procs[1].send(cmd="send_blob", peer=ready[2]["peer_id"], repeat=repeat)
+    seconds = (await procs[1].expect("blob", 300))["seconds"]
+    return BLOB_BYTES / statistics.median(seconds) / 1e6
+
+
+async def one_run(nodes: int, groups: int, rate: float, isolation: str) -> dict[str, dict[str, float]]:
+    procs, ready = await start_swarm(nodes, isolation)
+    try:
+        paced = await gossip_round(procs, groups, rate=rate)
+        capacity = await gossip_round(procs, groups, rate=None)
+        capacity["stream_mb_s"] = await stream_round(procs, ready, repeat=3)
+        return {"paced": paced, "capacity": capacity}
+    finally:
+        for proc in procs:
+            await proc.close()
+
+
+def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+async def bench(args: argparse.Namespace) -> None:
+    runs: dict[str, list[dict[str, dict[str, float]]]] = {"process": [], "thread": []}
+    loads = [load_average()]
+    for _ in range(args.runs):
+        for isolation in ("process", "thread"):  # interleaved so machine load affects both alike
+            runs[isolation].append(await one_run(args.nodes, args.groups, args.rate, isolation))
+            loads.append(load_average())
+    summary = {iso: {"capacity": median_run([r["capacity"] for r in rs]), "paced": median_run([r["paced"] for r in rs])}
+               for iso, rs in runs.items()}
+    ours, base = summary["process"], summary["thread"]
+    result = {"nodes": args.nodes, "groups": int(ours["capacity"]["groups"]),
+              "delivered_frac": round(ours["capacity"]["delivered_frac"], 4),
+              "groups_per_s": round(ours["capacity"]["groups_per_s"], 1),
+              "p50_ms": round(ours["paced"]["p50_ms"], 1), "p99_ms": round(ours["paced"]["p99_ms"], 1),
+              "stream_mb_s": round(ours["capacity"]["stream_mb_s"], 1)}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "gossip.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / "gossip_baseline.json").write_text(json.dumps(
+        {"note": "medians of interleaved runs. process = ours (network host in a child process); thread = baseline "
+                 "(host on a trio thread in the node process). capacity: publish as fast as back-pressure allows; "
+                 f"paced: {args.rate} groups/s offered in total. 1-min load average of the machine before/after "
+                 "each run in load_avg.", "load_avg": loads, "median": summary, "runs": runs}, indent=2) + "\n")
+    print(f"gossip: {args.nodes} nodes, {result['groups']} groups: delivered {result['delivered_frac']:.3f} at "
+          f"{result['groups_per_s']:.0f} groups/s; at {args.rate:.0f} groups/s offered p50 {result['p50_ms']:.0f} ms "
+          f"p99 {result['p99_ms']:.0f} ms; stream {result['stream_mb_s']:.0f} MB/s | thread baseline: "
+          f"{base['capacity']['groups_per_s']:.0f} groups/s, p50 {base['paced']['p50_ms']:.0f} ms, stream "
+          f"{base['capacity']['stream_mb_s']:.0f} MB/s (medians of {args.runs}, load avg "
+          f"{statistics.median(loads):.1f} on {os.cpu_count()} cores)")
+
+
+async def arch(args: argparse.Namespace) -> None:
+    """Trainer steps/s on node A while node B sends it 100 groups/s, per isolation, against no network at all.
+
+    Repeated and interleaved (none, process, thread, none, ...) because the machine is shared; medians reported."""
+    samples: dict[str, list[dict[str, Any]]] = {"none": [], "process": [], "thread": []}
+    for _ in range(args.runs):
+        steps = train_for(args.train_s)
+        samples["none"].append({"steps_per_s": len(steps) / args.train_s, "load_avg": load_average()})
+        for isolation in ("process", "thread"):
+            procs, _ = await start_swarm(2, isolation)
+            try:
+                count = int(100 * args.train_s)
+                t0 = time.time() + 1.0
+                procs[0].send(cmd="train", seconds=args.train_s + 1.0)
+                procs[1].send(cmd="go", t0=t0, count=count, rate=100.0)
+                trained = (await procs[0].expect("trained", 600))["steps"]
+                await procs[1].expect("done", 600)
+                await asyncio.sleep(2.0)
+                procs[0].send(cmd="stats")
+                stats = await procs[0].expect("stats")
+                lat = sorted(stats["latencies"])
+                samples[isolation].append({
+                    "steps_per_s": trained / (args.train_s + 1.0), "received": sum(stats["received"].values()),
+                    "sent": count, "p50_ms": 1000 * lat[len(lat) // 2] if lat else None,
+                    "p99_ms": 1000 * lat[int(0.99 * (len(lat) - 1))] if lat else None, "load_avg": load_average()})
+            finally:
+                for proc in procs:
+                    await proc.close()
+    median = {iso: {k: statistics.median(x[k] for x in xs) for k in xs[0] if xs[0][k] is not None}
+              for iso, xs in samples.items()}
+    result = {"note": "trainer stand-in (torch matmuls + Python work, 1 torch thread) on node A while node B "
+                      "publishes 100 groups/s to it; medians of interleaved runs", "train_s": args.train_s,
+              "cpus": os.cpu_count(), "median": median, "samples": samples}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "gossip_arch.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"arch: trainer {median['none']['steps_per_s']:.1f} steps/s alone, {median['process']['steps_per_s']:.1f} "
+          f"with the host in a child process (p50 {median['process']['p50_ms']:.0f} ms), "
+          f"{median['thread']['steps_per_s']:.1f} with it on a thread (p50 {median['thread']['p50_ms']:.0f} ms), "
+          f"receiving 100 groups/s (medians of {args.runs})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--groups", type=int, default=1200, help="groups published by all nodes together")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--rate", type=float, default=100.0, help="offered groups/s (all nodes) for latency")
+    parser.add_argument("--arch", action="store_true", help="measure the cost to a training loop instead")
+    parser.add_argument("--train-s", type=float, default=8.0)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--isolation", default="process", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        asyncio.run(worker(args.isolation))
+    elif args.arch:
+        asyncio.run(arch(args))
+    else:
+        asyncio.run(bench(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""SAPO I/J sweep: cumulative reward of a small swarm for the paper's four local/external mixes.
+
+Runs simulations/scenarios/sapo_sweep.toml (N nodes, lockstep rounds, in-memory transport) for every
+(configuration, seed) cell, seed-major so that an interrupted run still covers every configuration. Each cell is
+resumable: a finished cell (its result.json in the run dir) is loaded, not re-run, so the sweep can span sittings.
+Cumulative reward of a run = sum over rounds of the mean reward per LOCAL completion, averaged over nodes; final
+eval = greedy held-out accuracy, averaged over nodes. Writes bench/results/sapo_sweep.json and sapo_sweep.png.
+
+    python -m bench.sapo_sweep [--rounds 30] [--seeds 0 1 2] [--nodes 4] [--run-dir runs/sapo_sweep] [--is]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from simulations.report import plot_reward_curves
+from simulations.runner import cell_dir, read_rows, run_cell
+from simulations.scenario import Variant, load_scenario
+
+RESULTS = Path(__file__).parent / "results"
+SCENARIO = Path(__file__).resolve().parents[1] / "simulations" / "scenarios" / "sapo_sweep.toml"
+# SAPO (arXiv 2509.08721), cumulative reward after 2000 rounds, 8 nodes, Qwen2.5-0.5B, ReasoningGYM mix.
+PAPER = {"8/0": 561.79, "6/2": 854.43, "4/4": 1093.31, "2/6": 945.87}
+
+
+def summarise(scn: Any, results: dict[str, list[dict[str, Any]]], total_s: float) -> dict[str, Any]:
+    configs = {}
+    for name, cells in results.items():
+        cum = [c["cum_reward"] for c in cells]
+        evals = [c["final_eval_acc"] for c in cells if c["final_eval_acc"] is not None]
+        configs[name] = {
+            "cum_reward_mean": statistics.fmean(cum) if cum else None,
+            "cum_reward_std": statistics.stdev(cum) if len(cum) > 1 else 0.0,
+            "per_seed": cum,
+            "final_eval_acc_mean": statistics.fmean(evals) if evals else None,
+            "seeds_done": [c["seed"] for c in cells],
+            "final_eval_acc_per_seed": evals,
+        }
+    base = configs.get("8/0", {}).get("cum_reward_mean")
+    for name, c in configs.items():
+        c["gain_vs_8_0_pct"] = (100 * (c["cum_reward_mean"] / base - 1)) if base and c["cum_reward_mean"] else None
+        if name in PAPER:
+            c["paper_cum_reward"] = PAPER[name]
+            c["paper_gain_vs_8_0_pct"] = 100 * (PAPER[name] / PAPER["8/0"] - 1)
+    return {"nodes": scn.nodes, "rounds": scn.rounds,
+            "group_size": scn.node_config(scn.variants[0], 0, 0, Path(".")).run.group_size,
+            "seeds": list(scn.seeds), "configs": configs,
+            "sizes": {"model": "embedded default (~1.6M-param char Qwen2)", "sampler": "hf", "groups_per_update": 8,
+                      "max_new_tokens": 8, "process": "one process, lockstep rounds, in-memory transport",
+                      "eval_problems": scn.eval_problems},
+            "total_wall_s": total_s, "paper_note": "paper: 8 nodes, 2000 rounds, Qwen2.5-0.5B; ours is far smaller"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenario", type=Path, default=SCENARIO)
+    ap.add_argument("--rounds", type=int)
+    ap.add_argument("--seeds", type=int, nargs="+")
+    ap.add_argument("--nodes", type=int)
+    ap.add_argument("--run-dir", type=Path)
+    ap.add_argument("--is", dest="with_is", action="store_true", help="add the 4/4+is configuration")
+    args = ap.parse_args()
+    scn = load_scenario(args.scenario)
+    changes: dict[str, Any] = {k: v for k, v in (("rounds", args.rounds), ("nodes", args.nodes)) if v}
+    if args.seeds:
+        changes["seeds"] = tuple(args.seeds)
+    scn = dataclasses.replace(scn, **changes)
+    variants = list(scn.variants)
+    if args.with_is:
+        variants.append(Variant("4/4+is", {"share": {"local_groups": 4, "external_groups": 4,
+                                                     "external_correction": "is"}}))
+    run_dir = args.run_dir or Path(scn.run_dir)
+    RESULTS.mkdir(exist_ok=True)
+    started = time.monotonic()
+    results: dict[str, list[dict[str, Any]]] = {v.name: [] for v in variants}
+    for seed in scn.seeds:
+        for variant in variants:
+            t = time.monotonic()
+
+            def progress(name: str, s: int, rnd: int, total: int, reward: float | None, t: float = t) -> None:
+                if rnd % 10 == 0 or rnd == total:
+                    print(f"  [{name} seed {s}] round {rnd}/{total} mean local reward {reward:.3f} "
+                          f"({time.monotonic() - t:.0f} s)", flush=True)
+
+            result = run_cell(scn, variant, seed, run_dir, progress)
+            results[variant.name].append(result)
+            print(f"{variant.name} seed {seed}: cum reward {result['cum_reward']:.2f} final eval "
+                  f"{result['final_eval_acc']} ({result['wall_s']:.0f} s)", flush=True)
+            summary = summarise(scn, results, time.monotonic() - started)
+            (RESULTS / "sapo_sweep.json").write_text(json.dumps(summary, indent=1))
+    curves = {name: [read_rows(cell_dir(run_dir, name, c["seed"]) / "metrics.csv") for c in cells]
+              for name, cells in results.items()}
+    plot_reward_curves(curves, RESULTS / "sapo_sweep.png", title=f"SAPO sweep: {scn.nodes} nodes, G=8")
+    c = summary["configs"]
+    print("sapo_sweep: " + "; ".join(
+        f"{n} cum {c[n]['cum_reward_mean']:.2f}±{c[n]['cum_reward_std']:.2f}"
+        + (f" ({c[n]['gain_vs_8_0_pct']:+.0f}% vs 8/0; paper {c[n].get('paper_gain_vs_8_0_pct', 0):+.0f}%)"
+           if c[n]['gain_vs_8_0_pct'] is not None and n != "8/0" else "")
+        for n in c) + f"; {scn.nodes} nodes x {scn.rounds} rounds x {len(scn.seeds)} seeds in "
+        f"{summary['total_wall_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

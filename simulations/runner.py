@@ -1,0 +1,237 @@
+"""Run a scenario: N nodes in one process over the in-memory transport with the network model.
+
+Contract:
+- A scenario runs once per (variant, seed) "cell"; each cell writes `<run_dir>/<variant>/seed<k>/` with one node
+  directory per node (its run dir), `metrics.csv` (one row per node per round) and, last, `result.json`. A cell
+  with a result.json is complete and is skipped when the scenario runs again (resumable sweeps); an incomplete
+  cell directory is removed and redone.
+- sync mode: a round is one lockstep update per active node: every node samples and publishes, the network
+  runs for `round_s` virtual seconds (what arrives later is delivered in a later round), then every node mixes
+  and trains. Compute speed does not matter in lockstep (everyone waits for the slowest).
+- async mode: virtual clock; node i takes round_s / speed_i virtual seconds per step, draining whatever has
+  arrived by then; each node makes `rounds` steps.
+- Churn: a node is up during [join_round, leave_round) (rounds in sync mode, round_s units in async mode).
+- The cumulative reward of a node is the sum over its rounds of the mean reward per LOCAL completion; a cell's
+  is the mean over nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import heapq
+import json
+import shutil
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from protocol.limits import Limits
+from simulations.network import LinkModel, NetworkHub
+from simulations.scenario import Scenario, Variant
+from swarm_node.exchange import TransportExchange, accept_policy_for
+from swarm_node.node import Node, NodeEvents
+from swarm_node.transport.memory import MemoryTransport, memory_addr
+
+CSV_FIELDS = ["variant", "seed", "node", "round", "time_s", "reward_mean", "accuracy", "groups_used",
+              "external_used", "external_reward_mean", "pool_size", "received", "dropped", "loss", "step_s"]
+RESULT_FILE = "result.json"
+
+RoundFn = Callable[[str, int, int, int, float | None], None]  # variant, seed, round done, rounds, mean reward
+
+
+@dataclass
+class SimNode:
+    index: int
+    node: Node
+    transport: MemoryTransport
+    exchange: TransportExchange
+    join: float
+    leave: float
+    up: bool = False
+
+
+def peer_name(index: int) -> str:
+    return f"node{index}"  # policy ids must be alphanumeric (WIRE.md)
+
+
+def cell_dir(run_dir: Path, variant: str, seed: int) -> Path:
+    return run_dir / variant.replace("/", "-") / f"seed{seed}"
+
+
+def _build(scn: Scenario, variant: Variant, seed: int, root: Path, hub: NetworkHub) -> list[SimNode]:
+    nodes = []
+    for i in range(scn.nodes):
+        spec = scn.node_spec(i)
+        cfg = scn.node_config(variant, i, seed, root / peer_name(i))
+        node = Node(cfg, events=NodeEvents(log=lambda _m: None),
+                    model_dir=Path(spec.model) if spec.model else None)
+        node.setup()
+        transport = MemoryTransport(hub, peer_name(i))
+        exchange = TransportExchange(transport, Limits(vocab_size=len(node.tokenizer)),
+                                     accept_policy_for(node.task_source))
+        node.exchange = exchange
+        leave = float(spec.leave_round) if spec.leave_round else float("inf")
+        nodes.append(SimNode(i, node, transport, exchange, float(spec.join_round), leave))
+    return nodes
+
+
+async def _set_membership(nodes: list[SimNode], at: float) -> None:
+    for n in nodes:
+        should_be_up = n.join <= at < n.leave
+        if should_be_up and not n.up:
+            await n.transport.start()
+            await n.exchange.start()
+            for other in nodes:
+                if other.up:
+                    await n.transport.connect(memory_addr(other.transport.peer_id))
+            n.up = True
+        elif not should_be_up and n.up:
+            await n.transport.stop()
+            n.up = False
+
+
+def _row(variant: str, seed: int, n: SimNode, rnd: int, t: float, m: dict[str, Any]) -> dict[str, Any]:
+    dropped = m.get("external_dropped") or {}
+    return {"variant": variant, "seed": seed, "node": n.index, "round": rnd, "time_s": round(t, 6),
+            "reward_mean": m.get("reward_mean"), "accuracy": m.get("accuracy"), "groups_used": m.get("groups_used"),
+            "external_used": m.get("external_used"), "external_reward_mean": m.get("external_reward_mean"),
+            "pool_size": m.get("pool_size"), "received": m.get("received"), "dropped": sum(dropped.values()),
+            "loss": m.get("loss"), "step_s": m.get("step_s")}
+
+
+async def _run_sync(scn: Scenario, variant: str, seed: int, nodes: list[SimNode], hub: NetworkHub,
+                    rows: list[dict[str, Any]], on_round: RoundFn | None) -> None:
+    round_s = scn.network.round_s
+    for rnd in range(scn.rounds):
+        t0 = rnd * round_s
+        await hub.advance_to(t0)
+        await _set_membership(nodes, rnd)
+        active = [n for n in nodes if n.up]
+        drafts = {n.index: n.node.sample_and_share() for n in active}
+        for n in active:
+            await n.exchange.flush()
+        await hub.advance_to(t0 + round_s)
+        rewards = []
+        for n in active:
+            draft = drafts[n.index]
+            metrics = draft if isinstance(draft, dict) else n.node.mix_and_train(draft)
+            rows.append(_row(variant, seed, n, rnd + 1, t0 + round_s, metrics))
+            if metrics.get("reward_mean") is not None:
+                rewards.append(metrics["reward_mean"])
+        if on_round is not None:
+            on_round(variant, seed, rnd + 1, scn.rounds, statistics.fmean(rewards) if rewards else None)
+
+
+async def _run_async(scn: Scenario, variant: str, seed: int, nodes: list[SimNode], hub: NetworkHub,
+                     rows: list[dict[str, Any]], on_round: RoundFn | None) -> None:
+    round_s = scn.network.round_s
+    queue = [(n.join * round_s, n.index) for n in nodes]
+    heapq.heapify(queue)
+    steps = dict.fromkeys(range(len(nodes)), 0)
+    done_total = 0
+    while queue:
+        t, i = heapq.heappop(queue)
+        n = nodes[i]
+        await hub.advance_to(t)
+        await _set_membership(nodes, t / round_s)
+        if not n.up:
+            continue
+        draft = n.node.sample_and_share()
+        await n.exchange.flush()
+        metrics = draft if isinstance(draft, dict) else n.node.mix_and_train(draft)
+        steps[i] += 1
+        rows.append(_row(variant, seed, n, steps[i], t, metrics))
+        done_total += 1
+        if steps[i] < scn.rounds:
+            heapq.heappush(queue, (t + round_s / scn.node_spec(i).speed, i))
+        if on_round is not None and done_total % len(nodes) == 0:
+            on_round(variant, seed, done_total // len(nodes), scn.rounds, metrics.get("reward_mean"))
+
+
+def cumulative_rewards(rows: list[dict[str, Any]], nodes: int) -> list[float]:
+    """Per node: sum over its rounds of the mean reward per local completion."""
+    totals = [0.0] * nodes
+    for r in rows:
+        if r["reward_mean"] is not None:
+            totals[int(r["node"])] += float(r["reward_mean"])
+    return totals
+
+
+def run_cell(scn: Scenario, variant: Variant, seed: int, run_dir: Path,
+             on_round: RoundFn | None = None) -> dict[str, Any]:
+    """Run one (variant, seed) cell, or load its result if it completed before."""
+    root = cell_dir(run_dir, variant.name, seed)
+    done = root / RESULT_FILE
+    if done.exists():
+        return json.loads(done.read_text())
+    if root.exists():
+        shutil.rmtree(root)  # an interrupted cell restarts from scratch: its nodes kept no checkpoints
+    root.mkdir(parents=True)
+    started = time.monotonic()
+    rows: list[dict[str, Any]] = []
+
+    async def main() -> list[SimNode]:
+        hub = NetworkHub(_link_model(scn), seed)
+        nodes = _build(scn, variant, seed, root, hub)
+        try:
+            runner = _run_sync if scn.mode == "sync" else _run_async
+            await runner(scn, variant.name, seed, nodes, hub, rows, on_round)
+        finally:
+            for n in nodes:
+                if n.up:
+                    await n.transport.stop()
+        return nodes
+
+    nodes = asyncio.run(main())
+    try:
+        evals = [n.node.evaluate().greedy_acc for n in nodes] if scn.eval_problems else []
+        drops: dict[str, int] = {}
+        for n in nodes:
+            for (_sender, reason), count in n.node.peer_drops.items():
+                drops[reason] = drops.get(reason, 0) + count
+    finally:
+        for n in nodes:
+            n.node.close()
+    write_csv(root / "metrics.csv", rows)
+    cum = cumulative_rewards(rows, scn.nodes)
+    result = {"variant": variant.name, "seed": seed, "nodes": scn.nodes, "rounds": scn.rounds,
+              "cum_reward_per_node": cum, "cum_reward": statistics.fmean(cum),
+              "final_eval_acc_per_node": evals, "final_eval_acc": statistics.fmean(evals) if evals else None,
+              "external_drops": drops, "wall_s": time.monotonic() - started}
+    tmp = root / (RESULT_FILE + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(done)
+    return result
+
+
+def _link_model(scn: Scenario) -> LinkModel:
+    net = scn.network
+    return LinkModel(net.latency_ms / 1000, net.uplink_mbps * 1e6, net.downlink_mbps * 1e6, net.loss)
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def run_scenario(scn: Scenario, run_dir: Path, on_round: RoundFn | None = None,
+                 on_cell: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    results = []
+    for variant in scn.variants:
+        for seed in scn.seeds:
+            result = run_cell(scn, variant, seed, run_dir, on_round)
+            results.append(result)
+            if on_cell is not None:
+                on_cell(result)
+    return results

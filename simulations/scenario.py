@@ -1,0 +1,216 @@
+"""Scenario files for `swarm-node simulate`: TOML in, a validated `Scenario` out, or one-line `UserError`.
+
+Layout (every key optional except what a run needs; unknown keys and impossible values are one-line errors):
+
+    [simulation]  name, nodes, rounds, seeds, mode ("sync" lockstep rounds | "async" virtual clock),
+                  transport ("memory"), eval_problems (greedy held-out eval per node at the end), run_dir
+    [network]     latency_ms (per link), uplink_mbps / downlink_mbps (per node, shared by all its streams; 0 means
+                  unlimited), loss (probability a hop is lost), round_s (sync: how long a round lets messages
+                  travel; async: virtual seconds of one step at speed 1)
+    [config]      node config tables applied to every node ([config.run], [config.share], ...: see config.py)
+    [[variants]]  name + config: each variant is a separate swarm run (e.g. the SAPO I/J grid)
+    [[node]]      per-node overrides: index, speed (compute factor), model (HF dir; "" = default),
+                  join_round, leave_round (0 = stays), config (node config tables)
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from swarm_node.config import NodeConfig, apply_mapping
+from swarm_node.errors import ConfigError, UserError
+
+MODES = ("sync", "async")
+TRANSPORTS = ("memory", "libp2p")
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    latency_ms: float = 20.0
+    uplink_mbps: float = 0.0  # 0: unlimited
+    downlink_mbps: float = 0.0
+    loss: float = 0.0
+    round_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    index: int
+    speed: float = 1.0
+    model: str = ""
+    join_round: int = 0
+    leave_round: int = 0  # 0: never leaves
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    nodes: int
+    rounds: int
+    seeds: tuple[int, ...]
+    mode: str
+    transport: str
+    eval_problems: int
+    run_dir: str
+    network: NetworkSpec
+    config: dict[str, Any]
+    variants: tuple[Variant, ...]
+    node_specs: tuple[NodeSpec, ...]
+
+    def node_spec(self, index: int) -> NodeSpec:
+        return next((s for s in self.node_specs if s.index == index), NodeSpec(index))
+
+    def node_config(self, variant: Variant, index: int, seed: int, run_dir: Path) -> NodeConfig:
+        """Defaults < [config] < variant config < [[node]] config < what the harness fixes (dirs, seeds)."""
+        cfg = NodeConfig()
+        for layer in (self.config, variant.config, self.node_spec(index).config):
+            apply_mapping(cfg, copy.deepcopy(layer), where=f" in scenario {self.name!r}")
+        cfg.run.seed = seed * 1000 + index
+        cfg.run.run_dir = str(run_dir)
+        cfg.run.steps = self.rounds
+        cfg.run.resume = False
+        cfg.run.checkpoint_every = self.rounds + 1  # the harness keeps per-round metrics, not checkpoints
+        cfg.run.eval_problems = self.eval_problems
+        cfg.status.port = -1
+        return cfg.validate()
+
+
+_SECTIONS = {"simulation", "network", "config", "variants", "node"}
+_SIM_KEYS = {"name", "nodes", "rounds", "seeds", "mode", "transport", "eval_problems", "run_dir"}
+_NODE_KEYS = {"index", "speed", "model", "join_round", "leave_round", "config"}
+
+
+def _check_keys(data: dict[str, Any], known: set[str], where: str) -> None:
+    for key in data:
+        if key not in known:
+            raise UserError(f"unknown key {key!r} in {where}; known: {', '.join(sorted(known))}")
+
+
+def _typed(data: dict[str, Any], key: str, kind: type, default: Any, where: str) -> Any:
+    value = data.get(key, default)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+        raise UserError(f"{where}.{key} must be {kind.__name__}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"{where}.{key} must be finite, got {value!r}")
+    return value
+
+
+def _table(data: dict[str, Any], key: str) -> dict[str, Any]:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise UserError(f"[{key}] must be a table")
+    return value
+
+
+def parse_scenario(data: dict[str, Any], name: str = "scenario") -> Scenario:
+    _check_keys(data, _SECTIONS, "scenario")
+    sim = _table(data, "simulation")
+    _check_keys(sim, _SIM_KEYS, "[simulation]")
+    nodes = _typed(sim, "nodes", int, 2, "simulation")
+    rounds = _typed(sim, "rounds", int, 50, "simulation")
+    seeds = sim.get("seeds", [0])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
+                                                           and s >= 0 for s in seeds):
+        raise UserError(f"simulation.seeds must be a non-empty list of integers >= 0, got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise UserError(f"simulation.seeds has duplicates: {seeds!r}")
+    mode = _typed(sim, "mode", str, "sync", "simulation")
+    transport = _typed(sim, "transport", str, "memory", "simulation")
+    eval_problems = _typed(sim, "eval_problems", int, 100, "simulation")
+    if not 1 <= nodes <= 64:
+        raise UserError(f"simulation.nodes must be in [1, 64], got {nodes}")
+    if rounds < 1:
+        raise UserError(f"simulation.rounds must be >= 1, got {rounds}")
+    if mode not in MODES:
+        raise UserError(f"simulation.mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if transport not in TRANSPORTS:
+        raise UserError(f"simulation.transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
+    if transport == "libp2p":
+        raise UserError("simulation.transport 'libp2p' is not available yet in simulations; use 'memory'")
+    if eval_problems < 0:
+        raise UserError(f"simulation.eval_problems must be >= 0, got {eval_problems}")
+    net = _table(data, "network")
+    _check_keys(net, set(NetworkSpec.__dataclass_fields__), "[network]")
+    network = NetworkSpec(**{k: _typed(net, k, float, getattr(NetworkSpec(), k), "network") for k in net})
+    for k in ("latency_ms", "uplink_mbps", "downlink_mbps"):
+        if getattr(network, k) < 0:
+            raise UserError(f"network.{k} must be >= 0, got {getattr(network, k)}")
+    if not 0 <= network.loss < 1:
+        raise UserError(f"network.loss must be in [0, 1), got {network.loss}")
+    if network.round_s <= 0:
+        raise UserError(f"network.round_s must be > 0, got {network.round_s}")
+    config = _table(data, "config")
+    variants_raw = data.get("variants", [{"name": "default"}])
+    if not isinstance(variants_raw, list) or not variants_raw:
+        raise UserError("[[variants]] must be a non-empty array of tables")
+    variants = []
+    for i, v in enumerate(variants_raw):
+        if not isinstance(v, dict):
+            raise UserError(f"variants[{i}] must be a table")
+        _check_keys(v, {"name", "config"}, f"variants[{i}]")
+        vname = _typed(v, "name", str, f"v{i}", f"variants[{i}]")
+        if not vname or any(ch in vname for ch in "\\\0") or vname in (".", ".."):
+            raise UserError(f"variants[{i}].name {vname!r} is not usable as a directory name")
+        variants.append(Variant(vname, _typed(v, "config", dict, {}, f"variants[{i}]")))
+    if len({v.name for v in variants}) != len(variants):
+        raise UserError("variant names must be distinct")
+    specs = []
+    nodes_raw = data.get("node", [])
+    if not isinstance(nodes_raw, list):
+        raise UserError("[[node]] must be an array of tables")
+    for i, n in enumerate(nodes_raw):
+        if not isinstance(n, dict):
+            raise UserError(f"node[{i}] must be a table")
+        _check_keys(n, _NODE_KEYS, f"node[{i}]")
+        where = f"node[{i}]"
+        spec = NodeSpec(_typed(n, "index", int, -1, where), _typed(n, "speed", float, 1.0, where),
+                        _typed(n, "model", str, "", where), _typed(n, "join_round", int, 0, where),
+                        _typed(n, "leave_round", int, 0, where), _typed(n, "config", dict, {}, where))
+        if not 0 <= spec.index < nodes:
+            raise UserError(f"{where}.index must be in [0, {nodes}), got {spec.index}")
+        if spec.speed <= 0:
+            raise UserError(f"{where}.speed must be > 0, got {spec.speed}")
+        if spec.join_round < 0 or spec.leave_round < 0 or (spec.leave_round and spec.leave_round <= spec.join_round):
+            raise UserError(f"{where}: need 0 <= join_round < leave_round (or leave_round 0), got "
+                            f"{spec.join_round}, {spec.leave_round}")
+        if spec.model and not Path(spec.model).is_dir():
+            raise UserError(f"{where}.model {spec.model!r} is not a directory")
+        specs.append(spec)
+    if len({s.index for s in specs}) != len(specs):
+        raise UserError("[[node]] indices must be distinct")
+    scenario = Scenario(_typed(sim, "name", str, name, "simulation"), nodes, rounds, tuple(seeds), mode, transport,
+                        eval_problems, _typed(sim, "run_dir", str, f"runs/sim-{name}", "simulation"), network,
+                        config, tuple(variants), tuple(specs))
+    # Build every node's config once now, so a typo anywhere fails before anything runs.
+    for variant in variants:
+        for index in range(nodes):
+            try:
+                scenario.node_config(variant, index, seeds[0], Path("."))
+            except ConfigError as exc:
+                raise UserError(str(exc)) from exc
+    return scenario
+
+
+def load_scenario(path: Path) -> Scenario:
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise UserError(f"scenario file {str(path)!r} not found") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"scenario file {str(path)!r} is not valid TOML: {exc}") from exc
+    return parse_scenario(data, path.stem)

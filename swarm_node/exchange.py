@@ -1,0 +1,113 @@
+"""Rollout exchange over any `Transport` (interface only): the node's `sharing.Exchange`.
+
+Contract:
+- `await start()` subscribes to the rollout topic with a validator running `protocol.validation.validate_gossip`
+  (limits, schema, attribution, freshness, our task, replay); accepted batches are split into groups and queued;
+  rejected or ignored messages are queued as drops with their reason (the node counts them per sender).
+- `publish(groups)` (sync, from the node loop) queues our groups; `await flush()` sends them as RolloutBatch
+  messages of at most `max_groups_per_message` groups each. `drain()` (sync) returns and clears what arrived.
+- `ThreadedExchange` lets a node loop running in its own thread use an exchange whose transport lives on an
+  asyncio loop in another thread (`swarm-node join`): publish flushes on that loop and waits for it.
+Imports only the transport interface, never an implementation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+
+from protocol.codec import decode, encode
+from protocol.errors import Verdict
+from protocol.limits import Limits
+from protocol.messages import TOPIC_ROLLOUTS, RolloutBatch, RolloutGroup
+from protocol.validation import AcceptPolicy, ReplayGuard, validate_gossip
+from swarm_node import tasks
+from swarm_node.sharing import Received
+from swarm_node.transport.base import Delivery, Transport, ValidationResult
+
+_VERDICTS = {Verdict.ACCEPT: ValidationResult.ACCEPT, Verdict.REJECT: ValidationResult.REJECT,
+             Verdict.IGNORE: ValidationResult.IGNORE}
+
+
+def accept_policy_for(source: tasks.TaskSource, tokenizer_hashes: frozenset[str] | None = None) -> AcceptPolicy:
+    """By default a node takes rollouts of exactly its own task stream (dataset, options, seed)."""
+    return AcceptPolicy(tasks=frozenset({(source.name, source.config)}), max_index=source.size,
+                        seeds=frozenset({source.seed}), tokenizer_hashes=tokenizer_hashes)
+
+
+class TransportExchange:
+    def __init__(self, transport: Transport, limits: Limits, policy: AcceptPolicy,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.transport = transport
+        self.limits = limits
+        self.policy = policy
+        self.clock = clock
+        self.replay = ReplayGuard(limits.max_age_s)
+        self._outbox: list[RolloutGroup] = []
+        self._inbox: list[Received] = []
+        self._lock = threading.Lock()  # inbox is filled on the transport's loop, drained by the node thread
+
+    @property
+    def peer_id(self) -> str:
+        return self.transport.peer_id
+
+    async def start(self) -> None:
+        self.transport.set_validator(TOPIC_ROLLOUTS, self._validate)
+        await self.transport.subscribe(TOPIC_ROLLOUTS, self._on_delivery)
+
+    def _validate(self, signer: str, data: bytes) -> ValidationResult:
+        now = self.clock()
+        result = validate_gossip(TOPIC_ROLLOUTS, data, signer, limits=self.limits, policy=self.policy, now=now,
+                                 replay=self.replay)
+        if result.verdict is not Verdict.ACCEPT:
+            with self._lock:
+                self._inbox.append(Received(signer, now, None, result.reason))
+            return _VERDICTS[result.verdict]
+        return ValidationResult.ACCEPT
+
+    def _on_delivery(self, delivery: Delivery) -> None:
+        # Decoded again (cheap, bounded by the limits): the validator's verdict is not final until delivery.
+        msg = decode(delivery.data, self.limits)
+        if isinstance(msg, RolloutBatch):
+            with self._lock:
+                self._inbox.extend(Received(delivery.from_peer, self.clock(), g) for g in msg.groups)
+
+    def publish(self, groups: list[RolloutGroup]) -> None:
+        self._outbox.extend(groups)
+
+    async def flush(self) -> int:
+        """Send queued groups; returns the number of messages published."""
+        out, self._outbox = self._outbox, []
+        per = self.limits.max_groups_per_message
+        messages = 0
+        for i in range(0, len(out), per):
+            await self.transport.publish(TOPIC_ROLLOUTS, encode(RolloutBatch(tuple(out[i:i + per]))))
+            messages += 1
+        return messages
+
+    def drain(self) -> list[Received]:
+        with self._lock:
+            got, self._inbox = self._inbox, []
+        return got
+
+
+class ThreadedExchange:
+    """Adapter for a node loop in its own thread; the exchange's transport runs on `loop` in another thread."""
+
+    def __init__(self, exchange: TransportExchange, loop: asyncio.AbstractEventLoop, timeout_s: float = 60.0) -> None:
+        self.exchange = exchange
+        self.loop = loop
+        self.timeout_s = timeout_s
+
+    @property
+    def peer_id(self) -> str:
+        return self.exchange.peer_id
+
+    def publish(self, groups: list[RolloutGroup]) -> None:
+        self.exchange.publish(groups)
+        asyncio.run_coroutine_threadsafe(self.exchange.flush(), self.loop).result(self.timeout_s)
+
+    def drain(self) -> list[Received]:
+        return self.exchange.drain()
