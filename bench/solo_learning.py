@@ -13,9 +13,10 @@ import argparse
 import json
 import statistics
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from swarm_node.config import load_config
 from swarm_node.evaluate import evaluate

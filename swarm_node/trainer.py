@@ -76,6 +76,21 @@ def collate(samples: list[TrainSample], pad_id: int) -> Batch:
                  torch.tensor([s.off_policy for s in samples]))
 
 
+def group_minibatches(samples: list[TrainSample], minibatches: int, rng: random.Random) -> list[list[int]]:
+    """Sample indices per minibatch, keeping each group (samples sharing a prompt) whole; groups shuffled.
+
+    Within a group the advantages sum to zero, so the push on tokens nobody sampled cancels. Split a group across
+    minibatches and each optimizer step gets a net push on those tokens, which Adam's normalisation amplifies into
+    probability leaking to never-sampled (garbage) tokens: measured, splitting groups degraded greedy accuracy.
+    """
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i, s in enumerate(samples):
+        by_prompt.setdefault(tuple(s.prompt_ids), []).append(i)
+    keys = list(by_prompt)
+    rng.shuffle(keys)
+    return [[i for key in keys[m::minibatches] for i in by_prompt[key]] for m in range(minibatches)]
+
+
 class Trainer:
     def __init__(self, model: PreTrainedModel, train: TrainConfig, sampling: SamplerConfig, pad_id: int,
                  seed: int = 0) -> None:
@@ -110,9 +125,7 @@ class Trainer:
         stats = StepStats()
         if not samples:
             return stats
-        order = list(range(len(samples)))
-        self.rng.shuffle(order)
-        chunks = [order[i :: self.cfg.minibatches] for i in range(self.cfg.minibatches)]
+        chunks = group_minibatches(samples, self.cfg.minibatches, self.rng)
         self.model.train()
         totals = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0}
         for chunk in (c for c in chunks if c):

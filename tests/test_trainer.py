@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 from swarm_node.config import SamplerConfig, TrainConfig
 from swarm_node.model import load_model
 from swarm_node.rl.logprobs import processed_log_softmax
-from swarm_node.trainer import Trainer, TrainSample, collate
+from swarm_node.trainer import Trainer, TrainSample, collate, group_minibatches
 
 
 def test_collate_layout() -> None:
@@ -61,12 +62,21 @@ def test_non_finite_loss_never_reaches_parameters(tiny_model_dir: Path) -> None:
     model, tok = load_model(tiny_model_dir)
     trainer = Trainer(model, TrainConfig(minibatches=2), SamplerConfig(), tok.pad_token_id)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    prompt = tok.encode("1 + 2 =")
-    samples = [TrainSample(prompt, [10, 1], [-1.0, -1.0], math.nan), TrainSample(prompt, [11, 1], [-1.0, -1.0],
-                                                                                  float("inf"))]
+    samples = [TrainSample(tok.encode("1 + 2 ="), [10, 1], [-1.0, -1.0], math.nan),
+               TrainSample(tok.encode("3 + 4 ="), [11, 1], [-1.0, -1.0], float("inf"))]
     stats = trainer.train_step(samples)
     assert stats.minibatches == 2 and stats.skipped_minibatches == 2
     assert trainer.skipped_total == 2
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
     assert all(not s for s in trainer.optimizer.state.values())  # Adam moments untouched too
+
+
+def test_minibatches_keep_groups_whole() -> None:
+    samples = [TrainSample([p], [9], [-1.0], 0.0) for p in (1, 2, 1, 3, 2, 1, 3)]
+    chunks = group_minibatches(samples, 2, random.Random(0))
+    assert sorted(i for c in chunks for i in c) == list(range(7))
+    prompts = [{samples[i].prompt_ids[0] for i in c} for c in chunks]
+    assert prompts[0].isdisjoint(prompts[1])  # no prompt's group is split across minibatches
+    assert {len(p) for p in prompts} == {1, 2}  # three groups over two minibatches
+    assert group_minibatches(samples, 4, random.Random(0))[3] == []  # more minibatches than groups: empty ones

@@ -177,7 +177,7 @@ def test_bad_input_is_rejected(sampler: VLLMSampler, batch: list[list[int]], n: 
         sampler.generate(batch, n, GREEDY)
 
 
-def test_engine_start_leaves_threads_and_rng_to_the_caller(sampler: VLLMSampler, prompts: list[list[int]]) -> None:
+def test_engine_leaves_the_thread_count_to_the_caller(sampler: VLLMSampler, prompts: list[list[int]]) -> None:
     assert torch.set_num_threads is torch._C.set_num_threads  # vLLM's no-op patch was undone
     torch.set_num_threads(1)
     sampler.generate(prompts[:1], 1, GREEDY)

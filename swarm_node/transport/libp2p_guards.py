@@ -19,6 +19,8 @@ Runs inside the network host (trio). Contract:
 - Duplicates in flight: the library marks a message seen only after validation; while one copy awaits the
   node's verdict, further copies from other forwarders are dropped here (else they would be validated and
   delivered twice, and an honest forwarder could be penalised by the replay guard).
+- Stale streams: `reap_stale_streams` drops a peer's pubsub stream whose connection has closed (a peer that
+  restarted and redialled before we noticed), so the library re-opens one on the live connection.
 - `raise_library_limits` patches the hard-coded per-peer outbound queue (32 RPCs) and subscription channel (32).
 - Throughput (same wire format): `GuardedPubsub.handle_sending_messages` merges the RPCs queued for a peer into
   one RPC per write, and `install_record_caches` stops re-signing-checking the signed peer record that rides on
@@ -187,6 +189,21 @@ class GuardedPubsub(Pubsub):
         except Exception:  # as the library's loop: a broken stream ends this peer, not the host
             log.debug("sending loop for %s ended", peer_id, exc_info=True)
             self._handle_dead_peer(peer_id)
+
+    def reap_stale_streams(self) -> list[ID]:
+        """Drop pubsub streams whose connection has closed; returns the peers concerned.
+
+        When a peer restarts with the same identity and redials before we have processed the old connection's
+        end, the library sees "still connected" and keeps the old, dead stream: our messages to that peer are
+        written into a closed connection until a write fails. The host calls this every second; the library's
+        own dead-peer handling then re-opens a stream on the live connection.
+        """
+        stale = [peer for peer, stream in self.peers.items()
+                 if getattr(getattr(stream, "muxed_conn", None), "is_closed", False)]
+        for peer in stale:
+            self.counters["stale_stream"] += 1
+            self._handle_dead_peer(peer)
+        return stale
 
     async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
         msg_id = self._msg_id_constructor(msg)

@@ -189,8 +189,14 @@ class NetworkHost:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._write_frames, conn)
+                nursery.start_soon(self._reap_stale_streams)
                 await self._read_frames(conn, decoder, nursery)
                 nursery.cancel_scope.cancel()  # the node closed its socket: shut down
+
+    async def _reap_stale_streams(self) -> None:
+        while True:
+            await trio.sleep(1.0)
+            self.pubsub.reap_stale_streams()
 
     async def _write_frames(self, conn: trio.SocketStream) -> None:
         while True:

@@ -370,15 +370,21 @@ class LibP2PTransport(Transport):
             how = await handle.wait()
             raise TransportError(f"network host failed to start ({how}); see its log above")
         (_, (peer_id, transport_addrs, advertised)), rest = frames[0], frames[1:]
-        if peer_id != self._peer_id:
-            raise TransportError(f"network host reports peer id {peer_id}, expected {self._peer_id}")
+        self._session = session
+        self._spawn(self._read_loop(session, rest))
+        try:
+            if peer_id != self._peer_id:
+                raise TransportError(f"network host reports peer id {peer_id}, expected {self._peer_id}")
+            await self._restore(session)
+        except TransportError:
+            session.end("failed while starting")
+            handle.kill()
+            await handle.wait()
+            raise
         if not self._listen:
             self._listen = tuple(transport_addrs)
         self._advertised = list(advertised)
-        self._session = session
         self._tracker.started(time.monotonic())
-        self._spawn(self._read_loop(session, rest))
-        await self._restore(session)
         self._up.set()
 
     async def _restore(self, session: _Session) -> None:
@@ -571,8 +577,11 @@ class LibP2PTransport(Transport):
             await self._call("subscribe", topic, topic in self._validators)
 
     def set_validator(self, topic: str, validator: Validator) -> None:
-        """Set before `subscribe(topic)` (the host learns which topics are validated when subscribing)."""
+        """Effective at once for later messages; if already subscribed, the host is told in the background (the
+        host learns which topics are validated through subscribe). Set it before subscribing to be sure."""
         self._validators[topic] = validator
+        if topic in self._handlers and self._up.is_set():
+            self._spawn(self._call("subscribe", topic, True))
 
     async def serve_stream(self, protocol_id: str, handler: StreamHandler) -> None:
         self._stream_handlers[protocol_id] = handler
