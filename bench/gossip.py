@@ -124,6 +124,9 @@ async def worker(isolation: str) -> None:
                 await asyncio.sleep(0.1)
             emit(event="subscribed")
         elif op == "go":
+            latencies.clear()  # each round is measured on its own
+            received.clear()
+            last_rx[0] = 0.0
             await asyncio.sleep(max(0.0, cmd["t0"] - time.time()))
             interval = 1.0 / cmd["rate"] if cmd.get("rate") else 0.0
             errors = 0

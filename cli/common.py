@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -28,6 +28,13 @@ def user_errors() -> Iterator[None]:
     except KeyboardInterrupt:
         console.print("interrupted")
         raise typer.Exit(130) from None
+
+
+def configure_logging() -> None:
+    """Library warnings (network reachability, bootstrap state) as plain lines on stderr."""
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
 
 def parse_task_options(items: list[str] | None) -> dict[str, Any] | None:
@@ -102,7 +109,3 @@ class StepProgress:
 
     def log(self, message: str) -> None:
         self.progress.console.print(message, highlight=False)
-
-
-def noop(*_: Any) -> Callable[..., None]:
-    return lambda *a, **k: None

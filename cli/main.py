@@ -8,12 +8,25 @@ import os
 # it is read once, when torch loads, so it must be set before anything imports torch.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.common import StepProgress, console, parse_task_options, start_status_server, user_errors
+from cli.common import (
+    StepProgress,
+    configure_logging,
+    console,
+    parse_task_options,
+    start_status_server,
+    user_errors,
+)
+
+if TYPE_CHECKING:
+    from swarm_node.config import NodeConfig
+    from swarm_node.node import NodeEvents, RunSummary
+    from swarm_node.stats import NodeStats
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Decentralized swarm RL for language models: solo, join, simulate.")
@@ -79,22 +92,29 @@ def solo(config: ConfigOpt = None, steps: StepsOpt = None, task: TaskOpt = None,
         stats = NodeStats(role="solo")
         server = start_status_server(stats, cfg.status.host, cfg.status.port, cfg.status.token)
         try:
-            run_solo(cfg, stats)
+            run_with_progress(cfg, stats, run_solo_node)
         finally:
             if server is not None:
                 server.stop()
 
 
-def run_solo(cfg: object, stats: object) -> None:
-    from swarm_node.node import Node, NodeEvents
+def run_solo_node(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> RunSummary:
+    from swarm_node.node import Node
+
+    node = Node(cfg, stats, events)
+    try:
+        return node.run()
+    finally:
+        node.close()
+
+
+def run_with_progress(cfg: NodeConfig, stats: NodeStats,
+                      runner: Callable[[NodeConfig, NodeStats, NodeEvents], RunSummary]) -> None:
+    from swarm_node.node import NodeEvents
 
     with StepProgress(cfg.run.steps) as progress:
-        node = Node(cfg, stats, NodeEvents(log=progress.log, build_progress=progress.build,
-                                           on_step=progress.step))
-        try:
-            summary = node.run()
-        finally:
-            node.close()
+        summary = runner(cfg, stats, NodeEvents(log=progress.log, build_progress=progress.build,
+                                                on_step=progress.step))
     parts = [f"done: {summary.steps} steps in {summary.run_dir}"]
     if summary.first_reward is not None:
         parts.append(f"mean reward {summary.first_reward:.3f} (first steps) -> {summary.last_reward:.3f} "
@@ -104,6 +124,81 @@ def run_solo(cfg: object, stats: object) -> None:
     if summary.skipped_steps:
         parts.append(f"{summary.skipped_steps} steps skipped (non-finite values)")
     console.print("; ".join(parts), highlight=False)
+
+
+BootstrapOpt = Annotated[list[str] | None, typer.Option("--bootstrap", help="multiaddr of a peer to join through")]
+ListenOpt = Annotated[str | None, typer.Option("--listen", help="listen multiaddr [/ip4/0.0.0.0/tcp/0]")]
+AnnounceOpt = Annotated[list[str] | None, typer.Option("--announce-addr", help="address others should dial")]
+IdentityOpt = Annotated[str | None, typer.Option("--identity", help="key file [RUN_DIR/identity.key]")]
+RoleOpt = Annotated[str | None, typer.Option("--role", help="peer (learner/worker: ECHO-2 mode, not yet)")]
+LocalGroupsOpt = Annotated[int | None, typer.Option("--local-groups", help="I: local groups per update")]
+ExternalGroupsOpt = Annotated[int | None, typer.Option("--external-groups", help="J: external groups per update")]
+MaxAgeOpt = Annotated[int | None, typer.Option("--max-external-age", help="K: drop external groups older than K "
+                                                                          "of our steps")]
+CorrectionOpt = Annotated[str | None, typer.Option("--external-correction", help="none | is")]
+
+
+@app.command()
+def join(bootstrap: BootstrapOpt = None, listen: ListenOpt = None, announce_addr: AnnounceOpt = None,
+         identity: IdentityOpt = None, role: RoleOpt = None, local_groups: LocalGroupsOpt = None,
+         external_groups: ExternalGroupsOpt = None, max_external_age: MaxAgeOpt = None,
+         external_correction: CorrectionOpt = None, config: ConfigOpt = None, steps: StepsOpt = None,
+         task: TaskOpt = None, task_option: TaskOptionOpt = None, model: ModelOpt = None,
+         group_size: GroupOpt = None, prompts_per_step: PromptsOpt = None, seed: SeedOpt = None,
+         run_dir: RunDirOpt = None, resume: ResumeOpt = False, sampler: SamplerOpt = None, lr: LrOpt = None,
+         minibatches: MinibatchOpt = None, checkpoint_every: CkptOpt = None, eval_problems: EvalOpt = None,
+         status_port: StatusPortOpt = None, status_host: StatusHostOpt = None,
+         status_token: StatusTokenOpt = None) -> None:
+    """Join a swarm over libp2p: share rollouts with peers and train on theirs (SAPO). Prints the address
+    others can join through; without --bootstrap it starts a new swarm."""
+    with user_errors():
+        from swarm_node.config import load_config
+        from swarm_node.stats import NodeStats
+
+        overrides = node_overrides(
+            steps, task, task_option, model, group_size, prompts_per_step, seed, run_dir, resume, sampler, lr,
+            minibatches, checkpoint_every, eval_problems, status_port, status_host, status_token)
+        overrides.update({
+            "network.bootstrap": bootstrap, "network.listen": listen, "network.announce_addr": announce_addr,
+            "network.identity": identity, "network.role": role, "share.local_groups": local_groups,
+            "share.external_groups": external_groups, "share.max_external_age": max_external_age,
+            "share.external_correction": external_correction,
+        })
+        if run_dir is None and config is None:
+            overrides["run.run_dir"] = "runs/peer"
+        cfg = load_config(config, overrides)
+        configure_logging()
+        stats = NodeStats(role=cfg.network.role)
+        server = start_status_server(stats, cfg.status.host, cfg.status.port, cfg.status.token)
+        try:
+            from swarm_node.peer import run_peer
+
+            run_with_progress(cfg, stats, run_peer)
+        finally:
+            if server is not None:
+                server.stop()
+
+
+@app.command()
+def keygen(path: Annotated[Path, typer.Argument(help="where to write the Ed25519 key")] = Path("identity.key"),
+           force: Annotated[bool, typer.Option("--force", help="overwrite an existing key")] = False) -> None:
+    """Create a persistent libp2p identity (Ed25519 key, mode 0600) and print its peer id."""
+    with user_errors():
+        from swarm_node.identity import keygen as make_key
+
+        identity = make_key(path, overwrite=force)
+        typer.echo(f"{identity.peer_id}  ({path})")
+
+
+@app.command()
+def status(url: Annotated[str, typer.Argument(help="the node's status URL")] = "http://127.0.0.1:8470/",
+           token: Annotated[str | None, typer.Option("--token", help="bearer token (non-loopback nodes)")] = None,
+           ) -> None:
+    """Show a running node's status as tables (what its /status endpoint says)."""
+    with user_errors():
+        from cli.status_cmd import print_status
+
+        print_status(url, token)
 
 
 @app.command()

@@ -1,8 +1,8 @@
 """Typed node configuration: one dataclass per component, loaded as defaults < TOML file < CLI overrides.
 
-A TOML file has one table per component ([run], [model], [task], [sampler], [train], [share], [status]); CLI flags
-arrive as dotted overrides ("train.lr" -> 1e-4). Unknown keys, wrong types and impossible values raise `ConfigError`
-with one line naming the key.
+A TOML file has one table per component ([run], [model], [task], [sampler], [train], [share], [status],
+[network]); CLI flags arrive as dotted overrides ("train.lr" -> 1e-4). Unknown keys, wrong types and impossible
+values raise `ConfigError` with one line naming the key.
 """
 
 from __future__ import annotations
@@ -154,6 +154,28 @@ class StatusConfig:
 
 
 @dataclass
+class NetworkConfig:
+    """libp2p settings for `join`: listen/announce multiaddrs without /p2p, bootstrap multiaddrs with it."""
+
+    role: str = "peer"  # peer (SAPO); learner and worker come with the ECHO-2 mode
+    listen: str = "/ip4/0.0.0.0/tcp/0"
+    announce_addr: list[str] = field(default_factory=list)
+    bootstrap: list[str] = field(default_factory=list)
+    identity: str = ""  # key file; empty: RUN_DIR/identity.key (created on first use)
+
+    def validate(self) -> None:
+        if self.role != "peer":
+            raise ConfigError(f"network.role {self.role!r} is not available yet: only 'peer' (learner and worker "
+                              "come with the ECHO-2 mode)")
+        for addr in [self.listen, *self.announce_addr, *self.bootstrap]:
+            if not isinstance(addr, str) or not addr.startswith("/"):
+                raise ConfigError(f"{addr!r} is not a multiaddr (e.g. /ip4/1.2.3.4/tcp/4001/p2p/12D3Koo...)")
+        for addr in self.bootstrap:
+            if "/p2p/" not in addr:
+                raise ConfigError(f"bootstrap address {addr!r} lacks the peer id (/p2p/...)")
+
+
+@dataclass
 class NodeConfig:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -161,6 +183,7 @@ class NodeConfig:
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     share: ShareConfig = field(default_factory=ShareConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
     status: StatusConfig = field(default_factory=StatusConfig)
 
     def validate(self) -> NodeConfig:

@@ -72,7 +72,7 @@ def random_qwen2(tokenizer: PreTrainedTokenizerBase, recipe: DefaultModelRecipe,
     return Qwen2ForCausalLM(config)
 
 
-def _warmup(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, recipe: DefaultModelRecipe,
+def warm_up(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, recipe: DefaultModelRecipe,
             progress: ProgressFn | None) -> None:
     """Supervised steps on prompt -> answer + EOS, loss on the answer tokens only."""
     source = tasks.TaskSource(tasks.DEFAULT_TASK, seed=recipe.task_seed)
@@ -120,7 +120,7 @@ def ensure_default_model(progress: ProgressFn | None = None,
         tokenizer = build_char_tokenizer()
         model = random_qwen2(tokenizer, recipe, recipe.seed)
         torch.manual_seed(recipe.seed)
-        _warmup(model, tokenizer, recipe, progress)
+        warm_up(model, tokenizer, recipe, progress)
         tmp = root / f".{target.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         model.save_pretrained(tmp, safe_serialization=True)

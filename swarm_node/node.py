@@ -174,7 +174,12 @@ class Node:
         self.stats.set_phase("training")
         with open(self.run_dir / METRICS_FILE, "a") as metrics_file:
             while self.step < cfg.run.steps:
-                metrics = self.train_one_step()
+                try:
+                    metrics = self.train_one_step()
+                except KeyboardInterrupt:  # Ctrl-C: keep what the finished steps learnt, then stop
+                    self.events.log(f"interrupted: saving a checkpoint at step {self.step}")
+                    self.save_checkpoint()
+                    raise
                 metrics_file.write(json.dumps(metrics) + "\n")
                 metrics_file.flush()
                 if self.step % cfg.run.checkpoint_every == 0 or self.step == cfg.run.steps:

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from swarm_node.model import DefaultModelRecipe, random_qwen2
+import torch
+
+from swarm_node.model import DefaultModelRecipe, random_qwen2, warm_up
 from swarm_node.tokenizer import build_char_tokenizer
 
 TINY_RECIPE = DefaultModelRecipe(hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate_size=128,
@@ -19,5 +21,26 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tiny-model")
     tokenizer = build_char_tokenizer()
     random_qwen2(tokenizer, TINY_RECIPE, seed=0).save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+WARM_TINY_RECIPE = DefaultModelRecipe(hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128,
+                                      max_positions=256, warmup_steps=150, warmup_batch=32, warmup_lr=1e-2)
+
+
+@pytest.fixture(scope="session")
+def warm_tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2 warmed up for ~10 s on the default task: a few percent right, so GRPO groups have signal."""
+    path = tmp_path_factory.mktemp("warm-tiny-model")
+    tokenizer = build_char_tokenizer()
+    model = random_qwen2(tokenizer, WARM_TINY_RECIPE, seed=0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # deterministic and quick on a busy machine
+    try:
+        warm_up(model, tokenizer, WARM_TINY_RECIPE, None)
+    finally:
+        torch.set_num_threads(threads)
+    model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     return path

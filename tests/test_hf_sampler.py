@@ -21,7 +21,8 @@ def test_behaviour_logprobs_match_trainer(tiny_model_dir: Path, temperature: flo
     prompts = [tok.encode("1 + 2 =\nAnswer: "), tok.encode("13 + 24 - 5 =\nAnswer: ")]  # different lengths
     out = sampler.generate(prompts, 3, SamplingParams(temperature, top_p, max_new_tokens=6, seed=3))
     trainer = Trainer(model, TrainConfig(), SamplerConfig(temperature=temperature, top_p=top_p), tok.pad_token_id)
-    samples = [TrainSample(p, c.token_ids, c.logprobs, 0.0) for p, group in zip(prompts, out, strict=True) for c in group]
+    samples = [TrainSample(p, c.token_ids, c.logprobs, 0.0)
+               for p, group in zip(prompts, out, strict=True) for c in group]
     batch = collate(samples, tok.pad_token_id)
     with torch.no_grad():
         logp, _ = trainer.token_log_probs(model, batch)

@@ -150,7 +150,7 @@ def test_background_facade_with_memory_transport() -> None:
             return MemoryTransport(hub, name)
         return make
 
-    # Two facades must share one loop for a memory hub; use one facade per node sharing a hub via call().
+    # A memory hub lives on one loop: node a behind the facade, node b added on the same loop through call().
     net = BackgroundTransport(factory("a"))
     net.start()
     try:

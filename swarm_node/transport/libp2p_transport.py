@@ -1,16 +1,20 @@
 """libp2p transport (py-libp2p 0.8.1): the node side (asyncio) of a supervised network host.
 
-Architecture, and the measurement behind it. py-libp2p is trio-only and pure Python (Noise, yamux, protobuf,
-gossipsub all hold the GIL). Two ways to bridge it were measured (bench/gossip.py --arch, 2 busy cores, see
-bench/results/gossip_arch.json): the host in a trio thread of the node's process, or in a child process
-(`libp2p_host`) behind a local socket. Both use the same frames (libp2p_ipc), so only the isolation differs.
-  * isolation "process" (default): a remote crash in py-libp2p ends only the child; the supervisor here restarts
-    it with the same identity and listen port, re-subscribes, re-serves protocols and redials the peers it knew,
-    and training never notices more than a TransportUnavailable on calls made while it was down. The host's
-    Python work runs on another core instead of competing for the trainer's GIL.
-  * isolation "thread": same frames over a socketpair to a trio thread; cheaper to start, no crash isolation.
-  Validators run in the node (VALIDATE/VERDICT round trip over the socket), so they are plain Python callables
-  with the node's state (e.g. protocol's replay guard), not something the child must import and configure.
+Architecture, and the measurement behind it. py-libp2p is trio-only and pure Python (Noise, yamux, protobuf and
+gossipsub all hold the GIL). The host runs either in a child process (`libp2p_host`, isolation "process") or on a
+trio thread inside the node (isolation "thread"); both speak the same frames (libp2p_ipc) over a socketpair, so
+only the isolation differs. Measured with `python -m bench.gossip --arch` (bench/results/gossip_arch.json): a
+training-loop stand-in (torch + Python work) on a node that receives 100 groups/s made 145 steps/s with no network,
+87 with the host in a child process and 51 with it on a thread (medians of 3 interleaved runs, 2 cores at load
+average ~9, so noisy: single runs ranged 62-134 and 29-93). We chose "process" (the default):
+  * a remote crash or leak in py-libp2p ends only the child; the supervisor here restarts it with the same
+    identity and listen port, re-subscribes, re-serves protocols and redials the peers it knew, and training sees
+    nothing but TransportUnavailable on calls made while it is down (tests kill it with SIGKILL and crash it);
+  * its Python work competes with the trainer and vLLM for CPU but not for their GIL, which cost more above;
+  * thread isolation stays available (cheaper start, ~0.1 s instead of ~1-2 s) but has no crash isolation.
+Validators run in the node (a VALIDATE/VERDICT round trip over the socket per message), so they are plain
+Python callables with the node's state (e.g. the protocol's replay guard), not something the child must import and
+configure.
 
 Contract: implements `base.Transport`. Calls made while the host is down (crashed, restarting) raise
 `TransportUnavailable` at once instead of blocking the training loop. `stats.restarts` counts restarts;
