@@ -52,9 +52,14 @@ class TaskConfig:
     name: str = DEFAULT_TASK
     options: dict[str, Any] = field(default_factory=dict)  # empty: the task's defaults (see tasks.py)
     seed: int = 0
+    reward: str = "exact"  # exact | score (reasoning-gym's partial credit); see tasks.REWARD_MODES
 
     def validate(self) -> None:
+        from swarm_node.tasks import REWARD_MODES
+
         _non_negative(self, "seed")
+        if self.reward not in REWARD_MODES:
+            raise ConfigError(f"task.reward must be one of {', '.join(REWARD_MODES)}, not {self.reward!r}")
 
 
 @dataclass
@@ -81,7 +86,7 @@ class SamplerConfig:
 
 @dataclass
 class TrainConfig:
-    lr: float = 2e-4
+    lr: float = 1e-4
     warmup_steps: int = 10  # optimizer steps of linear lr warm-up: Adam's first steps are sign-like and large
     minibatches: int = 2  # optimizer steps per batch
     advantage: str = "grpo"  # rl.advantages registry

@@ -20,7 +20,7 @@ class EvalResult:
 def evaluate(sampler: Sampler, tokenizer: PreTrainedTokenizerBase, source: tasks.TaskSource, problems: int = 200,
              max_new_tokens: int = 8, samples: int = 0, temperature: float = 1.0, seed: int = 0,
              batch: int = 100) -> EvalResult:
-    """Greedy accuracy (a score of 1.0 counts as exact) and, if samples > 0, mean reward at `temperature`."""
+    """Greedy accuracy (a score of 1.0 counts as exact) and, if samples > 0, mean training reward at `temperature`."""
     insts = [tasks.instance(r) for r in source.eval_refs(problems)]
     exact, sampled_total, sampled_count = 0, 0.0, 0
     for start in range(0, len(insts), batch):
@@ -31,6 +31,6 @@ def evaluate(sampler: Sampler, tokenizer: PreTrainedTokenizerBase, source: tasks
         if samples > 0:
             params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + start)
             for inst, group in zip(chunk, sampler.generate(prompts, samples, params), strict=True):
-                sampled_total += sum(tasks.score(inst, c.text) for c in group)
+                sampled_total += sum(source.reward(inst, c.text) for c in group)
                 sampled_count += len(group)
     return EvalResult(exact / len(insts), sampled_total / sampled_count if sampled_count else None, len(insts))

@@ -116,7 +116,8 @@ class Node:
         cfg = self.cfg
         prepare_run_dir(self.run_dir)
         torch.set_num_threads(cfg.train.threads or os.cpu_count() or 1)
-        self.task_source = tasks.TaskSource(cfg.task.name, cfg.task.options, cfg.task.seed)
+        self.task_source = tasks.TaskSource(cfg.task.name, cfg.task.options, cfg.task.seed,
+                                            reward=cfg.task.reward)
         self.stats.set_phase("building-model")
         if self.model_dir_override is not None:
             self.model_dir = self.model_dir_override
@@ -204,8 +205,8 @@ class Node:
         except PromptTooLongError as exc:
             raise UserError(f"task {cfg.task.name!r}: {exc}") from exc
         seconds = time.monotonic() - started
-        groups = [score_group(i, p, out, cfg.train.advantage) for i, p, out in zip(insts, prompts, outputs,
-                                                                                    strict=True)]
+        groups = [score_group(i, p, out, self.task_source.reward, cfg.train.advantage)
+                  for i, p, out in zip(insts, prompts, outputs, strict=True)]
         tokens = sum(len(c.token_ids) for out in outputs for c in out)
         return groups, seconds, tokens
 

@@ -1,12 +1,13 @@
 """Rollout groups: G completions of one task instance, scored locally, with group-relative advantages.
 
-A group's rewards always come from our own verifier (`tasks.score`) on a question regenerated from the task
+A group's rewards always come from our own verifier (`TaskSource.reward`) on a question regenerated from the task
 reference; whoever generated the completions, nothing they claim about correctness is used here.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -37,9 +38,10 @@ class ScoredGroup:
 
 
 def score_group(inst: tasks.TaskInstance, prompt_ids: list[int], completions: list[Completion],
-                advantage: str = "grpo", source: str = "local") -> ScoredGroup:
-    """Score every completion with the task's verifier and compute advantages; non-finite rewards raise."""
-    rewards = [tasks.score(inst, c.text) for c in completions]
+                reward: Callable[[tasks.TaskInstance, str], float] = tasks.score, advantage: str = "grpo",
+                source: str = "local") -> ScoredGroup:
+    """Score every completion with `reward` (the task's verifier) and compute advantages; non-finite raises."""
+    rewards = [reward(inst, c.text) for c in completions]
     if not all(math.isfinite(r) for r in rewards):
         raise FloatingPointError(f"non-finite reward for task {inst.ref}")
     adv = ADVANTAGE_ESTIMATORS[advantage](torch.tensor(rewards, dtype=torch.float64)).tolist()

@@ -144,7 +144,7 @@ def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: flo
             ids = tok.encode(c.text) + [eos]
             completions.append(Completion(ids, c.text, [], wire.policy_version))
     inst = tasks.instance(ref)
-    rewards = [tasks.score(inst, c.text) for c in completions]
+    rewards = [ctx.task_source.reward(inst, c.text) for c in completions]
     if not all(math.isfinite(r) for r in rewards):
         return Outcome(None, "non_finite_reward")
     forged = any(abs(c.claimed_reward - r) > REWARD_TOLERANCE for c, r in zip(wire.completions, rewards,

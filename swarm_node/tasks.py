@@ -25,6 +25,15 @@ EVAL_SEED_OFFSET = 1_000_003
 
 ANSWER_PREFIX = "\nAnswer: "
 
+# Reward modes over reasoning-gym's score_answer. "exact" (default): 1 when the verifier says fully right, else 0.
+# reasoning-gym gives partial credit when the true answer is a substring of ours ("-6" for 6 scores 0.5), and
+# GRPO's normalisation turns that into a full positive advantage in an all-wrong group: training then teaches
+# sign errors. Measured on the default task: with "score", greedy accuracy fell while sampled reward rose.
+REWARD_MODES = {
+    "exact": lambda raw: 1.0 if raw >= 1.0 else 0.0,
+    "score": lambda raw: raw,
+}
+
 
 @dataclass(frozen=True)
 class TaskRef:
@@ -81,10 +90,13 @@ class TaskSource:
     """Draws task references for one (dataset, options, seed) and regenerates and scores instances."""
 
     def __init__(self, name: str = DEFAULT_TASK, options: dict[str, Any] | None = None, seed: int = 0,
-                 size: int = DATASET_SIZE) -> None:
+                 size: int = DATASET_SIZE, reward: str = "exact") -> None:
         if name not in available_tasks():
             raise UserError(f"unknown task {name!r}; see reasoning-gym's datasets, e.g. chain_sum, basic_arithmetic")
+        if reward not in REWARD_MODES:
+            raise UserError(f"unknown reward mode {reward!r}; choose {', '.join(REWARD_MODES)}")
         self.name = name
+        self.reward_mode = reward
         # No options for the default task means the embedded defaults (small sums); other tasks use their own.
         self.options = dict(DEFAULT_TASK_OPTIONS if not options and name == DEFAULT_TASK else options or {})
         self.config = canonical_config(self.options)
@@ -94,6 +106,10 @@ class TaskSource:
 
     def draw(self, rng: random.Random, count: int) -> list[TaskRef]:
         return [TaskRef(self.name, self.config, self.seed, rng.randrange(self.size)) for _ in range(count)]
+
+    def reward(self, inst: TaskInstance, completion_text: str) -> float:
+        """The training reward of a completion: reasoning-gym's score under this source's reward mode."""
+        return REWARD_MODES[self.reward_mode](score(inst, completion_text, self.size))
 
     def eval_refs(self, count: int) -> list[TaskRef]:
         """The first `count` instances of the held-out stream."""

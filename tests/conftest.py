@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 import torch
 
 from swarm_node.model import DefaultModelRecipe, random_qwen2, warm_up

@@ -49,3 +49,13 @@ def test_unknown_task_and_bad_option() -> None:
         tasks.TaskSource("no_such_task")
     with pytest.raises(UserError, match="bad options for task 'chain_sum'"):
         tasks.TaskSource("chain_sum", {"min_terms": 2, "wrong_option": 1})
+
+
+def test_reward_modes_exact_and_partial_credit() -> None:
+    inst = tasks.instance(tasks.TaskRef("chain_sum", tasks.canonical_config(tasks.DEFAULT_TASK_OPTIONS), 1, 3))
+    assert tasks.score(inst, "1-37") == pytest.approx(0.75)  # raw partial credit: len("-37") / len("1-37")
+    assert tasks.TaskSource(seed=1, reward="score").reward(inst, "1-37") == pytest.approx(0.75)
+    assert tasks.TaskSource(seed=1).reward(inst, "1-37") == 0.0  # default "exact"
+    assert tasks.TaskSource(seed=1).reward(inst, "-37") == 1.0
+    with pytest.raises(UserError, match="unknown reward mode 'fuzzy'"):
+        tasks.TaskSource(reward="fuzzy")
