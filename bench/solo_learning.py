@@ -4,7 +4,11 @@ For each seed: start from the embedded default model, evaluate (greedy exact ans
 problems; mean reward of 4 samples per problem at the training temperature), run solo GRPO for a fixed number
 of steps, evaluate again. Writes bench/results/solo_learning.json (medians over seeds) and prints one line.
 
-    python -m bench.solo_learning [--seeds 0 1 2] [--steps 400] [--sampler auto] [--set train.lr=1e-4 ...]
+    python -m bench.solo_learning [--seeds 0 1 2] [--steps 300] [--sampler auto] [--parallel]
+                                  [--set train.lr=1e-4 ...]
+
+--parallel runs each seed in its own process with one torch thread (2 cores: 3 seeds side by side); without it
+the seeds run one after another with all cores.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -73,17 +79,39 @@ def parse_set(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def run_parallel(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each seed in its own process (one torch thread), side by side; returns their per-seed results."""
+    procs = []
+    for seed in args.seeds:
+        out = Path(args.run_root) / f"seed{seed}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "bench.solo_learning", "--seeds", str(seed), "--steps", str(args.steps),
+               "--sampler", args.sampler, "--out", str(out), "--run-root", args.run_root,
+               "--set", "train.threads=1", "sampler.threads=1", *args.set]
+        procs.append((subprocess.Popen(cmd), out))
+    results = []
+    for proc, out in procs:
+        if proc.wait() != 0:
+            raise SystemExit(f"seed run failed: {' '.join(proc.args)}")
+        results += json.loads(out.read_text())["per_seed"]
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--parallel", action="store_true", help="one process per seed, one thread each")
     ap.add_argument("--sampler", default="auto")
     ap.add_argument("--set", nargs="*", default=[], help="config overrides, e.g. train.lr=1e-4")
     ap.add_argument("--out", default=str(RESULTS / "solo_learning.json"))
     ap.add_argument("--run-root", default=str(Path(__file__).parent / ".runs" / "solo_learning"))
     args = ap.parse_args()
     overrides = parse_set(args.set)
-    per_seed = [run_seed(s, args.steps, args.sampler, overrides, Path(args.run_root)) for s in args.seeds]
+    if args.parallel:
+        per_seed = run_parallel(args)
+    else:
+        per_seed = [run_seed(s, args.steps, args.sampler, overrides, Path(args.run_root)) for s in args.seeds]
     fields = ["eval_acc_before", "eval_acc_after", "sampled_reward_before", "sampled_reward_after", "wall_s"]
     result = {k: statistics.median(p[k] for p in per_seed) for k in fields}
     result.update(steps=args.steps, seeds=args.seeds, per_seed=per_seed, sampler=args.sampler,
