@@ -192,7 +192,8 @@ def keygen(path: Annotated[Path, typer.Argument(help="where to write the Ed25519
 
 @app.command()
 def status(url: Annotated[str, typer.Argument(help="the node's status URL")] = "http://127.0.0.1:8470/",
-           token: Annotated[str | None, typer.Option("--token", help="bearer token (non-loopback nodes)")] = None,
+           token: Annotated[str | None, typer.Option("--token", envvar="SWARM_NODE_STATUS_TOKEN",
+                                                     help="bearer token printed by the node")] = None,
            ) -> None:
     """Show a running node's status as tables (what its /status endpoint says)."""
     with user_errors():

@@ -280,6 +280,8 @@ class Node:
         used = [g for g in groups if g.has_signal]
         self.stats.count("dropped", "zero_advantage", len(groups) - len(used))
         self.stats.count("groups", "used", len(used) + len(externals))
+        # Local rollouts come from the sampler's current version: lag 0 in this sequential loop.
+        self.stats.count("staleness", 0, sum(len(g.completions) for g in used))
         self.stats.update(pool_size=len(self.pool))
         train_started = time.monotonic()
         samples = to_samples(used) + sharing.external_samples(self.trainer, externals, cfg.share.external_correction,
