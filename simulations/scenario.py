@@ -21,9 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
-from swarm_node.config import NodeConfig, apply_mapping
+from swarm_node.config import NodeConfig, apply_mapping, read_toml
 from swarm_node.errors import ConfigError, UserError
 
 MODES = ("sync", "async")
@@ -207,10 +205,4 @@ def parse_scenario(data: dict[str, Any], name: str = "scenario") -> Scenario:
 
 
 def load_scenario(path: Path) -> Scenario:
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise UserError(f"scenario file {str(path)!r} not found") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"scenario file {str(path)!r} is not valid TOML: {exc}") from exc
-    return parse_scenario(data, path.stem)
+    return parse_scenario(read_toml(path, "scenario file"), path.stem)

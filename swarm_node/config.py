@@ -205,19 +205,23 @@ def load_config(toml_path: str | Path | None = None, overrides: dict[str, Any] |
     config = NodeConfig()
     if toml_path is not None:
         path = Path(toml_path)
-        try:
-            data = tomllib.loads(path.read_text())
-        except FileNotFoundError as exc:
-            raise ConfigError(f"config file {str(path)!r} not found") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from exc
-        apply_mapping(config, data, where=f" in {path.name}")
+        apply_mapping(config, read_toml(path, "config file"), where=f" in {path.name}")
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue
         section, _, key = dotted.partition(".")
         apply_mapping(config, {section: {key: value}}, where=" (command line)")
     return config.validate()
+
+
+def read_toml(path: Path, what: str) -> dict[str, Any]:
+    """A TOML file's tables; a missing or malformed file is one ConfigError line naming it."""
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{what} {str(path)!r} not found") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{what} {str(path)!r} is not valid TOML: {exc}") from exc
 
 
 def apply_mapping(target: Any, data: dict[str, Any], where: str = "", prefix: str = "") -> None:

@@ -6,14 +6,12 @@ Contract:
   rejected or ignored messages are queued as drops with their reason (the node counts them per sender).
 - `publish(groups)` (sync, from the node loop) queues our groups; `await flush()` sends them as RolloutBatch
   messages of at most `max_groups_per_message` groups each. `drain()` (sync) returns and clears what arrived.
-- `ThreadedExchange` lets a node loop running in its own thread use an exchange whose transport lives on an
-  asyncio loop in another thread (`swarm-node join`): publish flushes on that loop and waits for it.
+- `swarm_node.peer.BackgroundExchange` adapts it for a node loop running in another thread (`swarm-node join`).
 Imports only the transport interface, never an implementation.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -91,23 +89,3 @@ class TransportExchange:
         with self._lock:
             got, self._inbox = self._inbox, []
         return got
-
-
-class ThreadedExchange:
-    """Adapter for a node loop in its own thread; the exchange's transport runs on `loop` in another thread."""
-
-    def __init__(self, exchange: TransportExchange, loop: asyncio.AbstractEventLoop, timeout_s: float = 60.0) -> None:
-        self.exchange = exchange
-        self.loop = loop
-        self.timeout_s = timeout_s
-
-    @property
-    def peer_id(self) -> str:
-        return self.exchange.peer_id
-
-    def publish(self, groups: list[RolloutGroup]) -> None:
-        self.exchange.publish(groups)
-        asyncio.run_coroutine_threadsafe(self.exchange.flush(), self.loop).result(self.timeout_s)
-
-    def drain(self) -> list[Received]:
-        return self.exchange.drain()

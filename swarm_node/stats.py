@@ -58,7 +58,7 @@ class NodeStats:
             self.tokens_per_s = float(metrics.get("tokens_per_s", self.tokens_per_s))
             self.history.append(dict(metrics))
 
-    def count(self, counter: str, key: str, n: int = 1) -> None:
+    def count(self, counter: str, key: str | int, n: int = 1) -> None:
         with self._lock:
             getattr(self, counter)[key] += n
 
