@@ -69,9 +69,9 @@ def _metric_steps(run_dir: Path) -> list[int]:
     return steps
 
 
-def test_sigkill_mid_training_then_resume(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_sigkill_mid_training_then_resume(tmp_path: Path, warm_tiny_model_dir: Path) -> None:
     run_dir = tmp_path / "run"
-    base = ["solo", *SMALL, "--model", str(tiny_model_dir), "--run-dir", str(run_dir), "--checkpoint-every", "2",
+    base = ["solo", *SMALL, "--model", str(warm_tiny_model_dir), "--run-dir", str(run_dir), "--checkpoint-every", "2",
             "--steps", "14"]
     for kill_after in (5, 9):  # kill twice, each time mid-training (and possibly mid-checkpoint)
         extra = ["--resume"] if kill_after != 5 else []
@@ -93,7 +93,9 @@ def test_sigkill_mid_training_then_resume(tmp_path: Path, tiny_model_dir: Path) 
     assert f"resume: continuing from checkpoint step {ckpt.step}" in resumed.stderr
     assert _metric_steps(run_dir) == list(range(1, 15))  # the step count continues, no gap, no duplicate
     final = checkpoint.latest_checkpoint(run_dir)
-    assert final is not None and final.step == 14 and final.state["policy_version"] >= 1
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert final is not None and final.step == 14
+    assert final.state["policy_version"] == last["policy_version"]  # the version survived both kills
     names = sorted(p.name for p in (run_dir / checkpoint.CHECKPOINT_DIR).iterdir())
     assert names == ["step-00000010", "step-00000012", "step-00000014"]  # keep 3, nothing partial left
 
