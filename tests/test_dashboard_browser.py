@@ -4,13 +4,14 @@ Two variants: (1) the StatusServer over a NodeStats that a background thread fee
 where Chromium is installed) and (2) a real `swarm-node solo` subprocess (skipped until `cli/main.py` has a
 `solo` command). Each opens `/`, waits until the reward chart has at least two points and the peers table has
 rendered, checks what the page shows against the stats, and saves a PNG to the test's tmp dir. The README's
-docs/dashboard.png is written by the solo variant (a real node); the fed variant writes it only if it is missing,
-so a run without the slow tests leaves the committed picture alone.
+docs/dashboard.png is written only with SWARM_NODE_UPDATE_SCREENSHOT=1 (the solo variant's picture, a real node):
+tests never modify tracked files otherwise.
 """
 
 from __future__ import annotations
 
 import base64
+import os
 import re
 import subprocess
 import sys
@@ -30,6 +31,8 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 REPO = Path(__file__).resolve().parent.parent
 DOCS_PNG = REPO / "docs" / "dashboard.png"
+# Tests never touch tracked files unless asked: SWARM_NODE_UPDATE_SCREENSHOT=1 refreshes the README picture.
+UPDATE_DOCS = os.environ.get("SWARM_NODE_UPDATE_SCREENSHOT") == "1"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 WAIT_S = 40
 PAGE_STATE = """
@@ -122,7 +125,7 @@ def test_dashboard_renders_fed_stats(browser: object, tmp_path: Path) -> None:
             assert page["drop_bars"] == len(snapshot["dropped"])
             assert page["staleness_bars"] == max(int(k) for k in snapshot["staleness"]) + 1
             assert page["conn"] == "live"
-            _screenshot(browser, tmp_path, docs=not DOCS_PNG.exists())  # the real solo node's picture wins
+            _screenshot(browser, tmp_path, docs=UPDATE_DOCS and not DOCS_PNG.exists())
         finally:
             stop.set()
             feeder.join(timeout=5)
@@ -152,7 +155,7 @@ def test_dashboard_of_a_solo_node(browser: object, tmp_path: Path) -> None:
         assert browser.find_elements(By.CSS_SELECTOR, "#peers tbody tr.no-peers")  # solo: no peers
         page = browser.execute_script(PAGE_STATE)
         assert page["conn"] == "live" and int(page["cards"]["step"]) >= 2
-        _screenshot(browser, tmp_path, docs=True)
+        _screenshot(browser, tmp_path, docs=UPDATE_DOCS)
         # Best effort for the README: a fuller curve, taken while the node still serves (it exits after step 6).
         try:
             WebDriverWait(browser, WAIT_S, poll_frequency=0.1).until(
@@ -161,7 +164,7 @@ def test_dashboard_of_a_solo_node(browser: object, tmp_path: Path) -> None:
         except TimeoutException:
             return
         if browser.execute_script(PAGE_STATE)["conn"] == "live":
-            _screenshot(browser, tmp_path, docs=True)
+            _screenshot(browser, tmp_path, docs=UPDATE_DOCS)
     finally:
         proc.terminate()
         try:
