@@ -31,10 +31,16 @@ def user_errors() -> Iterator[None]:
 
 
 def configure_logging() -> None:
-    """Library warnings (network reachability, bootstrap state) as plain lines on stderr."""
+    """Library warnings (network reachability, bootstrap state) as plain lines on stderr; dependency noise
+    (weight-loading progress bars, vLLM's FutureWarnings about torch APIs) off, since it is not actionable."""
     import logging
+    import warnings
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm(\..*)?")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def parse_task_options(items: list[str] | None) -> dict[str, Any] | None:

@@ -89,6 +89,7 @@ def solo(config: ConfigOpt = None, steps: StepsOpt = None, task: TaskOpt = None,
         cfg = load_config(config, node_overrides(
             steps, task, task_option, model, group_size, prompts_per_step, seed, run_dir, resume, sampler, lr,
             minibatches, checkpoint_every, eval_problems, status_port, status_host, status_token))
+        configure_logging()
         stats = NodeStats(role="solo")
         server = start_status_server(stats, cfg.status.host, cfg.status.port, cfg.status.token)
         try:
