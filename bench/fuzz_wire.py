@@ -143,21 +143,22 @@ def same_type_mutation(rng: random.Random, value: Any) -> Any:
     return random_value(rng)
 
 
-def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+def value_paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every key/index path into a nested msgpack value (the root is the empty path)."""
     out = [prefix]
     if isinstance(obj, dict):
         for key, value in obj.items():
-            out += _paths(value, (*prefix, key))
+            out += value_paths(value, (*prefix, key))
     elif isinstance(obj, list):
         for i, value in enumerate(obj):
-            out += _paths(value, (*prefix, i))
+            out += value_paths(value, (*prefix, i))
     return out
 
 
 def schema_mutation(rng: random.Random, data: bytes) -> bytes:
     obj = msgpack.unpackb(data, raw=False)
     for _ in range(rng.randint(1, 3)):
-        paths = _paths(obj)[1:]
+        paths = value_paths(obj)[1:]
         if not paths:
             break
         path = rng.choice(paths)

@@ -8,6 +8,7 @@ import msgpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.fuzz_wire import value_paths
 from protocol.codec import decode, encode
 from protocol.errors import Verdict, WireError
 from protocol.limits import Limits
@@ -128,22 +129,11 @@ def test_msgpack_valid_wrong_schema_only_raises_wire_error(tag: str, body: Any) 
     decode_or_wire_error(msgpack.packb({"v": 1, "type": tag, "body": body}, use_bin_type=True))
 
 
-def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            out += _paths(value, (*prefix, key))
-    elif isinstance(obj, list):
-        for i, value in enumerate(obj):
-            out += _paths(value, (*prefix, i))
-    return out
-
-
 @FAST
 @given(messages, st.data())
 def test_field_replaced_by_any_value_only_raises_wire_error(msg: Message, data: st.DataObject) -> None:
     obj = msgpack.unpackb(encode(msg), raw=False)
-    path = data.draw(st.sampled_from(_paths(obj)[1:]))
+    path = data.draw(st.sampled_from(value_paths(obj)[1:]))
     parent = obj
     for step in path[:-1]:
         parent = parent[step]
