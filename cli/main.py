@@ -56,19 +56,22 @@ EvalOpt = Annotated[int | None, typer.Option("--eval-problems", help="held-out p
 StatusPortOpt = Annotated[int | None, typer.Option("--status-port", help="status API port; 0 ephemeral, -1 off")]
 StatusHostOpt = Annotated[str | None, typer.Option("--status-host", help="status bind address [127.0.0.1]")]
 StatusTokenOpt = Annotated[str | None, typer.Option("--status-token", help="bearer token for the status API")]
+StalenessOpt = Annotated[int | None, typer.Option("--max-staleness", help="S: version lag allowed between generation "
+                                                                         "and training; >= 1 overlaps them [0]")]
 
 
 def node_overrides(steps: int | None, task: str | None, task_option: list[str] | None, model: str | None,
                    group_size: int | None, prompts_per_step: int | None, seed: int | None, run_dir: str | None,
                    resume: bool, sampler: str | None, lr: float | None, minibatches: int | None,
                    checkpoint_every: int | None, eval_problems: int | None, status_port: int | None,
-                   status_host: str | None, status_token: str | None) -> dict[str, object]:
+                   status_host: str | None, status_token: str | None,
+                   max_staleness: int | None = None) -> dict[str, object]:
     return {
         "run.steps": steps, "run.group_size": group_size, "run.prompts_per_step": prompts_per_step,
         "run.seed": seed, "run.run_dir": run_dir, "run.resume": True if resume else None,
         "run.checkpoint_every": checkpoint_every, "run.eval_problems": eval_problems,
         "task.name": task, "task.options": parse_task_options(task_option), "model.path": model,
-        "sampler.kind": sampler, "train.lr": lr, "train.minibatches": minibatches,
+        "sampler.kind": sampler, "train.lr": lr, "train.minibatches": minibatches, "train.max_staleness": max_staleness,
         "status.port": status_port, "status.host": status_host, "status.token": status_token,
     }
 
@@ -80,7 +83,7 @@ def solo(config: ConfigOpt = None, steps: StepsOpt = None, task: TaskOpt = None,
          resume: ResumeOpt = False, sampler: SamplerOpt = None, lr: LrOpt = None,
          minibatches: MinibatchOpt = None, checkpoint_every: CkptOpt = None, eval_problems: EvalOpt = None,
          status_port: StatusPortOpt = None, status_host: StatusHostOpt = None,
-         status_token: StatusTokenOpt = None) -> None:
+         status_token: StatusTokenOpt = None, max_staleness: StalenessOpt = None) -> None:
     """Train one node alone, offline, on the embedded default model and task."""
     with user_errors():
         from swarm_node.config import load_config
@@ -88,7 +91,7 @@ def solo(config: ConfigOpt = None, steps: StepsOpt = None, task: TaskOpt = None,
 
         cfg = load_config(config, node_overrides(
             steps, task, task_option, model, group_size, prompts_per_step, seed, run_dir, resume, sampler, lr,
-            minibatches, checkpoint_every, eval_problems, status_port, status_host, status_token))
+            minibatches, checkpoint_every, eval_problems, status_port, status_host, status_token, max_staleness))
         configure_logging()
         stats = NodeStats(role="solo")
         server = start_status_server(stats, cfg.status.host, cfg.status.port, cfg.status.token)

@@ -96,6 +96,7 @@ class TrainConfig:
     kl_coef: float = 0.0
     max_grad_norm: float = 1.0
     is_cap: float = 2.0  # truncation of importance weights for off-policy rollouts
+    max_staleness: int = 0  # S: version lag allowed between generation and training; >= 1 overlaps them
     weight_decay: float = 0.0
     adam_eps: float = 1e-8
     threads: int = 0  # torch intra-op threads; 0: all cores
@@ -109,7 +110,8 @@ class TrainConfig:
         if self.loss not in LOSSES:
             raise ConfigError(f"train.loss {self.loss!r} unknown; choose {sorted(LOSSES)}")
         _positive(self, "lr", "minibatches", "max_grad_norm", "is_cap")
-        _non_negative(self, "eps_low", "eps_high", "kl_coef", "weight_decay", "threads", "warmup_steps")
+        _non_negative(self, "eps_low", "eps_high", "kl_coef", "weight_decay", "threads", "warmup_steps",
+                      "max_staleness")
         _positive(self, "adam_eps")
 
 

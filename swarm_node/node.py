@@ -30,10 +30,12 @@ from swarm_node.config import NodeConfig
 from swarm_node.errors import UserError
 from swarm_node.evaluate import EvalResult, evaluate
 from swarm_node.model import ensure_default_model, load_model
+from swarm_node.overlap import LatestWeights, OverlappedGenerator
 from swarm_node.pool import ExperiencePool, PoolEntry
 from swarm_node.rollout import ScoredGroup, score_group, to_samples
 from swarm_node.sampler.base import PromptTooLongError, Sampler, SamplingParams
 from swarm_node.sampler.factory import SamplerSettings, make_sampler
+from swarm_node.staleness import drop_reason
 from swarm_node.stats import NodeStats
 from swarm_node.tokenizer import tokenizer_hash
 from swarm_node.trainer import Trainer
@@ -94,6 +96,7 @@ class Draft:
     gen_s: float
     gen_tokens: int
     started: float
+    version: int  # the policy version that generated the groups
 
 
 class Node:
@@ -109,6 +112,10 @@ class Node:
         self.version = 0
         self.skipped_steps = 0
         self.sampler: Sampler | None = None
+        self.draws = 0  # batches drawn so far: seeds the sampler (ahead of `step` when generation overlaps)
+        self.overlap: OverlappedGenerator[Draft | str] | None = None
+        self.latest_weights = LatestWeights()
+        self._last_step_end: float | None = None
         self.peer_drops: Counter[tuple[str, str]] = Counter()  # (sender, reason), incl. forged_reward
 
     # -- setup ---------------------------------------------------------------------------------------
@@ -157,7 +164,7 @@ class Node:
             (self.run_dir / METRICS_FILE).unlink(missing_ok=True)
             return
         checkpoint.restore(ckpt, self.model, self.trainer.optimizer)
-        self.step = ckpt.step
+        self.step = self.draws = ckpt.step
         self.version = int(ckpt.state["policy_version"])
         self.skipped_steps = int(ckpt.state.get("skipped_steps", 0))
         self.trainer.optimizer_steps = int(ckpt.state.get("optimizer_steps", 0))
@@ -173,6 +180,22 @@ class Node:
         cfg = self.cfg
         self.stats.update(total_steps=cfg.run.steps, policy_version=self.version, step=self.step)
         self.stats.set_phase("training")
+        if cfg.train.max_staleness > 0:
+            self.overlap = OverlappedGenerator(self._produce_overlapped, cfg.train.max_staleness)
+            self.overlap.start()
+        try:
+            self._loop()
+        finally:
+            if self.overlap is not None:
+                self.overlap.stop()
+                self.overlap = None
+                self._sync_sampler()
+        result = self.evaluate() if cfg.run.eval_problems else None
+        self.stats.set_phase("done")
+        return self.summary(result)
+
+    def _loop(self) -> None:
+        cfg = self.cfg
         with open(self.run_dir / METRICS_FILE, "a") as metrics_file:
             while self.step < cfg.run.steps:
                 try:
@@ -181,15 +204,14 @@ class Node:
                     self.events.log(f"interrupted: saving a checkpoint at step {self.step}")
                     self.save_checkpoint()
                     raise
+                if metrics is None:
+                    continue
                 metrics_file.write(json.dumps(metrics) + "\n")
                 metrics_file.flush()
                 if self.step % cfg.run.checkpoint_every == 0 or self.step == cfg.run.steps:
                     self.save_checkpoint()
                 if cfg.run.eval_every and self.step % cfg.run.eval_every == 0 and self.step < cfg.run.steps:
                     self.events.log(f"eval at step {self.step}: {self.evaluate()}")
-        result = self.evaluate() if cfg.run.eval_problems else None
-        self.stats.set_phase("done")
-        return self.summary(result)
 
     def generate_groups(self) -> tuple[list[ScoredGroup], float, int]:
         """Sample and score this step's local groups: (groups, seconds, generated tokens)."""
@@ -198,7 +220,8 @@ class Node:
         insts = [tasks.instance(r) for r in self.task_source.draw(self.rng, count)]
         prompts = [self.tokenizer.encode(i.prompt) for i in insts]
         params = SamplingParams(cfg.sampler.temperature, cfg.sampler.top_p, cfg.sampler.max_new_tokens,
-                                seed=cfg.run.seed * 1_000_003 + self.step)
+                                seed=cfg.run.seed * 1_000_003 + self.draws)
+        self.draws += 1
         started = time.monotonic()
         try:
             outputs = self.sampler.generate(prompts, cfg.run.group_size, params)
@@ -210,28 +233,57 @@ class Node:
         tokens = sum(len(c.token_ids) for out in outputs for c in out)
         return groups, seconds, tokens
 
-    def train_one_step(self) -> dict[str, Any]:
-        draft = self.sample_and_share()
-        if isinstance(draft, dict):
-            return draft
-        return self.mix_and_train(draft)
+    def train_one_step(self) -> dict[str, Any] | None:
+        """One step's metrics; None when generation overlaps and the batch was too stale to train on."""
+        if self.overlap is None:
+            draft = self.sample_and_share()
+            return draft if isinstance(draft, dict) else self.mix_and_train(draft)
+        item = self.overlap.get()
+        try:
+            if isinstance(item, str):
+                return self._skip_step(item)
+            reason = drop_reason(self.version, item.version, self.cfg.train.max_staleness)
+            if reason is not None:  # cannot happen with the generator's permits; the bound is enforced anyway
+                self.stats.count("dropped", reason, len(item.groups))
+                return None
+            return self.mix_and_train(item)
+        finally:
+            self.overlap.done()
+
+    def _produce_overlapped(self) -> Draft | str:
+        """Generator thread: take the newest policy into the sampler, then draft one batch."""
+        newer = self.latest_weights.newer_than(self.sampler.version)
+        if newer is not None:
+            self.sampler.load_weights(*newer)
+        return self._draft()
+
+    def _sync_sampler(self) -> None:
+        newer = self.latest_weights.newer_than(self.sampler.version)
+        if newer is not None:
+            self.sampler.load_weights(*newer)
 
     def sample_and_share(self) -> Draft | dict[str, Any]:
         """Sample and score local groups and publish them; a skipped step's metrics if sampling failed."""
+        draft = self._draft()
+        return self._skip_step(draft) if isinstance(draft, str) else draft
+
+    def _draft(self) -> Draft | str:
+        """This step's local groups, sampled, scored and published; the reason if the batch is unusable."""
         step_started = time.monotonic()
+        version = self.sampler.version
         try:
             groups, gen_s, gen_tokens = self.generate_groups()
         except FloatingPointError as exc:
-            return self._skip_step(f"non-finite reward ({exc})")
+            return f"non-finite reward ({exc})"
         self.stats.count("groups", "produced", len(groups))
         if self.exchange is not None:
             now = time.time()
             family = str(getattr(self.model.config, "model_type", ""))
             self.exchange.publish([
-                sharing.to_wire(g, self.exchange.peer_id, self.version, self.tokenizer_hash, family, now,
-                                sharing.group_id_for(self.exchange.peer_id, self.step, i, self.cfg.run.seed))
+                sharing.to_wire(g, self.exchange.peer_id, version, self.tokenizer_hash, family, now,
+                                sharing.group_id_for(self.exchange.peer_id, self.draws, i, self.cfg.run.seed))
                 for i, g in enumerate(groups)])
-        return Draft(groups, gen_s, gen_tokens, step_started)
+        return Draft(groups, gen_s, gen_tokens, step_started, version)
 
     def ingest(self, received: list[sharing.Received]) -> dict[str, int]:
         """Re-score received groups into the pool; returns this step's drop counts by reason."""
@@ -280,8 +332,12 @@ class Node:
         used = [g for g in groups if g.has_signal]
         self.stats.count("dropped", "zero_advantage", len(groups) - len(used))
         self.stats.count("groups", "used", len(used) + len(externals))
-        # Local rollouts come from the sampler's current version: lag 0 in this sequential loop.
-        self.stats.count("staleness", 0, sum(len(g.completions) for g in used))
+        # Version lag of each group (0 in the sequential loop, <= max_staleness when generation overlaps or the
+        # groups come from workers): lag > 0 trains with the truncated importance weight.
+        lags = [self.version - g.version for g in used]
+        for g, lag in zip(used, lags, strict=True):
+            g.off_policy = lag > 0
+            self.stats.count("staleness", lag, len(g.completions))
         self.stats.update(pool_size=len(self.pool))
         train_started = time.monotonic()
         samples = to_samples(used) + sharing.external_samples(self.trainer, externals, cfg.share.external_correction,
@@ -292,17 +348,20 @@ class Node:
             self.stats.count("errors", "nonfinite_loss", result.skipped_minibatches)
         if result.minibatches > result.skipped_minibatches:
             self.version += 1
-            self.sampler.load_weights(self.model.state_dict(), self.version)
+            if self.overlap is not None:
+                self.latest_weights.put(self.model.state_dict(), self.version)
+            else:
+                self.sampler.load_weights(self.model.state_dict(), self.version)
         self.step += 1
         metrics = {
-            "step": self.step, "policy_version": self.version,
+            "step": self.step, "policy_version": self.version, "lag": max(lags, default=0),
             "reward_mean": sum(rewards) / len(rewards),
             "accuracy": sum(g.accuracy for g in groups) / len(groups),
             "groups_used": len(used), "groups_total": len(groups),
             "loss": result.loss, "clip_frac": result.clip_frac, "kl": result.kl, "entropy": result.entropy,
             "grad_norm": result.grad_norm, "skipped_minibatches": result.skipped_minibatches,
             "tokens_per_s": draft.gen_tokens / draft.gen_s if draft.gen_s > 0 else 0.0,
-            "gen_s": draft.gen_s, "train_s": train_s, "step_s": time.monotonic() - draft.started,
+            "gen_s": draft.gen_s, "train_s": train_s, "step_s": self._step_seconds(draft),
             "time": time.time(),
         }
         if peer_mode:
@@ -315,6 +374,13 @@ class Node:
             })
         self._publish(metrics)
         return metrics
+
+    def _step_seconds(self, draft: Draft) -> float:
+        """Sequential: from the start of sampling. Overlapped: since the previous step ended (what a step costs)."""
+        now = time.monotonic()
+        since = draft.started if self.overlap is None or self._last_step_end is None else self._last_step_end
+        self._last_step_end = now
+        return now - since
 
     def _skip_step(self, reason: str) -> dict[str, Any]:
         self.skipped_steps += 1
@@ -346,6 +412,13 @@ class Node:
 
     def evaluate(self) -> EvalResult:
         self.stats.set_phase("evaluating")
+        if self.overlap is not None:  # pause the generator and evaluate the newest policy
+            with self.overlap.lock:
+                self._sync_sampler()
+                result = evaluate(self.sampler, self.tokenizer, self.task_source, self.cfg.run.eval_problems,
+                                  self.cfg.sampler.max_new_tokens)
+            self.stats.set_phase("training")
+            return result
         result = evaluate(self.sampler, self.tokenizer, self.task_source, self.cfg.run.eval_problems,
                           self.cfg.sampler.max_new_tokens)
         self.stats.set_phase("training")

@@ -29,6 +29,11 @@ class ScoredGroup:
     off_policy: bool = False
 
     @property
+    def version(self) -> int:
+        """The policy version that generated the completions (within one lineage; see staleness.py)."""
+        return self.completions[0].version if self.completions else 0
+
+    @property
     def has_signal(self) -> bool:
         return any(a != 0.0 for a in self.advantages)
 

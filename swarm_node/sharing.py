@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -113,9 +114,12 @@ def _valid_logprobs(lps: tuple[float, ...], n: int) -> bool:
     return len(lps) == n and all(math.isfinite(x) and x <= 0.0 for x in lps)
 
 
-def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: float) -> Outcome:
-    """Re-score a received group with our own verifier; an Outcome with the usable group or a drop reason."""
-    if policy_owner(wire.policy_id) != sender:
+def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: float,
+                    delegates: Mapping[str, frozenset[str]] | None = None) -> Outcome:
+    """Re-score a received group with our own verifier; an Outcome with the usable group or a drop reason.
+    `delegates` maps a policy owner to the peers allowed to sign its rollouts (an ECHO-2 learner's workers)."""
+    owner = policy_owner(wire.policy_id)
+    if owner != sender and sender not in (delegates or {}).get(owner, frozenset()):
         return Outcome(None, "forged_attribution")
     if not math.isfinite(wire.created_at) or wire.created_at > now + ctx.max_clock_skew_s:
         return Outcome(None, "future")

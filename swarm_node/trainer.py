@@ -1,9 +1,10 @@
 """GRPO trainer: turns scored rollout groups into optimizer steps on an HF causal LM.
 
 Contract: `train_step(samples)` splits the samples into `minibatches` optimizer steps. The ratio's old log-probs
-are the sampler's behaviour log-probs (so the clip acts on real policy change); off-policy samples carry an
-importance weight min(pi_proximal/mu, is_cap) computed once at the start of the step. A minibatch whose loss or
-gradient is non-finite is skipped (counted) and never reaches the parameters. Shapes: N sequences, L positions.
+are the sampler's behaviour log-probs (so the clip acts on real policy change); off-policy samples (a stale
+rollout, lag > 0) take the ratio against the proximal policy and carry the weight min(pi_proximal/mu, is_cap).
+A minibatch whose loss or gradient is non-finite is skipped (counted) and never reaches the parameters.
+Shapes: N sequences, L positions.
 """
 
 from __future__ import annotations
@@ -148,17 +149,21 @@ class Trainer:
 
     def _minibatch(self, batch: Batch) -> dict[str, float] | None:
         logp, entropy = self.token_log_probs(self.model, batch)
-        is_weights = None
+        old_logp, is_weights = batch.behaviour, None
         if bool(batch.off_policy.any()):
-            # Proximal policy = the current one before this update (AReaL's decoupled objective): the weight
-            # corrects for the older behaviour policy, the clip still limits the update from here.
-            w = truncated_is_weights(logp.detach(), batch.behaviour, self.cfg.is_cap)
-            is_weights = torch.where(batch.off_policy.unsqueeze(-1), w, torch.ones_like(w))
+            # AReaL's decoupled objective for rows from an older policy: the ratio is taken against the proximal
+            # policy (the current one, before this minibatch's update), so the clip limits the update from here,
+            # and the truncated weight pi_proximal / mu corrects for the behaviour policy that sampled them.
+            rows = batch.off_policy.unsqueeze(-1)
+            proximal = logp.detach()
+            w = truncated_is_weights(proximal, batch.behaviour, self.cfg.is_cap)
+            is_weights = torch.where(rows, w, torch.ones_like(w))
+            old_logp = torch.where(rows, proximal, batch.behaviour)
         ref_logp = None
         if self.ref_model is not None:
             with torch.no_grad():
                 ref_logp, _ = self.token_log_probs(self.ref_model, batch)
-        out = self.loss_fn(LossInputs(logp, batch.behaviour, batch.advantages, batch.mask, is_weights, ref_logp),
+        out = self.loss_fn(LossInputs(logp, old_logp, batch.advantages, batch.mask, is_weights, ref_logp),
                            self.loss_cfg)
         self.optimizer.zero_grad(set_to_none=True)
         if not torch.isfinite(out.loss):

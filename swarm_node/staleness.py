@@ -1,0 +1,81 @@
+"""Version lag within one policy lineage, and the buffer that keeps rollouts older than the bound out of the loss.
+
+Contract (pure, no I/O, no torch):
+- A lineage is a learner and the workers that follow it, or a peer and its own sampler: every rollout carries the
+  version of the lineage's policy that generated it, and `lag = current_version - rollout_version`.
+- `--max-staleness S`: a rollout with lag > S never reaches the loss (dropped, counted as "stale"); a rollout that
+  claims a version newer than the current one cannot be from this lineage and is dropped as "future_version".
+  Within S, lag > 0 marks the rollout off-policy: the trainer weighs it by a truncated importance ratio.
+- `RolloutBuffer` holds (item, version) pairs first in, first out, bounded: when full, the oldest entry goes first
+  (counted as "overflow"), since it is the one closest to the bound.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+def lag(current_version: int, rollout_version: int) -> int:
+    return current_version - rollout_version
+
+
+def drop_reason(current_version: int, rollout_version: int, max_staleness: int) -> str | None:
+    """Why a rollout of `rollout_version` may not be trained on at `current_version`, or None if it may."""
+    d = lag(current_version, rollout_version)
+    if d < 0:
+        return "future_version"
+    if d > max_staleness:
+        return "stale"
+    return None
+
+
+@dataclass(frozen=True)
+class Versioned(Generic[T]):
+    item: T
+    version: int
+
+
+class RolloutBuffer(Generic[T]):
+    def __init__(self, max_staleness: int, capacity: int = 1024) -> None:
+        if max_staleness < 0:
+            raise ValueError("max_staleness must be >= 0")
+        self.max_staleness = max_staleness
+        self.capacity = capacity
+        self._items: deque[Versioned[T]] = deque()
+        self.dropped: Counter[str] = Counter()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, item: T, version: int) -> None:
+        if len(self._items) >= self.capacity:
+            self._items.popleft()
+            self.dropped["overflow"] += 1
+        self._items.append(Versioned(item, version))
+
+    def expire(self, current_version: int) -> int:
+        """Drop every entry that can no longer be trained on at `current_version`; returns how many."""
+        kept: deque[Versioned[T]] = deque()
+        dropped = 0
+        for entry in self._items:
+            reason = drop_reason(current_version, entry.version, self.max_staleness)
+            if reason is None:
+                kept.append(entry)
+            else:
+                self.dropped[reason] += 1
+                dropped += 1
+        self._items = kept
+        return dropped
+
+    def available(self, current_version: int) -> int:
+        return sum(drop_reason(current_version, e.version, self.max_staleness) is None for e in self._items)
+
+    def take(self, count: int, current_version: int) -> list[Versioned[T]]:
+        """Up to `count` admissible entries, oldest first; inadmissible ones met on the way are dropped."""
+        self.expire(current_version)
+        taken = [self._items.popleft() for _ in range(min(count, len(self._items)))]
+        return taken
