@@ -219,5 +219,32 @@ def simulate(scenario: Annotated[Path, typer.Argument(help="scenario TOML")],
         run_simulate(scenario, run_dir, rounds, seed)
 
 
+@app.command()
+def plan(config: Annotated[Path | None, typer.Option("--config", help="plan TOML: learner, network, workers "
+                                                                       "tables")] = None,
+         from_run: Annotated[Path | None, typer.Option("--from-run", help="a node's run dir: measured step "
+                                                                          "time and groups per step")] = None,
+         step_s: Annotated[float | None, typer.Option("--step-s", help="learner training s/step")] = None,
+         rollouts_per_step: Annotated[float | None, typer.Option("--rollouts-per-step")] = None,
+         delta_mb: Annotated[float | None, typer.Option("--delta-mb", help="bytes per delta, in MB")] = None,
+         kappa: Annotated[int | None, typer.Option("--kappa", help="publish every kappa steps [1]")] = None,
+         max_staleness: Annotated[int | None, typer.Option("--max-staleness", help="cap on S")] = None,
+         bandwidth_mb_s: Annotated[float | None, typer.Option("--bandwidth-mb-s", help="link MB/s")] = None,
+         chunk_mb: Annotated[float | None, typer.Option("--chunk-mb", help="broadcast chunk [1]")] = None,
+         schedule: Annotated[str | None, typer.Option("--schedule", help="chain|tree:f|star|stripe:f")] = None,
+         worker: Annotated[list[str] | None, typer.Option("--worker", help="NAME:ROLLOUTS_PER_S:COST_PER_HOUR"
+                                                                           "[:MB_S], replaces the file's")] = None,
+         as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False) -> None:
+    """Cheapest workers that keep a learner busy, dissemination latency, smallest staleness bound (docs/PLANNING.md).
+    Exit 1 if the demand cannot be met."""
+    with user_errors():
+        from cli.plan_cmd import run_plan
+
+        run_plan(config, from_run, {
+            "learner.step_s": step_s, "learner.rollouts_per_step": rollouts_per_step, "learner.delta_mb": delta_mb,
+            "learner.kappa": kappa, "learner.max_staleness": max_staleness, "network.bandwidth_mb_s": bandwidth_mb_s,
+            "network.chunk_mb": chunk_mb, "network.schedule": schedule}, worker, as_json)
+
+
 if __name__ == "__main__":
     app()

@@ -33,6 +33,7 @@ from protocol.messages import (
     SHA256_BYTES,
     TAG_TYPES,
     TYPE_TAGS,
+    WORKER_ACTIONS,
     CompletionWire,
     Message,
     PolicyAnnounce,
@@ -40,22 +41,27 @@ from protocol.messages import (
     RolloutGroup,
     Status,
     TaskRefWire,
+    WorkerControl,
     created_at_values,
+    policy_owner,
 )
 
 _TOKEN_DTYPE = np.dtype("<u4")
 _LOGPROB_DTYPE = np.dtype("<f4")
 _POLICY_ID = re.compile(r"[A-Za-z0-9]+(/[A-Za-z0-9._-]+)?", re.ASCII)
+_PEER_ID = re.compile(r"[A-Za-z0-9]+", re.ASCII)
 
 ENVELOPE_KEYS = ("v", "type", "body")
 GROUP_KEYS = ("id", "policy", "version", "task", "completions", "tokenizer", "family", "created_at")
 TASK_KEYS = ("dataset", "config", "seed", "index")
 COMPLETION_KEYS = ("tokens", "text", "logprobs", "reward")
-ANNOUNCE_KEYS = ("owner", "version", "base_version", "size", "sha256", "chunks", "encoding", "created_at")
+ANNOUNCE_KEYS = ("owner", "version", "base_version", "size", "sha256", "chunks", "encoding", "created_at",
+                 "chunk_sha256", "state", "schedule", "receivers")
 STATUS_KEYS = ("role", "capabilities", "throughput", "policy_version", "follows", "created_at")
-# The largest map in the schema has 8 keys; one more still reaches the schema check (reason "bad_schema"),
-# anything larger is refused before it is built.
-_MAX_MAP_LEN = 8 + 1
+CONTROL_KEYS = ("target", "action", "created_at")
+# The largest map in the schema (the announce) has 12 keys; one more still reaches the schema check (reason
+# "bad_schema"), anything larger is refused before it is built.
+_MAX_MAP_LEN = 12 + 1
 
 
 # ---------------------------------------------------------------------------------------------------- encode
@@ -79,9 +85,13 @@ def _group_obj(g: RolloutGroup) -> dict[str, Any]:
 
 
 def _announce_obj(a: PolicyAnnounce) -> dict[str, Any]:
+    # Chunk digests travel as one blob: one bin instead of an array of chunk_count objects to parse.
+    if any(len(d) != SHA256_BYTES for d in a.chunk_sha256):
+        raise reject("unencodable", f"chunk_sha256: every digest must be {SHA256_BYTES} bytes")
     return {"owner": a.owner, "version": a.version, "base_version": a.base_version, "size": a.size,
             "sha256": bytes(a.sha256), "chunks": a.chunk_count, "encoding": a.encoding,
-            "created_at": float(a.created_at)}
+            "created_at": float(a.created_at), "chunk_sha256": b"".join(bytes(d) for d in a.chunk_sha256),
+            "state": a.state_sha256, "schedule": a.schedule, "receivers": list(a.receivers)}
 
 
 def _status_obj(s: Status) -> dict[str, Any]:
@@ -89,12 +99,21 @@ def _status_obj(s: Status) -> dict[str, Any]:
             "policy_version": s.policy_version, "follows": s.follows, "created_at": float(s.created_at)}
 
 
+def _control_obj(c: WorkerControl) -> dict[str, Any]:
+    return {"target": c.target, "action": c.action, "created_at": float(c.created_at)}
+
+
+def _rollouts_obj(b: RolloutBatch) -> dict[str, Any]:
+    return {"groups": [_group_obj(g) for g in b.groups]}
+
+
+_BODY_ENCODERS: dict[type, Callable[[Any], dict[str, Any]]] = {
+    RolloutBatch: _rollouts_obj, PolicyAnnounce: _announce_obj, Status: _status_obj, WorkerControl: _control_obj,
+}
+
+
 def _body_obj(msg: Message) -> dict[str, Any]:
-    if isinstance(msg, RolloutBatch):
-        return {"groups": [_group_obj(g) for g in msg.groups]}
-    if isinstance(msg, PolicyAnnounce):
-        return _announce_obj(msg)
-    return _status_obj(msg)
+    return _BODY_ENCODERS[type(msg)](msg)
 
 
 def _pack(obj: Any) -> bytes:
@@ -138,16 +157,22 @@ class _TooManyObjects(Exception):
     pass
 
 
-def _container_hooks(budget: int) -> tuple[Callable[[list[Any]], list[Any]],
-                                          Callable[[list[tuple[Any, Any]]], dict[Any, Any]]]:
+def _container_hooks(budget: int, max_other_array: int) -> tuple[Callable[[list[Any]], list[Any]],
+                                                                 Callable[[list[tuple[Any, Any]]], dict[Any, Any]]]:
     """msgpack hooks that stop parsing once the arrays and maps built so far, plus their entries, exceed
     `budget`: a peer must not make us build hundreds of thousands of tiny objects (CPU and memory amplification)
-    before the schema check sees the first. Inner containers complete first, so the count grows as we parse."""
+    before the schema check sees the first. Inner containers complete first, so the count grows as we parse.
+
+    msgpack has one array bound for all arrays, which must admit the longest array of strings (an announce's
+    receivers); an array holding anything but strings (groups, completions) longer than `max_other_array` is
+    refused here instead, as msgpack would have refused it without the receivers."""
     remaining = [budget]
 
     def on_list(items: list[Any]) -> list[Any]:
         remaining[0] -= 1 + len(items)
         if remaining[0] < 0:
+            raise _TooManyObjects
+        if len(items) > max_other_array and any(type(item) is not str for item in items):
             raise _TooManyObjects
         return items
 
@@ -213,6 +238,13 @@ def _list(value: Any, where: str, max_len: int, reason: str, min_len: int = 1) -
     if len(value) < min_len:
         raise reject("bad_schema", f"{where}: fewer than {min_len} entries")
     return value
+
+
+def _peer_id(value: Any, where: str, limits: Limits) -> str:
+    text = _str(value, where, limits.max_name_chars)
+    if not _PEER_ID.fullmatch(text):
+        raise reject("bad_peer_id", f"{where}: {text[:80]!r} is not a peer id")
+    return text
 
 
 def _policy_id(value: Any, where: str, limits: Limits) -> str:
@@ -295,10 +327,31 @@ def _announce(obj: Any, limits: Limits) -> PolicyAnnounce:
     encoding = _str(f["encoding"], "encoding", limits.max_name_chars)
     if not encoding:
         raise reject("bad_schema", "encoding: empty")
-    return PolicyAnnounce(owner=_policy_id(f["owner"], "owner", limits), version=version,
+    owner = _policy_id(f["owner"], "owner", limits)
+    chunks = _int(f["chunks"], "chunks", 1, min(limits.max_chunks, size))
+    blob = _bin(f["chunk_sha256"], "chunk_sha256")
+    if len(blob) not in (0, SHA256_BYTES * chunks):
+        raise reject("bad_schema", f"chunk_sha256: {len(blob)} bytes, expected 0 or {SHA256_BYTES} x {chunks}")
+    # The largest chunk of the even split; a relay buffers whole chunks, so it is bounded when chunks are listed.
+    if blob and -(-size // chunks) > limits.max_chunk_bytes:
+        raise reject("out_of_range", f"chunk of {-(-size // chunks)} bytes > {limits.max_chunk_bytes}")
+    state = _str(f["state"], "state", limits.max_name_chars)
+    schedule = _str(f["schedule"], "schedule", limits.max_name_chars)
+    raw_receivers = _list(f["receivers"], "receivers", limits.max_receivers, "too_many_receivers", min_len=0)
+    receivers = tuple(_peer_id(r, f"receivers[{i}]", limits) for i, r in enumerate(raw_receivers))
+    if len(set(receivers)) != len(receivers):
+        raise reject("duplicate_receiver", "a peer id appears twice in receivers")
+    if policy_owner(owner) in receivers:
+        raise reject("bad_schema", "receivers: the owner is the source, not a receiver")
+    # A relay plan needs a schedule and per-chunk digests (relays verify each chunk before forwarding it).
+    if receivers and not (schedule and blob):
+        raise reject("bad_schema", "receivers need a schedule and chunk_sha256")
+    return PolicyAnnounce(owner=owner, version=version,
                           base_version=_int(f["base_version"], "base_version", 0, version), size=size,
-                          sha256=digest, chunk_count=_int(f["chunks"], "chunks", 1, min(limits.max_chunks, size)),
-                          encoding=encoding, created_at=_timestamp(f["created_at"], "created_at"))
+                          sha256=digest, chunk_count=chunks, encoding=encoding,
+                          created_at=_timestamp(f["created_at"], "created_at"),
+                          chunk_sha256=tuple(blob[i:i + SHA256_BYTES] for i in range(0, len(blob), SHA256_BYTES)),
+                          state_sha256=state, schedule=schedule, receivers=receivers)
 
 
 def _status(obj: Any, limits: Limits) -> Status:
@@ -318,8 +371,17 @@ def _status(obj: Any, limits: Limits) -> Status:
                   follows=follows, created_at=_timestamp(f["created_at"], "created_at"))
 
 
+def _control(obj: Any, limits: Limits) -> WorkerControl:
+    f = _fields(obj, CONTROL_KEYS, "body")
+    action = _str(f["action"], "action", limits.max_name_chars)
+    if action not in WORKER_ACTIONS:
+        raise reject("bad_schema", f"action: {action[:40]!r} not in {WORKER_ACTIONS}")
+    return WorkerControl(target=_peer_id(f["target"], "target", limits), action=action,
+                         created_at=_timestamp(f["created_at"], "created_at"))
+
+
 _BODY_DECODERS: dict[type, Callable[[Any, Limits], Message]] = {
-    RolloutBatch: _rollouts, PolicyAnnounce: _announce, Status: _status,
+    RolloutBatch: _rollouts, PolicyAnnounce: _announce, Status: _status, WorkerControl: _control,
 }
 
 
@@ -331,20 +393,25 @@ def _object_budget(limits: Limits) -> int:
     per_group = (1 + len(GROUP_KEYS)) + (1 + len(TASK_KEYS)) + (1 + completions) \
         + completions * (1 + len(COMPLETION_KEYS)) + 1
     status = (1 + len(STATUS_KEYS)) + (1 + limits.max_capabilities + 1)
-    return 2 * (envelope + max(groups * per_group, status, 1 + len(ANNOUNCE_KEYS) + 1))
+    announce = (1 + len(ANNOUNCE_KEYS) + 1) + (1 + limits.max_receivers + 1)
+    return 2 * (envelope + max(groups * per_group, status, announce, 1 + len(CONTROL_KEYS) + 1))
 
 
 def _unpack(data: bytes, limits: Limits) -> Any:
     # Bounds one past each schema limit: a count just over a limit still reaches the schema check and gets its
     # precise reason; anything larger is refused by msgpack before the container is allocated.
     max_chars = max(limits.max_text_chars, limits.max_config_chars, limits.max_name_chars)
-    on_list, on_pairs = _container_hooks(_object_budget(limits))
+    max_other_array = max(limits.max_groups_per_message, limits.max_completions_per_group) + 1
+    on_list, on_pairs = _container_hooks(_object_budget(limits), max_other_array)
     try:
         return msgpack.unpackb(
             data, raw=False, strict_map_key=True, use_list=True, list_hook=on_list, object_pairs_hook=on_pairs,
-            max_str_len=4 * (max_chars + 1), max_bin_len=max(4 * (limits.max_tokens_per_completion + 1), 64),
+            max_str_len=4 * (max_chars + 1),
+            # token blobs, or an announce's chunk digests (never more than the message itself)
+            max_bin_len=max(4 * (limits.max_tokens_per_completion + 1), 64,
+                            min(SHA256_BYTES * (limits.max_chunks + 1), limits.max_message_bytes)),
             max_array_len=max(limits.max_groups_per_message, limits.max_completions_per_group,
-                              limits.max_capabilities) + 1,
+                              limits.max_capabilities, limits.max_receivers) + 1,
             max_map_len=_MAX_MAP_LEN, max_ext_len=0)
     except _DuplicateKey as exc:
         raise reject("duplicate_key", "a map repeats a key") from exc

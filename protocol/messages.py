@@ -17,8 +17,10 @@ SCHEMA_VERSION = 1
 TOPIC_ROLLOUTS = "swarm-node/rollouts/1"
 TOPIC_POLICY = "swarm-node/policy/1"
 TOPIC_STATUS = "swarm-node/status/1"
+TOPIC_CONTROL = "swarm-node/control/1"
 
 ROLES = ("peer", "learner", "worker")
+WORKER_ACTIONS = ("start", "stop")
 
 GROUP_ID_BYTES = 16
 SHA256_BYTES = 32
@@ -86,6 +88,13 @@ class PolicyAnnounce:
 
     base_version < version: a delta to apply on base_version; base_version == version: a full snapshot.
     `size` and `sha256` are those of the whole payload; `encoding` names the payload format (e.g. a delta codec).
+    Chunk k is payload[k*size//chunk_count : (k+1)*size//chunk_count] (an even split; see protocol.relay).
+
+    The relay fields (empty by default: an announce without them only says that the version exists):
+    chunk_sha256: the SHA-256 of every chunk, in order, so a receiver verifies each chunk from any holder;
+    state_sha256: the hash of the policy state after applying the payload (the delta codec's format string);
+    schedule: a relay schedule spec such as "stripe:2" (protocol.relay.SCHEDULES), and receivers: the ordered peer
+    ids it covers. Every receiver derives the same relay plan from (owner's peer id, schedule, receivers).
     """
 
     owner: str  # a policy id; must belong to the signer
@@ -96,6 +105,14 @@ class PolicyAnnounce:
     chunk_count: int
     encoding: str
     created_at: float
+    chunk_sha256: tuple[bytes, ...] = ()
+    state_sha256: str = ""
+    schedule: str = ""
+    receivers: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _set(self, "chunk_sha256", tuple(self.chunk_sha256))
+        _set(self, "receivers", tuple(self.receivers))
 
 
 @dataclass(frozen=True)
@@ -114,13 +131,25 @@ class Status:
         _set(self, "capabilities", tuple(self.capabilities))
 
 
-Message = RolloutBatch | PolicyAnnounce | Status
+@dataclass(frozen=True)
+class WorkerControl:
+    """A learner tells one worker (`target`, a peer id) to start or stop sampling for it. The signer is the
+    learner; a worker acts only on control messages signed by the learner it follows and addressed to it."""
+
+    target: str
+    action: str  # one of WORKER_ACTIONS
+    created_at: float
+
+
+Message = RolloutBatch | PolicyAnnounce | Status | WorkerControl
 
 # The envelope's type tag for each message type, and back.
-TYPE_TAGS: dict[type, str] = {RolloutBatch: "rollouts", PolicyAnnounce: "policy_announce", Status: "status"}
+TYPE_TAGS: dict[type, str] = {RolloutBatch: "rollouts", PolicyAnnounce: "policy_announce", Status: "status",
+                              WorkerControl: "worker_control"}
 TAG_TYPES: dict[str, type] = {tag: cls for cls, tag in TYPE_TAGS.items()}
 # Each topic carries exactly one message type.
-TOPIC_TYPES: dict[str, type] = {TOPIC_ROLLOUTS: RolloutBatch, TOPIC_POLICY: PolicyAnnounce, TOPIC_STATUS: Status}
+TOPIC_TYPES: dict[str, type] = {TOPIC_ROLLOUTS: RolloutBatch, TOPIC_POLICY: PolicyAnnounce, TOPIC_STATUS: Status,
+                                TOPIC_CONTROL: WorkerControl}
 
 
 def policy_owner(policy_id: str) -> str:
