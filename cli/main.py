@@ -134,7 +134,8 @@ BootstrapOpt = Annotated[list[str] | None, typer.Option("--bootstrap", help="mul
 ListenOpt = Annotated[str | None, typer.Option("--listen", help="listen multiaddr [/ip4/0.0.0.0/tcp/0]")]
 AnnounceOpt = Annotated[list[str] | None, typer.Option("--announce-addr", help="address others should dial")]
 IdentityOpt = Annotated[str | None, typer.Option("--identity", help="key file [RUN_DIR/identity.key]")]
-RoleOpt = Annotated[str | None, typer.Option("--role", help="peer (learner/worker: ECHO-2 mode, not yet)")]
+RoleOpt = Annotated[str | None, typer.Option("--role", help="peer (SAPO) | learner | worker (ECHO-2) [peer]")]
+LearnerOpt = Annotated[str | None, typer.Option("--learner", help="worker: peer id of the learner to follow")]
 LocalGroupsOpt = Annotated[int | None, typer.Option("--local-groups", help="I: local groups per update")]
 ExternalGroupsOpt = Annotated[int | None, typer.Option("--external-groups", help="J: external groups per update")]
 MaxAgeOpt = Annotated[int | None, typer.Option("--max-external-age", help="K: drop external groups older than K "
@@ -152,7 +153,8 @@ def join(bootstrap: BootstrapOpt = None, listen: ListenOpt = None, announce_addr
          run_dir: RunDirOpt = None, resume: ResumeOpt = False, sampler: SamplerOpt = None, lr: LrOpt = None,
          minibatches: MinibatchOpt = None, checkpoint_every: CkptOpt = None, eval_problems: EvalOpt = None,
          status_port: StatusPortOpt = None, status_host: StatusHostOpt = None,
-         status_token: StatusTokenOpt = None) -> None:
+         status_token: StatusTokenOpt = None, learner: LearnerOpt = None,
+         max_staleness: StalenessOpt = None) -> None:
     """Join a swarm over libp2p: share rollouts with peers and train on theirs (SAPO). Prints the address
     others can join through; without --bootstrap it starts a new swarm."""
     with user_errors():
@@ -161,10 +163,11 @@ def join(bootstrap: BootstrapOpt = None, listen: ListenOpt = None, announce_addr
 
         overrides = node_overrides(
             steps, task, task_option, model, group_size, prompts_per_step, seed, run_dir, resume, sampler, lr,
-            minibatches, checkpoint_every, eval_problems, status_port, status_host, status_token)
+            minibatches, checkpoint_every, eval_problems, status_port, status_host, status_token, max_staleness)
         overrides.update({
             "network.bootstrap": bootstrap, "network.listen": listen, "network.announce_addr": announce_addr,
-            "network.identity": identity, "network.role": role, "share.local_groups": local_groups,
+            "network.identity": identity, "network.role": role, "network.learner": learner,
+            "share.local_groups": local_groups,
             "share.external_groups": external_groups, "share.max_external_age": max_external_age,
             "share.external_correction": external_correction,
         })

@@ -164,22 +164,49 @@ class StatusConfig:
 class NetworkConfig:
     """libp2p settings for `join`: listen/announce multiaddrs without /p2p, bootstrap multiaddrs with it."""
 
-    role: str = "peer"  # peer (SAPO); learner and worker come with the ECHO-2 mode
+    role: str = "peer"  # peer (SAPO) | learner | worker (ECHO-2)
+    learner: str = ""  # worker: the learner's peer id to follow
     listen: str = "/ip4/0.0.0.0/tcp/0"
     announce_addr: list[str] = field(default_factory=list)
     bootstrap: list[str] = field(default_factory=list)
     identity: str = ""  # key file; empty: RUN_DIR/identity.key (created on first use)
 
     def validate(self) -> None:
-        if self.role != "peer":
-            raise ConfigError(f"network.role {self.role!r} is not available yet: only 'peer' (learner and worker "
-                              "come with the ECHO-2 mode)")
+        if self.role not in ("peer", "learner", "worker"):
+            raise ConfigError(f"network.role must be peer, learner or worker, not {self.role!r}")
+        if self.role == "worker" and not self.learner:
+            raise ConfigError("a worker needs the learner to follow: --learner PEER_ID (printed by the learner)")
         for addr in [self.listen, *self.announce_addr, *self.bootstrap]:
             if not isinstance(addr, str) or not addr.startswith("/"):
                 raise ConfigError(f"{addr!r} is not a multiaddr (e.g. /ip4/1.2.3.4/tcp/4001/p2p/12D3Koo...)")
         for addr in self.bootstrap:
             if "/p2p/" not in addr:
                 raise ConfigError(f"bootstrap address {addr!r} lacks the peer id (/p2p/...)")
+
+
+@dataclass
+class EchoConfig:
+    """ECHO-2 mode: how a learner publishes its policy and how workers report (see swarm_node/echo.py)."""
+
+    encoding: str = "topk"  # delta encoding: swarm_node.delta_codecs registry (full, dense-bf16, topk)
+    publish_every: int = 1  # kappa: publish a policy update every kappa learner steps
+    schedule: str = "stripe:2"  # relay schedule for the pipelined broadcast (protocol.relay registry)
+    chunk_bytes: int = 1 << 20
+    keep_versions: int = 8  # updates kept to serve late joiners
+    heartbeat_s: float = 5.0  # a worker's status message period
+    snapshot_every: int = 25  # the learner also publishes a full snapshot every N updates, for joiners
+
+    def validate(self) -> None:
+        from protocol.relay import ScheduleError, make_plan
+        from swarm_node.delta_codecs import CODECS
+
+        if self.encoding not in CODECS:
+            raise ConfigError(f"echo.encoding {self.encoding!r} unknown; choose {sorted(CODECS)}")
+        try:
+            make_plan(self.schedule, "source", ["receiver"])
+        except ScheduleError as exc:
+            raise ConfigError(f"echo.schedule: {exc}") from exc
+        _positive(self, "publish_every", "chunk_bytes", "keep_versions", "heartbeat_s", "snapshot_every")
 
 
 @dataclass
@@ -191,6 +218,7 @@ class NodeConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     share: ShareConfig = field(default_factory=ShareConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    echo: EchoConfig = field(default_factory=EchoConfig)
     status: StatusConfig = field(default_factory=StatusConfig)
 
     def validate(self) -> NodeConfig:

@@ -116,6 +116,7 @@ class Node:
         self.overlap: OverlappedGenerator[Draft | str] | None = None
         self.latest_weights = LatestWeights()
         self._last_step_end: float | None = None
+        self.stepper: Callable[[], dict[str, Any] | None] | None = None  # a role's step (echo_peer) instead
         self.peer_drops: Counter[tuple[str, str]] = Counter()  # (sender, reason), incl. forged_reward
 
     # -- setup ---------------------------------------------------------------------------------------
@@ -180,7 +181,7 @@ class Node:
         cfg = self.cfg
         self.stats.update(total_steps=cfg.run.steps, policy_version=self.version, step=self.step)
         self.stats.set_phase("training")
-        if cfg.train.max_staleness > 0:
+        if cfg.train.max_staleness > 0 and self.stepper is None:
             self.overlap = OverlappedGenerator(self._produce_overlapped, cfg.train.max_staleness)
             self.overlap.start()
         try:
@@ -199,7 +200,7 @@ class Node:
         with open(self.run_dir / METRICS_FILE, "a") as metrics_file:
             while self.step < cfg.run.steps:
                 try:
-                    metrics = self.train_one_step()
+                    metrics = self.stepper() if self.stepper is not None else self.train_one_step()
                 except KeyboardInterrupt:  # Ctrl-C: keep what the finished steps learnt, then stop
                     self.events.log(f"interrupted: saving a checkpoint at step {self.step}")
                     self.save_checkpoint()
@@ -334,10 +335,11 @@ class Node:
         self.stats.count("groups", "used", len(used) + len(externals))
         # Version lag of each group (0 in the sequential loop, <= max_staleness when generation overlaps or the
         # groups come from workers): lag > 0 trains with the truncated importance weight.
-        lags = [self.version - g.version for g in used]
-        for g, lag in zip(used, lags, strict=True):
+        lags = [self.version - g.version for g in groups]
+        for g, lag in zip(groups, lags, strict=True):
             g.off_policy = lag > 0
-            self.stats.count("staleness", lag, len(g.completions))
+            if g.has_signal:
+                self.stats.count("staleness", lag, len(g.completions))
         self.stats.update(pool_size=len(self.pool))
         train_started = time.monotonic()
         samples = to_samples(used) + sharing.external_samples(self.trainer, externals, cfg.share.external_correction,

@@ -16,7 +16,7 @@ from protocol.limits import Limits
 from protocol.messages import RolloutGroup
 from swarm_node.config import NodeConfig
 from swarm_node.exchange import TransportExchange, accept_policy_for
-from swarm_node.identity import IDENTITY_FILENAME, load_or_create
+from swarm_node.identity import IDENTITY_FILENAME, Identity, load_or_create
 from swarm_node.node import Node, NodeEvents, RunSummary, prepare_run_dir
 from swarm_node.sharing import Received
 from swarm_node.stats import NodeStats
@@ -52,7 +52,8 @@ class BackgroundExchange:
         return self.exchange.drain()
 
 
-def run_peer(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> RunSummary:
+def start_libp2p(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> tuple[Identity, BackgroundTransport]:
+    """Identity, the libp2p host on its own thread, our printed address, and the bootstrap keeper, started."""
     from swarm_node.transport.libp2p_ipc import HostSettings
     from swarm_node.transport.libp2p_transport import LibP2PConfig, LibP2PTransport
 
@@ -64,7 +65,6 @@ def run_peer(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> RunSummar
     settings = HostSettings(listen=(cfg.network.listen,), announce=tuple(cfg.network.announce_addr))
     net = BackgroundTransport(lambda: LibP2PTransport(identity, LibP2PConfig(host=settings)))
     net.start()
-    node: Node | None = None
     try:
         addrs = net.listen_addrs()
         stats.update(listen_addrs=addrs)
@@ -72,6 +72,20 @@ def run_peer(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> RunSummar
         for addr in addrs:
             events.log(f"join this node with: --bootstrap {addr}")
         net.start_network(list(cfg.network.bootstrap))
+    except BaseException:
+        net.stop()
+        raise
+    return identity, net
+
+
+def run_peer(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> RunSummary:
+    if cfg.network.role != "peer":
+        from swarm_node.echo_peer import run_echo_role
+
+        return run_echo_role(cfg, stats, events)
+    _identity, net = start_libp2p(cfg, stats, events)
+    node: Node | None = None
+    try:
         node = Node(cfg, stats, events)
         node.setup()
         exchange = TransportExchange(net.transport, Limits(), accept_policy_for(node.task_source))

@@ -115,9 +115,10 @@ def _valid_logprobs(lps: tuple[float, ...], n: int) -> bool:
 
 
 def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: float,
-                    delegates: Mapping[str, frozenset[str]] | None = None) -> Outcome:
+                    delegates: Mapping[str, frozenset[str]] | None = None, keep_no_signal: bool = False) -> Outcome:
     """Re-score a received group with our own verifier; an Outcome with the usable group or a drop reason.
-    `delegates` maps a policy owner to the peers allowed to sign its rollouts (an ECHO-2 learner's workers)."""
+    `delegates` maps a policy owner to the peers allowed to sign its rollouts (an ECHO-2 learner's workers);
+    `keep_no_signal` keeps zero-advantage groups (a learner's batch is its workers' groups, signal or not)."""
     owner = policy_owner(wire.policy_id)
     if owner != sender and sender not in (delegates or {}).get(owner, frozenset()):
         return Outcome(None, "forged_attribution")
@@ -155,7 +156,7 @@ def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: flo
                                                                                strict=True))
     adv = ADVANTAGE_ESTIMATORS[ctx.advantage](torch.tensor(rewards, dtype=torch.float64)).tolist()
     group = ScoredGroup(inst, tok.encode(inst.prompt), completions, rewards, adv, source=sender)
-    if not group.has_signal:
+    if not group.has_signal and not keep_no_signal:
         return Outcome(None, "zero_advantage", forged)
     return Outcome(External(group, content_key(ref, [c.token_ids for c in completions]), not same_tokenizer),
                    "", forged)

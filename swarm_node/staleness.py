@@ -79,3 +79,14 @@ class RolloutBuffer(Generic[T]):
         self.expire(current_version)
         taken = [self._items.popleft() for _ in range(min(count, len(self._items)))]
         return taken
+
+
+def may_generate(batches_done: int, held_version: int, known_version: int, max_staleness: int) -> bool:
+    """Whether a worker's next batch can still be trained on within the bound (flow control without messages).
+
+    The learner trains on one batch per worker per step, so a worker's k-th batch (k = batches_done) is trained
+    on at learner version >= k, and never before the newest version the worker has heard of: it is worth
+    generating only if the version it holds is within S of that. S = 0: wait for each new version (synchronous);
+    S >= 1: generate the next batch while the learner trains on the previous one.
+    """
+    return held_version >= max(batches_done, known_version) - max_staleness

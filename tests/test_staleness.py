@@ -10,7 +10,7 @@ import torch
 
 from swarm_node.config import SamplerConfig, TrainConfig
 from swarm_node.model import load_model
-from swarm_node.staleness import RolloutBuffer, drop_reason, lag
+from swarm_node.staleness import RolloutBuffer, drop_reason, lag, may_generate
 from swarm_node.trainer import Trainer, TrainSample, collate
 
 
@@ -62,3 +62,14 @@ def test_off_policy_row_uses_proximal_ratio_and_truncated_weight(tiny_model_dir:
     stats = trainer.train_step([TrainSample(prompt, completion, behaviour, 1.0, off_policy=True)])
     assert stats.clip_frac == 0.0
     assert stats.loss == pytest.approx(-(2.0 + 0.5) / 2, rel=1e-5)
+
+
+def test_worker_flow_control() -> None:
+    # S = 0: batch k needs version k (synchronous); S = 1: batch k may use version k - 1 (overlap by one step).
+    assert may_generate(batches_done=0, held_version=0, known_version=0, max_staleness=0)
+    assert not may_generate(batches_done=1, held_version=0, known_version=0, max_staleness=0)
+    assert may_generate(batches_done=1, held_version=0, known_version=0, max_staleness=1)
+    assert not may_generate(batches_done=2, held_version=0, known_version=1, max_staleness=1)
+    # A learner that ran ahead (other workers fed it): the known version sets the target, not our batch count.
+    assert not may_generate(batches_done=1, held_version=1, known_version=5, max_staleness=2)
+    assert may_generate(batches_done=1, held_version=3, known_version=5, max_staleness=2)
