@@ -3,9 +3,10 @@
 Contract:
 - Every computation is real (the workers' sampling with their own followed policy, the learner's GRPO steps, the
   delta encode/decode and hash checks); only time is simulated. Each worker batch takes its measured wall time
-  divided by the worker's speed factor; each learner step its measured wall time; a policy update reaches the
-  workers `dissemination_s(update bytes)` after the step that made it, rollouts reach the learner after
-  `latency_s`. So the schedule is what a swarm with these compute and network speeds would do, whatever the load
+  divided by the worker's speed factor; each learner step its measured wall time; a policy update reaches each
+  worker when `simulations.broadcast_sim` (the same relay state machines as the real broadcast, links of
+  `bandwidth_mb_s` shared max-min fairly) says its last chunk is verified there; rollouts reach the learner
+  after `latency_s`. So the schedule is what a swarm with these compute and network speeds would do, whatever the load
   on this machine.
 - Each worker generates `prompts_per_step / W` groups per batch, when `Worker.may_generate` allows (the bound
   S); the learner starts a step as soon as B groups within S are buffered (S = 0: it waits for rollouts of its
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simulations.broadcast_sim import receiver_names, simulate
 from swarm_node.config import load_config
 from swarm_node.delta import PolicyUpdate
 from swarm_node.echo import Learner, Worker
@@ -45,6 +47,7 @@ class EchoSimConfig:
     bandwidth_mb_s: float = 12.5  # 100 Mbit/s
     latency_s: float = 0.02
     chunk_bytes: int = 1 << 20
+    schedule: str = "stripe:2"
     overrides: dict[str, Any] = field(default_factory=dict)  # dotted config keys for every node
 
 
@@ -63,11 +66,11 @@ class EchoSimResult:
                 "utilization": self.utilization, "reward": self.reward, "dropped": self.dropped}
 
 
-def dissemination_s(nbytes: int, receivers: int, bandwidth_mb_s: float, chunk_bytes: int, latency_s: float) -> float:
-    """A pipelined chain: the floor M/B plus one chunk time and one latency per hop after the first."""
-    chunk = min(nbytes, chunk_bytes)
-    per_byte = 1.0 / (bandwidth_mb_s * 1e6)
-    return nbytes * per_byte + max(receivers - 1, 0) * chunk * per_byte + receivers * latency_s
+def dissemination_s(nbytes: int, workers: int, cfg: EchoSimConfig) -> list[float]:
+    """Seconds until each worker holds a verified update of `nbytes` (pipelined broadcast on the network model)."""
+    result = simulate(cfg.schedule, workers, nbytes, cfg.bandwidth_mb_s * 1e6, chunk_bytes=cfg.chunk_bytes,
+                      latency_s=cfg.latency_s)
+    return [result.done_at[name] for name in receiver_names(workers)]
 
 
 def _node(cfg: EchoSimConfig, run_dir: Path, index: int, local_groups: int) -> Node:
@@ -146,9 +149,7 @@ def run_echo(cfg: EchoSimConfig, run_dir: Path, on_step: Callable[[dict[str, Any
                 if on_step is not None:
                     on_step(metrics)
                 if update is not None:
-                    delay = dissemination_s(update.size, len(workers), cfg.bandwidth_mb_s, cfg.chunk_bytes,
-                                            cfg.latency_s)
-                    for i in range(len(workers)):
+                    for i, delay in enumerate(dissemination_s(update.size, len(workers), cfg)):
                         at(now + delay, "update", (i, update))
                     for w in workers:  # the announce (small, gossip) arrives long before the chunks
                         w.known_version = max(w.known_version, update.version)

@@ -2,7 +2,8 @@
 
 Layout (every key optional except what a run needs; unknown keys and impossible values are one-line errors):
 
-    [simulation]  name, nodes, rounds, seeds, mode ("sync" lockstep rounds | "async" virtual clock),
+    [simulation]  name, nodes, rounds, seeds, mode ("sync" lockstep rounds | "async" virtual clock | "echo": node 0
+                  an ECHO-2 learner, the others its workers, a round one learner step; see simulations/echo_sim.py),
                   transport ("memory"), eval_problems (greedy held-out eval per node at the end), run_dir
     [network]     latency_ms (per link), uplink_mbps / downlink_mbps (per node, shared by all its streams; 0 means
                   unlimited), loss (probability a hop is lost), round_s (sync: how long a round lets messages
@@ -24,7 +25,7 @@ from typing import Any
 from swarm_node.config import NodeConfig, apply_mapping, read_toml
 from swarm_node.errors import ConfigError, UserError
 
-MODES = ("sync", "async")
+MODES = ("sync", "async", "echo")
 TRANSPORTS = ("memory", "libp2p")
 
 
@@ -136,6 +137,8 @@ def parse_scenario(data: dict[str, Any], name: str = "scenario") -> Scenario:
         raise UserError(f"simulation.rounds must be >= 1, got {rounds}")
     if mode not in MODES:
         raise UserError(f"simulation.mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if mode == "echo" and nodes < 2:
+        raise UserError("simulation.mode echo needs nodes >= 2: node 0 is the learner, the others its workers")
     if transport not in TRANSPORTS:
         raise UserError(f"simulation.transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
     if transport == "libp2p":

@@ -10,9 +10,11 @@ from simulations.echo_sim import EchoSimConfig, dissemination_s, run_echo
 from swarm_node.delta import state_hash
 
 
-def test_dissemination_model_numbers() -> None:
-    # 8 MB over 4 receivers at 10 MB/s, 1 MB chunks, 10 ms latency: 0.8 s floor + 3 chunk hops + 4 latencies.
-    assert dissemination_s(8_000_000, 4, 10.0, 1_000_000, 0.01) == pytest.approx(0.8 + 0.3 + 0.04)
+def test_updates_reach_workers_when_the_broadcast_model_says() -> None:
+    # 8 MB to 4 workers at 10 MB/s over a chain of 1 MB chunks, no latency: the last one holds it after the 8 chunk
+    # times of the floor plus one chunk time per hop behind the first.
+    cfg = EchoSimConfig(bandwidth_mb_s=10.0, chunk_bytes=1_000_000, latency_s=0.0, schedule="chain")
+    assert dissemination_s(8_000_000, 4, cfg) == pytest.approx([0.8, 0.9, 1.0, 1.1])
 
 
 @pytest.mark.parametrize("staleness", [0, 1])
@@ -54,3 +56,27 @@ def test_workers_reconstruct_the_published_policy_bit_for_bit(tiny_model_dir: Pa
     finally:
         echo.Worker.apply = real_apply  # type: ignore[method-assign]
     assert seen and all(ours == theirs for ours, theirs in seen)
+
+
+def test_echo_scenario_runs_through_simulate(warm_tiny_model_dir: Path, tmp_path: Path) -> None:
+    from simulations.runner import run_cell
+    from simulations.scenario import parse_scenario
+
+    scn = parse_scenario({"simulation": {"nodes": 3, "rounds": 3, "mode": "echo", "seeds": [0]},
+                          "network": {"latency_ms": 5.0, "uplink_mbps": 100.0},
+                          "config": {"run": {"prompts_per_step": 4, "group_size": 4}, "echo": {"encoding": "topk"}},
+                          "variants": [{"name": "S1", "config": {"train": {"max_staleness": 1}}}],
+                          "node": [{"index": i, "model": str(warm_tiny_model_dir)} for i in range(3)]}, "echo")
+    result = run_cell(scn, scn.variants[0], 0, tmp_path)
+    assert result["max_staleness"] == 1 and result["rounds"] == 3
+    assert 0.0 < result["learner_utilization"] <= 1.0
+    rows = (tmp_path / "S1" / "seed0" / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 1 + 3  # header + one row per learner step
+
+
+def test_echo_scenario_needs_a_worker() -> None:
+    from simulations.scenario import parse_scenario
+    from swarm_node.errors import UserError
+
+    with pytest.raises(UserError, match="nodes >= 2"):
+        parse_scenario({"simulation": {"nodes": 1, "mode": "echo"}}, "echo")
