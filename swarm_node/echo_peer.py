@@ -121,6 +121,8 @@ def _run_learner(cfg: NodeConfig, node: Node, net: BackgroundTransport, me: str,
                     events.log(f"learner: worker {delivery.from_peer} joined")
                     delegates[me] = delegates[me] | {delivery.from_peer}
                     active.add(delivery.from_peer)
+                    if learner.publisher.version > 0:  # a late joiner starts from a snapshot of the current policy
+                        publish(learner.publisher.snapshot(), [])
         if not workers:
             return
         demand = Demand(rollouts_per_step=cfg.run.prompts_per_step * cfg.run.group_size,
@@ -214,36 +216,47 @@ def _run_worker(cfg: NodeConfig, node: Node, net: BackgroundTransport, me: str, 
             try:
                 worker.apply(_update_of(announce, payload))
             except DeltaError as exc:
-                events.log(f"worker: update v{announce.version} not applicable ({exc}); fetching a snapshot")
-                fetch_snapshot()
+                events.log(f"worker: update v{announce.version} not applicable ({exc}); catching up")
+                catch_up()
         for delivery in net.drain(TOPIC_CONTROL):
             msg = decode(delivery.data, limits)
             if isinstance(msg, WorkerControl) and delivery.from_peer == learner_id and msg.target == me:
                 state["active"] = msg.action == "start"
                 events.log(f"worker: learner says {msg.action}")
 
-    def fetch_snapshot() -> None:
+    def catch_up() -> None:
+        """Fetch what we missed from the learner: the kept deltas from our version on, else its newest snapshot."""
         try:
-            catalog = net.call(lambda _t: broadcaster.catalog(learner_id, learner_id))
-            snaps = [a for a in catalog if a.base_version == a.version and a.version > worker.version]
-            if not snaps:
-                return
-            newest = max(snaps, key=lambda a: a.version)
-            announce, payload = net.call(lambda _t: broadcaster.fetch(learner_id, newest.version, [learner_id]))
-            worker.apply(_update_of(announce, payload))
+            while True:
+                held = net.call(lambda _t: broadcaster.catalog(learner_id, learner_id))
+                delta = next((a for a in held if a.base_version == worker.version < a.version), None)
+                snaps = [a for a in held if a.base_version == a.version > worker.version]
+                pick = delta or (max(snaps, key=lambda a: a.version) if snaps else None)
+                if pick is None:
+                    return
+                version, base = pick.version, pick.base_version
+                announce, payload = net.call(lambda _t, v=version, b=base: broadcaster.fetch(
+                    learner_id, v, [learner_id], base_version=b))
+                worker.apply(_update_of(announce, payload))
         except (TransportError, BroadcastError, DeltaError, TimeoutError, asyncio.TimeoutError) as exc:
-            stats.count("errors", "snapshot_failed")
-            events.log(f"warning: snapshot fetch failed: {exc}")
+            stats.count("errors", "catch_up_failed")
+            events.log(f"warning: could not catch up with the learner: {exc}")
 
     stats.set_phase("sampling")
+    catch_up()  # joining a learner that already trained: start from its current policy
+    waiting_since = time.monotonic()
     with open(metrics_path, "a") as out:
         try:
             while worker.batches < cfg.run.steps:
                 heartbeat()
                 take_updates()
                 if not (state["active"] and worker.may_generate()):
+                    if time.monotonic() - waiting_since > 2 * echo.heartbeat_s:  # updates stopped reaching us
+                        catch_up()
+                        waiting_since = time.monotonic()
                     time.sleep(0.05)
                     continue
+                waiting_since = time.monotonic()
                 version = worker.version
                 groups, gen_s, tokens = worker.generate()
                 state["busy_s"] += gen_s

@@ -26,41 +26,60 @@ def _join(run_dir: Path, model: Path, steps: int, extra: list[str]) -> subproces
     args = [sys.executable, "-m", "cli.main", "join", "--model", str(model), "--sampler", "hf", "--status-port", "-1",
             "--run-dir", str(run_dir), "--steps", str(steps), "--eval-problems", "0", "--prompts-per-step", "4",
             "--group-size", "8", "--max-staleness", "1", "--listen", "/ip4/127.0.0.1/tcp/0", *extra]
-    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = open(run_dir.parent / f"{run_dir.name}.log", "w")  # a file, not a pipe: a full pipe would block the node
+    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
 
 
-def _address(proc: subprocess.Popen[str], deadline: float) -> tuple[str, str]:
-    assert proc.stderr is not None
+def _log(run_dir: Path) -> str:
+    return (run_dir.parent / f"{run_dir.name}.log").read_text()
+
+
+def _address(proc: subprocess.Popen[str], run_dir: Path, deadline: float) -> tuple[str, str]:
     while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        match = ADDR.search(line)
+        match = ADDR.search(_log(run_dir))
         if match:
             return match.group(1), match.group(2)
-        assert line or proc.poll() is None, "join exited before printing its address"
+        assert proc.poll() is None, "join exited before printing its address:\n" + _log(run_dir)
+        time.sleep(0.2)
     raise AssertionError("no address printed")
 
 
-def test_worker_follows_learner_and_learner_trains_within_the_bound(tmp_path: Path,
-                                                                    warm_tiny_model_dir: Path) -> None:
+def _versions(path: Path) -> list[int]:
+    return [json.loads(x)["policy_version"] for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_workers_follow_learner_and_learner_trains_within_the_bound(tmp_path: Path,
+                                                                     warm_tiny_model_dir: Path) -> None:
     procs: list[subprocess.Popen[str]] = []
+    metrics = tmp_path / "learner" / "metrics.jsonl"
     try:
-        learner = _join(tmp_path / "learner", warm_tiny_model_dir, 5, ["--role", "learner"])
+        learner = _join(tmp_path / "learner", warm_tiny_model_dir, 100_000, ["--role", "learner"])
         procs.append(learner)
-        addr, learner_id = _address(learner, time.monotonic() + 90)
-        worker = _join(tmp_path / "worker", warm_tiny_model_dir, 100_000,
-                       ["--role", "worker", "--learner", learner_id, "--bootstrap", addr])
-        procs.append(worker)
-        learner.wait(timeout=300)
-        assert learner.returncode == 0, learner.stderr.read() if learner.stderr else ""
-        worker.send_signal(signal.SIGINT)
-        worker.wait(timeout=60)
+        addr, learner_id = _address(learner, tmp_path / "learner", time.monotonic() + 90)
+        follow = ["--role", "worker", "--learner", learner_id, "--bootstrap", addr]
+        procs.append(_join(tmp_path / "early", warm_tiny_model_dir, 100_000, follow))
+        deadline = time.monotonic() + 240
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+            assert time.monotonic() < deadline and learner.poll() is None, _log(tmp_path / "learner")
+            time.sleep(0.5)
+        # A late joiner missed the first updates: it must catch up (the kept snapshot) before deltas apply to it.
+        procs.append(_join(tmp_path / "late", warm_tiny_model_dir, 100_000, follow))
+        while max(_versions(tmp_path / "late" / "metrics.jsonl"), default=0) < 5:
+            assert time.monotonic() < deadline and learner.poll() is None, _log(tmp_path / "learner")
+            time.sleep(0.5)
+        for proc in procs:  # Ctrl-C: the learner saves a checkpoint and exits 130
+            proc.send_signal(signal.SIGINT)
+        for proc in procs:
+            proc.wait(timeout=60)
+        assert learner.returncode == 130, _log(tmp_path / "learner")
     finally:
         for proc in procs:
             proc.kill()
-    steps = [json.loads(x) for x in (tmp_path / "learner" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in steps] == [1, 2, 3, 4, 5]
+    steps = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [m["step"] for m in steps] == list(range(1, len(steps) + 1))
     assert all(0 <= m["lag"] <= 1 for m in steps)
-    assert [m["published_version"] for m in steps] == [1, 2, 3, 4, 5]
-    batches = [json.loads(x) for x in (tmp_path / "worker" / "metrics.jsonl").read_text().splitlines()]
-    versions = [b["policy_version"] for b in batches]
-    assert versions == sorted(versions) and max(versions) >= 3  # it applied the learner's deltas as they came
+    assert [m["published_version"] for m in steps] == [m["step"] for m in steps]
+    early, late = _versions(tmp_path / "early" / "metrics.jsonl"), _versions(tmp_path / "late" / "metrics.jsonl")
+    assert early == sorted(early) and late == sorted(late)
+    assert late[0] >= 3 or late[:2] == [0, 0]  # it started from the snapshot, or from its base before catching up
+    assert max(early) >= 5 and max(late) >= 5
