@@ -46,14 +46,16 @@ class DefaultModelRecipe:
     kv_heads: int = 2
     intermediate_size: int = 512
     max_positions: int = 256
-    warmup_steps: int = 300
+    warmup_steps: int = 190  # ~30% exact answers on the default task: room for RL (measured: 120 -> 4%, 200 -> 88%)
     warmup_batch: int = 64
     warmup_lr: float = 3e-3
     seed: int = 1234
     task_seed: int = 987_654  # warm-up problems come from their own stream, not the RL or eval streams
 
     def key(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        """Names the cache directory: the recipe and the task it is warmed up on."""
+        what = {**asdict(self), "task": tasks.DEFAULT_TASK, "task_options": tasks.DEFAULT_TASK_OPTIONS}
+        return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def cache_dir() -> Path:

@@ -93,11 +93,11 @@ def test_other_tokenizer_retokenizes_the_text() -> None:
 
 
 def test_content_key_ignores_order_and_group_id() -> None:
-    a = sharing.accept_external(wire(completion(INST.answer, 1.0), completion("9", 0.0)), "peerA", CTX, NOW)
-    b = sharing.accept_external(dataclasses.replace(wire(completion("9", 0.0), completion(INST.answer, 1.0)),
+    a = sharing.accept_external(wire(completion(INST.answer, 1.0), completion("99", 0.0)), "peerA", CTX, NOW)
+    b = sharing.accept_external(dataclasses.replace(wire(completion("99", 0.0), completion(INST.answer, 1.0)),
                                                     group_id=b"\x02" * 16), "peerA", CTX, NOW)
     assert a.external.key == b.external.key
-    c = sharing.accept_external(wire(completion(INST.answer, 1.0), completion("8", 0.0)), "peerA", CTX, NOW)
+    c = sharing.accept_external(wire(completion(INST.answer, 1.0), completion("98", 0.0)), "peerA", CTX, NOW)
     assert c.external.key != a.external.key
 
 

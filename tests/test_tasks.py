@@ -9,6 +9,7 @@ import pytest
 from swarm_node import tasks
 from swarm_node.errors import UserError
 
+TWO_DIGITS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
 
 def test_reference_regenerates_identical_instance() -> None:
     source = tasks.TaskSource(seed=5)
@@ -16,11 +17,11 @@ def test_reference_regenerates_identical_instance() -> None:
     a, b = tasks.instance(ref), tasks.instance(tasks.TaskRef(**vars(ref)))
     assert a.question == b.question and a.answer == b.answer
     assert a.prompt == a.question + "\nAnswer: "
-    assert ref.config == '{"max_digits":2,"max_terms":2,"min_digits":1,"min_terms":2}'
+    assert ref.config == '{"max_digits":1,"max_terms":2,"min_digits":1,"min_terms":2}'
 
 
 def test_scoring_with_reasoning_gym() -> None:
-    inst = tasks.instance(tasks.TaskRef("chain_sum", tasks.canonical_config(tasks.DEFAULT_TASK_OPTIONS), 1, 3))
+    inst = tasks.instance(tasks.TaskRef("chain_sum", tasks.canonical_config(TWO_DIGITS), 1, 3))
     assert inst.question.endswith("23 - 60 =") and inst.answer == "-37"
     assert tasks.score(inst, "-37") == 1.0
     assert tasks.score(inst, " -37\nmore text") == 1.0  # first line, stripped
@@ -52,7 +53,7 @@ def test_unknown_task_and_bad_option() -> None:
 
 
 def test_reward_modes_exact_and_partial_credit() -> None:
-    inst = tasks.instance(tasks.TaskRef("chain_sum", tasks.canonical_config(tasks.DEFAULT_TASK_OPTIONS), 1, 3))
+    inst = tasks.instance(tasks.TaskRef("chain_sum", tasks.canonical_config(TWO_DIGITS), 1, 3))
     assert tasks.score(inst, "1-37") == pytest.approx(0.75)  # raw partial credit: len("-37") / len("1-37")
     assert tasks.TaskSource(seed=1, reward="score").reward(inst, "1-37") == pytest.approx(0.75)
     assert tasks.TaskSource(seed=1).reward(inst, "1-37") == 0.0  # default "exact"
