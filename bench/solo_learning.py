@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,6 +35,7 @@ EVAL_SAMPLES = 4
 
 
 def run_seed(seed: int, steps: int, sampler: str, overrides: dict[str, Any], run_root: Path) -> dict[str, Any]:
+    shutil.rmtree(run_root / f"seed{seed}", ignore_errors=True)  # scratch space: every bench run starts fresh
     cfg = load_config(None, {"run.seed": seed, "run.steps": steps, "run.run_dir": str(run_root / f"seed{seed}"),
                              "run.eval_problems": 0, "run.checkpoint_every": max(steps, 1), "sampler.kind": sampler,
                              "status.port": -1, **overrides})

@@ -214,12 +214,14 @@ def simulate(scenario: Annotated[Path, typer.Argument(help="scenario TOML")],
              run_dir: Annotated[Path | None, typer.Option("--run-dir", help="output directory")] = None,
              rounds: Annotated[int | None, typer.Option("--rounds", help="override the scenario's rounds")] = None,
              seed: Annotated[list[int] | None, typer.Option("--seed", help="override the scenario's seeds")] = None,
+             transport: Annotated[str | None, typer.Option("--transport", help="override the scenario's transport: "
+                                                           "memory (network model) | libp2p (real, loopback)")] = None,
              ) -> None:
     """Run many nodes on this machine over a modelled network; writes CSV, plots and a summary table."""
     with user_errors():
         from cli.simulate_cmd import run_simulate
 
-        run_simulate(scenario, run_dir, rounds, seed)
+        run_simulate(scenario, run_dir, rounds, seed, transport)
 
 
 @app.command()

@@ -14,13 +14,13 @@ from cli.common import console
 
 
 def run_simulate(path: Path, run_dir: Path | None = None, rounds: int | None = None,
-                 seeds: list[int] | None = None) -> Path:
-    """Run the scenario at `path`; returns the run dir. Raises UserError for a bad scenario."""
+                 seeds: list[int] | None = None, transport: str | None = None) -> Path:
+    """Run the scenario at `path`; returns the run dir. Raises UserError for a bad scenario or override."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from simulations.report import write_report
     from simulations.runner import run_cell
-    from simulations.scenario import load_scenario
+    from simulations.scenario import TRANSPORTS, check_transport, load_scenario
     from swarm_node.errors import UserError
 
     scn = load_scenario(path)
@@ -31,12 +31,17 @@ def run_simulate(path: Path, run_dir: Path | None = None, rounds: int | None = N
         changes["rounds"] = rounds
     if seeds:
         changes["seeds"] = tuple(seeds)
+    if transport is not None:
+        if transport not in TRANSPORTS:
+            raise UserError(f"--transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
+        check_transport(scn.mode, transport)
+        changes["transport"] = transport
     scn = dataclasses.replace(scn, **changes)
     out = run_dir or Path(scn.run_dir)
     out.mkdir(parents=True, exist_ok=True)
     cells = len(scn.variants) * len(scn.seeds)
     console.print(f"simulate {scn.name}: {scn.nodes} nodes, {scn.rounds} rounds, {len(scn.variants)} variants x "
-                  f"{len(scn.seeds)} seeds, mode {scn.mode}, run dir {out}", highlight=False)
+                  f"{len(scn.seeds)} seeds, mode {scn.mode}, transport {scn.transport}, run dir {out}", highlight=False)
     results = []
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console) as progress:
@@ -49,7 +54,8 @@ def run_simulate(path: Path, run_dir: Path | None = None, rounds: int | None = N
                     info = f"mean local reward {reward:.3f}" if reward is not None else ""
                     progress.update(task, completed=rnd, info=info)
 
-                result = run_cell(scn, variant, seed, out, on_round)
+                result = run_cell(scn, variant, seed, out, on_round,
+                                  lambda message: progress.console.print(message, highlight=False))
                 progress.update(task, completed=scn.rounds, info=f"cum reward {result['cum_reward']:.2f}")
                 progress.advance(overall)
                 results.append(result)

@@ -1,4 +1,4 @@
-"""Run a scenario: N nodes in one process over the in-memory transport with the network model.
+"""Run a scenario: N nodes in one process, over the in-memory transport with the network model or over real libp2p.
 
 Contract:
 - A scenario runs once per (variant, seed) "cell"; each cell writes `<run_dir>/<variant>/seed<k>/` with one node
@@ -8,9 +8,17 @@ Contract:
 - sync mode: a round is one lockstep update per active node: every node samples and publishes, the network
   runs for `round_s` virtual seconds (what arrives later is delivered in a later round), then every node mixes
   and trains. Compute speed does not matter in lockstep (everyone waits for the slowest).
+- transport "libp2p" (sync mode only): each node has a real libp2p host (a child process) on 127.0.0.1 and all
+  nodes share one asyncio loop in this process; node work (sampling, training) runs on one worker thread so the
+  loop keeps answering the hosts. A round: every node samples and publishes, then the runner waits until each
+  node has received the groups of every other up node for this round, or `round_s` real seconds pass, then every
+  node mixes and trains. No network model: latency, bandwidth and loss are real loopback's. `time_s` is real
+  seconds since the cell started (memory: virtual seconds).
 - async mode: virtual clock; node i takes round_s / speed_i virtual seconds per step, draining whatever has
   arrived by then; each node makes `rounds` steps.
 - Churn: a node is up during [join_round, leave_round) (rounds in sync mode, round_s units in async mode).
+- `[simulation] status_port = P` (> 0): node i serves its status API on 127.0.0.1:P+i for the whole cell (the
+  URLs go to `log`).
 - The cumulative reward of a node is the sum over its rounds of the mean reward per LOCAL completion; a cell's
   is the mean over nodes.
 """
@@ -25,15 +33,21 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from protocol.limits import Limits
+from simulations.loopback import TrackingExchange, connect_mesh, loopback_transport, wait_round
 from simulations.network import LinkModel, NetworkHub
 from simulations.scenario import Scenario, Variant
 from swarm_node.exchange import TransportExchange, accept_policy_for
+from swarm_node.identity import IDENTITY_FILENAME
 from swarm_node.node import Node, NodeEvents
+from swarm_node.stats import NodeStats
+from swarm_node.transport.base import Transport, TransportError
+from swarm_node.transport.libp2p_transport import LibP2PTransport
 from swarm_node.transport.memory import MemoryTransport, memory_addr
 
 CSV_FIELDS = ["variant", "seed", "node", "round", "time_s", "reward_mean", "accuracy", "groups_used",
@@ -41,13 +55,15 @@ CSV_FIELDS = ["variant", "seed", "node", "round", "time_s", "reward_mean", "accu
 RESULT_FILE = "result.json"
 
 RoundFn = Callable[[str, int, int, int, float | None], None]  # variant, seed, round done, rounds, mean reward
+LogFn = Callable[[str], None]
+STATUS_HOST = "127.0.0.1"
 
 
 @dataclass
 class SimNode:
     index: int
     node: Node
-    transport: MemoryTransport
+    transport: Transport
     exchange: TransportExchange
     join: float
     leave: float
@@ -62,17 +78,22 @@ def cell_dir(run_dir: Path, variant: str, seed: int) -> Path:
     return run_dir / variant.replace("/", "-") / f"seed{seed}"
 
 
-def _build(scn: Scenario, variant: Variant, seed: int, root: Path, hub: NetworkHub) -> list[SimNode]:
+TransportFor = Callable[[int], Transport]  # node index -> its (not yet started) transport
+
+
+def _build(scn: Scenario, variant: Variant, seed: int, root: Path, stats: list[NodeStats], transport_for: TransportFor,
+           exchange_cls: type[TransportExchange] = TransportExchange) -> list[SimNode]:
     nodes = []
     for i in range(scn.nodes):
         spec = scn.node_spec(i)
         cfg = scn.node_config(variant, i, seed, root / peer_name(i))
-        node = Node(cfg, events=NodeEvents(log=lambda _m: None),
+        node = Node(cfg, stats[i], events=NodeEvents(log=lambda _m: None),
                     model_dir=Path(spec.model) if spec.model else None)
         node.setup()
-        transport = MemoryTransport(hub, peer_name(i))
-        exchange = TransportExchange(transport, Limits(vocab_size=len(node.tokenizer)),
-                                     accept_policy_for(node.task_source))
+        transport = transport_for(i)
+        stats[i].update(peer_id=transport.peer_id, total_steps=scn.rounds, phase="training")
+        exchange = exchange_cls(transport, Limits(vocab_size=len(node.tokenizer)),
+                                accept_policy_for(node.task_source))
         node.exchange = exchange
         leave = float(spec.leave_round) if spec.leave_round else float("inf")
         nodes.append(SimNode(i, node, transport, exchange, float(spec.join_round), leave))
@@ -161,9 +182,133 @@ def cumulative_rewards(rows: list[dict[str, Any]], nodes: int) -> list[float]:
     return totals
 
 
+def _memory_cell(scn: Scenario, variant: Variant, seed: int, root: Path, stats: list[NodeStats],
+                 rows: list[dict[str, Any]], on_round: RoundFn | None, log: LogFn) -> list[SimNode]:
+    async def main() -> list[SimNode]:
+        hub = NetworkHub(_link_model(scn), seed)
+        nodes = _build(scn, variant, seed, root, stats, lambda i: MemoryTransport(hub, peer_name(i)))
+        try:
+            runner = _run_sync if scn.mode == "sync" else _run_async
+            await runner(scn, variant.name, seed, nodes, hub, rows, on_round)
+        finally:
+            for n in nodes:
+                if n.up:
+                    await n.transport.stop()
+        return nodes
+
+    return asyncio.run(main())
+
+
+def _libp2p_cell(scn: Scenario, variant: Variant, seed: int, root: Path, stats: list[NodeStats],
+                 rows: list[dict[str, Any]], on_round: RoundFn | None, log: LogFn) -> list[SimNode]:
+    async def main() -> list[SimNode]:
+        nodes = _build(scn, variant, seed, root, stats,
+                       lambda i: loopback_transport(root / peer_name(i) / IDENTITY_FILENAME), TrackingExchange)
+        # One worker thread for all node work: the loop stays free to answer the hosts' validation requests
+        # and health polls while a node samples or trains.
+        with ThreadPoolExecutor(1, thread_name_prefix="sim-nodes") as pool:
+            try:
+                await _run_sync_libp2p(scn, variant.name, seed, nodes, rows, on_round, log, pool)
+            finally:
+                await asyncio.gather(*(n.transport.stop() for n in nodes if n.up), return_exceptions=True)
+        return nodes
+
+    return asyncio.run(main())
+
+
+CellLoop = Callable[[Scenario, Variant, int, Path, list[NodeStats], list[dict[str, Any]], RoundFn | None, LogFn],
+                    list[SimNode]]
+CELL_LOOPS: dict[str, CellLoop] = {"memory": _memory_cell, "libp2p": _libp2p_cell}  # keys: scenario.TRANSPORTS
+
+
+def _libp2p(n: SimNode) -> tuple[LibP2PTransport, TrackingExchange]:
+    if not isinstance(n.transport, LibP2PTransport) or not isinstance(n.exchange, TrackingExchange):
+        raise TypeError(f"{peer_name(n.index)} was not built for the libp2p transport")
+    return n.transport, n.exchange
+
+
+async def _set_membership_libp2p(nodes: list[SimNode], at: float, log: LogFn) -> None:
+    """Stop leaving nodes; start joining ones together, then mesh them with everyone up."""
+    for n in nodes:
+        if n.up and not n.join <= at < n.leave:
+            await n.transport.stop()
+            n.up = False
+    joining = [n for n in nodes if not n.up and n.join <= at < n.leave]  # after leave_round a node stays down
+    if not joining:
+        return
+    up = [n for n in nodes if n.up]
+    results = await asyncio.gather(*(n.transport.start() for n in joining), return_exceptions=True)
+    failure = next((r for r in results if isinstance(r, BaseException)), None)
+    if failure is not None:
+        await asyncio.gather(*(n.transport.stop() for n in joining), return_exceptions=True)
+        raise failure
+    for n in joining:
+        n.up = True
+        await n.exchange.start()
+    names = {_libp2p(n)[0].peer_id: peer_name(n.index) for n in nodes}
+    lacking = await connect_mesh([_libp2p(n)[0] for n in joining], [_libp2p(n)[0] for n in up])
+    for a, b in lacking:
+        log(f"warning: {names[a]} does not see {names[b]} on the rollout topic; gossip between them may be lost")
+
+
+async def _run_sync_libp2p(scn: Scenario, variant: str, seed: int, nodes: list[SimNode], rows: list[dict[str, Any]],
+                           on_round: RoundFn | None, log: LogFn, pool: ThreadPoolExecutor) -> None:
+    loop = asyncio.get_running_loop()
+    started = time.monotonic()
+    for rnd in range(scn.rounds):
+        await _set_membership_libp2p(nodes, rnd, log)
+        active = [n for n in nodes if n.up]
+        exchanges = [_libp2p(n)[1] for n in active]
+        for ex in exchanges:
+            ex.begin_round()
+        drafts = {}
+        for n in active:
+            drafts[n.index] = await loop.run_in_executor(pool, n.node.sample_and_share)
+        for n in active:
+            try:
+                await n.exchange.flush()
+            except TransportError as exc:  # e.g. its host is restarting: the others train without its groups
+                log(f"warning: round {rnd + 1}: {peer_name(n.index)}'s groups were not shared: {exc}")
+        missing = await wait_round(exchanges, scn.network.round_s)
+        if any(missing):
+            log(f"round {rnd + 1}: {sum(missing)} group(s) still on the way after round_s = {scn.network.round_s} s; "
+                "they count in a later round")
+        t = time.monotonic() - started
+        rewards = []
+        for n in active:
+            draft = drafts[n.index]
+            metrics = draft if isinstance(draft, dict) else await loop.run_in_executor(pool, n.node.mix_and_train,
+                                                                                       draft)
+            rows.append(_row(variant, seed, n, rnd + 1, t, metrics))
+            if metrics.get("reward_mean") is not None:
+                rewards.append(metrics["reward_mean"])
+        if on_round is not None:
+            on_round(variant, seed, rnd + 1, scn.rounds, statistics.fmean(rewards) if rewards else None)
+
+
+def _start_status_servers(scn: Scenario, stats: list[NodeStats], log: LogFn) -> list[Any]:
+    """Node i's status API on STATUS_HOST:status_port+i (none when status_port is 0)."""
+    if not scn.status_port:
+        return []
+    from swarm_node.status.server import StatusServer  # aiohttp, only when asked for
+
+    servers: list[StatusServer] = []
+    try:
+        for i, node_stats in enumerate(stats):
+            server = StatusServer(node_stats, host=STATUS_HOST, port=scn.status_port + i)
+            log(f"status {peer_name(i)}: {server.start()}")
+            servers.append(server)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
+
+
 def run_cell(scn: Scenario, variant: Variant, seed: int, run_dir: Path,
-             on_round: RoundFn | None = None) -> dict[str, Any]:
-    """Run one (variant, seed) cell, or load its result if it completed before."""
+             on_round: RoundFn | None = None, log: LogFn | None = None) -> dict[str, Any]:
+    """Run one (variant, seed) cell, or load its result if it completed before. `log` gets status URLs and
+    warnings (default: dropped)."""
     root = cell_dir(run_dir, variant.name, seed)
     done = root / RESULT_FILE
     if done.exists():
@@ -175,29 +320,22 @@ def run_cell(scn: Scenario, variant: Variant, seed: int, run_dir: Path,
         return _finish_cell(root, *_run_echo_cell(scn, variant, seed, root, on_round))
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
-
-    async def main() -> list[SimNode]:
-        hub = NetworkHub(_link_model(scn), seed)
-        nodes = _build(scn, variant, seed, root, hub)
+    stats = [NodeStats() for _ in range(scn.nodes)]
+    servers = _start_status_servers(scn, stats, log or (lambda _m: None))
+    try:
+        nodes = CELL_LOOPS[scn.transport](scn, variant, seed, root, stats, rows, on_round, log or (lambda _m: None))
         try:
-            runner = _run_sync if scn.mode == "sync" else _run_async
-            await runner(scn, variant.name, seed, nodes, hub, rows, on_round)
+            evals = [n.node.evaluate().greedy_acc for n in nodes] if scn.eval_problems else []
+            drops: dict[str, int] = {}
+            for n in nodes:
+                for (_sender, reason), count in n.node.peer_drops.items():
+                    drops[reason] = drops.get(reason, 0) + count
         finally:
             for n in nodes:
-                if n.up:
-                    await n.transport.stop()
-        return nodes
-
-    nodes = asyncio.run(main())
-    try:
-        evals = [n.node.evaluate().greedy_acc for n in nodes] if scn.eval_problems else []
-        drops: dict[str, int] = {}
-        for n in nodes:
-            for (_sender, reason), count in n.node.peer_drops.items():
-                drops[reason] = drops.get(reason, 0) + count
+                n.node.close()
     finally:
-        for n in nodes:
-            n.node.close()
+        for server in servers:
+            server.stop()
     cum = cumulative_rewards(rows, scn.nodes)
     result = {"variant": variant.name, "seed": seed, "nodes": scn.nodes, "rounds": scn.rounds,
               "cum_reward_per_node": cum, "cum_reward": statistics.fmean(cum),
@@ -281,11 +419,12 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def run_scenario(scn: Scenario, run_dir: Path, on_round: RoundFn | None = None,
-                 on_cell: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+                 on_cell: Callable[[dict[str, Any]], None] | None = None,
+                 log: LogFn | None = None) -> list[dict[str, Any]]:
     results = []
     for variant in scn.variants:
         for seed in scn.seeds:
-            result = run_cell(scn, variant, seed, run_dir, on_round)
+            result = run_cell(scn, variant, seed, run_dir, on_round, log)
             results.append(result)
             if on_cell is not None:
                 on_cell(result)

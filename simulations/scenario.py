@@ -4,10 +4,14 @@ Layout (every key optional except what a run needs; unknown keys and impossible 
 
     [simulation]  name, nodes, rounds, seeds, mode ("sync" lockstep rounds | "async" virtual clock | "echo": node 0
                   an ECHO-2 learner, the others its workers, a round one learner step; see simulations/echo_sim.py),
-                  transport ("memory"), eval_problems (greedy held-out eval per node at the end), run_dir
+                  transport ("memory": in process, through the [network] model | "libp2p": a real libp2p host
+                  per node on 127.0.0.1, sync mode only), eval_problems (greedy held-out eval per node at the end),
+                  run_dir, status_port (0 = off; P: node i serves its status API on 127.0.0.1:P+i)
     [network]     latency_ms (per link), uplink_mbps / downlink_mbps (per node, shared by all its streams; 0 means
                   unlimited), loss (probability a hop is lost), round_s (sync: how long a round lets messages
-                  travel; async: virtual seconds of one step at speed 1)
+                  travel; async: virtual seconds of one step at speed 1). With transport "libp2p" only round_s
+                  applies, as real seconds: the longest a round waits for the others' groups. Latency, bandwidth
+                  and loss are then those of the real loopback interface, not modelled.
     [config]      node config tables applied to every node ([config.run], [config.share], ...: see config.py)
     [[variants]]  name + config: each variant is a separate swarm run (e.g. the SAPO I/J grid)
     [[node]]      per-node overrides: index, speed (compute factor), model (HF dir; "" = default),
@@ -68,6 +72,7 @@ class Scenario:
     config: dict[str, Any]
     variants: tuple[Variant, ...]
     node_specs: tuple[NodeSpec, ...]
+    status_port: int = 0  # 0: off
 
     def node_spec(self, index: int) -> NodeSpec:
         return next((s for s in self.node_specs if s.index == index), NodeSpec(index))
@@ -88,8 +93,25 @@ class Scenario:
 
 
 _SECTIONS = {"simulation", "network", "config", "variants", "node"}
-_SIM_KEYS = {"name", "nodes", "rounds", "seeds", "mode", "transport", "eval_problems", "run_dir"}
+_SIM_KEYS = {"name", "nodes", "rounds", "seeds", "mode", "transport", "eval_problems", "run_dir", "status_port"}
 _NODE_KEYS = {"index", "speed", "model", "join_round", "leave_round", "config"}
+
+
+def check_transport(mode: str, transport: str) -> None:
+    """A UserError unless `transport` is known and can run `mode` (libp2p has no virtual clock: sync only)."""
+    if transport not in TRANSPORTS:
+        raise UserError(f"simulation.transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
+    if transport == "libp2p" and mode != "sync":
+        raise UserError(f"simulation.transport 'libp2p' runs mode 'sync' only (real hosts have no virtual clock), "
+                        f"not {mode!r}")
+
+
+def check_status_port(port: int, nodes: int, mode: str) -> None:
+    if port != 0 and not 1 <= port <= 65536 - nodes:
+        raise UserError(f"simulation.status_port must be 0 (off) or in [1, {65536 - nodes}] (node i uses port + i), "
+                        f"got {port}")
+    if port and mode == "echo":
+        raise UserError("simulation.status_port is not available in mode 'echo'; set it to 0")
 
 
 def _check_keys(data: dict[str, Any], known: set[str], where: str) -> None:
@@ -139,10 +161,9 @@ def parse_scenario(data: dict[str, Any], name: str = "scenario") -> Scenario:
         raise UserError(f"simulation.mode must be one of {', '.join(MODES)}, not {mode!r}")
     if mode == "echo" and nodes < 2:
         raise UserError("simulation.mode echo needs nodes >= 2: node 0 is the learner, the others its workers")
-    if transport not in TRANSPORTS:
-        raise UserError(f"simulation.transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
-    if transport == "libp2p":
-        raise UserError("simulation.transport 'libp2p' is not available yet in simulations; use 'memory'")
+    check_transport(mode, transport)
+    status_port = _typed(sim, "status_port", int, 0, "simulation")
+    check_status_port(status_port, nodes, mode)
     if eval_problems < 0:
         raise UserError(f"simulation.eval_problems must be >= 0, got {eval_problems}")
     net = _table(data, "network")
@@ -196,7 +217,7 @@ def parse_scenario(data: dict[str, Any], name: str = "scenario") -> Scenario:
         raise UserError("[[node]] indices must be distinct")
     scenario = Scenario(_typed(sim, "name", str, name, "simulation"), nodes, rounds, tuple(seeds), mode, transport,
                         eval_problems, _typed(sim, "run_dir", str, f"runs/sim-{name}", "simulation"), network,
-                        config, tuple(variants), tuple(specs))
+                        config, tuple(variants), tuple(specs), status_port)
     # Build every node's config once now, so a typo anywhere fails before anything runs.
     for variant in variants:
         for index in range(nodes):

@@ -172,3 +172,107 @@ def test_tiny_scenario_end_to_end(tiny_model_dir: Path, tmp_path: Path) -> None:
     paths = write_report(scn, [result], tmp_path)
     assert all(p.exists() for p in paths)
     assert "| 2/2 | 1 |" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.parametrize(("sim", "message"), [
+    ({"transport": "tcp"}, "simulation.transport must be one of memory, libp2p, not 'tcp'"),
+    ({"transport": "libp2p", "mode": "async"}, "simulation.transport 'libp2p' runs mode 'sync' only"),
+    ({"status_port": -1}, "simulation.status_port must be 0 (off) or in [1, 65534] (node i uses port + i), got -1"),
+    ({"status_port": 65535}, "simulation.status_port must be 0 (off) or in [1, 65534]"),
+    ({"status_port": "8470"}, "simulation.status_port must be int, got '8470'"),
+    ({"status_port": 8470, "mode": "echo"}, "simulation.status_port is not available in mode 'echo'"),
+])
+def test_bad_transport_and_status_port_are_one_line_errors(sim: dict, message: str) -> None:
+    with pytest.raises(UserError) as err:
+        parse_scenario({"simulation": {"nodes": 2, **sim}}, "t")
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_simulate_transport_override_is_checked(tmp_path: Path) -> None:
+    from cli.simulate_cmd import run_simulate
+
+    path = tmp_path / "a.toml"
+    path.write_text('[simulation]\nmode = "async"\n')
+    with pytest.raises(UserError, match="^--transport must be one of memory, libp2p, not 'udp'$"):
+        run_simulate(path, tmp_path, transport="udp")
+    with pytest.raises(UserError, match="runs mode 'sync' only"):
+        run_simulate(path, tmp_path, transport="libp2p")
+
+
+def free_port_pair() -> int:
+    """A port P with P and P + 1 free on 127.0.0.1 right now."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+        return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+def test_status_server_per_simulated_node(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import json
+    import socket
+    import urllib.request
+
+    port = free_port_pair()
+    scn = parse_scenario({"simulation": {"nodes": 2, "rounds": 1, "eval_problems": 0, "status_port": port},
+                          "network": {"latency_ms": 5.0, "round_s": 1.0}, "config": TINY,
+                          "node": [{"index": i, "model": str(tiny_model_dir)} for i in range(2)]}, "st")
+    seen = {}
+
+    def on_round(*_args: object) -> None:  # while the cell runs: each node answers on its own port
+        for i in (0, 1):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port + i}/status", timeout=10) as resp:
+                seen[i] = json.load(resp)
+
+    logs: list[str] = []
+    run_cell(scn, scn.variants[0], 0, tmp_path, on_round, logs.append)
+    assert logs == [f"status node0: http://127.0.0.1:{port}/", f"status node1: http://127.0.0.1:{port + 1}/"]
+    assert [(seen[i]["peer_id"], seen[i]["step"], seen[i]["total_steps"]) for i in (0, 1)] == [
+        ("node0", 1, 1), ("node1", 1, 1)]
+    for i in (0, 1):  # stopped with the cell: nothing listens there any more
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port + i))
+
+
+def test_round_wait_counts_refused_groups_as_arrived() -> None:
+    """The libp2p runner waits until each node has seen the others' groups of the round. A group its validator
+    refuses (another task stream) has arrived too: otherwise every such round would wait the full round_s."""
+    from simulations.loopback import TrackingExchange, missing_groups
+    from swarm_node.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    ours, other_seed = tasks.TaskSource(seed=0), tasks.TaskSource(seed=1)
+
+    async def main() -> tuple[list[int], list[int], list[tuple[str, bool, str]]]:
+        hub = NetworkHub(LinkModel(latency_s=0.01))
+        limits = Limits(vocab_size=len(tok))
+        sender = TrackingExchange(MemoryTransport(hub, "oracle"), limits, accept_policy_for(ours))
+        same = TrackingExchange(MemoryTransport(hub, "same"), limits, accept_policy_for(ours))
+        other = TrackingExchange(MemoryTransport(hub, "other"), limits, accept_policy_for(other_seed))
+        exchanges = [sender, same, other]
+        for ex in exchanges:
+            await ex.transport.start()
+            await ex.start()
+            ex.begin_round()
+        for name in ("same", "other"):
+            await sender.transport.connect(memory_addr(name))
+        sender.publish(_oracle_groups(ours, tok, 1))
+        await sender.flush()
+        before = missing_groups(exchanges)
+        await hub.advance_to(1.0)
+        after = missing_groups(exchanges)
+        got = [(r.sender, r.group is not None, r.reason) for ex in (same, other) for r in ex.drain()]
+        return before, after, got
+
+    before, after, got = asyncio.run(main())
+    assert before == [0, 2, 2] and after == [0, 0, 0]
+    assert got == [("oracle", True, ""), ("oracle", True, ""), ("oracle", False, "task_not_allowed")]
