@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import dataclasses
+import hashlib
 import heapq
 import json
 import shutil
@@ -44,6 +46,7 @@ from simulations.network import LinkModel, NetworkHub
 from simulations.scenario import Scenario, Variant
 from swarm_node.exchange import TransportExchange, accept_policy_for
 from swarm_node.identity import IDENTITY_FILENAME
+from swarm_node.model import DefaultModelRecipe
 from swarm_node.node import Node, NodeEvents
 from swarm_node.stats import NodeStats
 from swarm_node.transport.base import Transport, TransportError
@@ -311,13 +314,19 @@ def run_cell(scn: Scenario, variant: Variant, seed: int, run_dir: Path,
     warnings (default: dropped)."""
     root = cell_dir(run_dir, variant.name, seed)
     done = root / RESULT_FILE
+    fingerprint = cell_fingerprint(scn, variant)
     if done.exists():
-        return json.loads(done.read_text())
+        previous = json.loads(done.read_text())
+        if previous.get("fingerprint") == fingerprint:
+            return previous
+        if log is not None:  # another scenario (or default model) ran here before: its result does not count
+            log(f"{root}: result of a different scenario or model; running the cell again")
     if root.exists():
         shutil.rmtree(root)  # an interrupted cell restarts from scratch: its nodes kept no checkpoints
     root.mkdir(parents=True)
     if scn.mode == "echo":
-        return _finish_cell(root, *_run_echo_cell(scn, variant, seed, root, on_round))
+        rows, result = _run_echo_cell(scn, variant, seed, root, on_round)
+        return _finish_cell(root, rows, {**result, "fingerprint": fingerprint})
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
     stats = [NodeStats() for _ in range(scn.nodes)]
@@ -341,7 +350,7 @@ def run_cell(scn: Scenario, variant: Variant, seed: int, run_dir: Path,
               "cum_reward_per_node": cum, "cum_reward": statistics.fmean(cum),
               "final_eval_acc_per_node": evals, "final_eval_acc": statistics.fmean(evals) if evals else None,
               "external_drops": drops, "wall_s": time.monotonic() - started}
-    return _finish_cell(root, rows, result)
+    return _finish_cell(root, rows, {**result, "fingerprint": fingerprint})
 
 
 def _run_echo_cell(scn: Scenario, variant: Variant, seed: int, root: Path,
@@ -390,6 +399,14 @@ def _dotted(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def cell_fingerprint(scn: Scenario, variant: Variant) -> str:
+    """What a cell's result depends on besides its seed: the scenario (less seeds and run dir), the variant and the
+    embedded default model's recipe. A stored result with another fingerprint is run again, not reused."""
+    what = {k: v for k, v in dataclasses.asdict(scn).items() if k not in ("seeds", "run_dir", "variants")}
+    what.update(variant=dataclasses.asdict(variant), default_model=DefaultModelRecipe().key())
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _finish_cell(root: Path, rows: list[dict[str, Any]], result: dict[str, Any]) -> dict[str, Any]:
