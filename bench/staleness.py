@@ -171,6 +171,8 @@ def pinned_part(staleness: list[int], steps: int, seed: int, sampler: str) -> li
                                   daemon=True)
             worker.start()
             learner.start()
+            for end in (a, b, result_send):  # the children hold them: a crash then reads as EOF, not a hang
+                end.close()
             data = result_recv.recv()
             learner.join(60)
             worker.join(60)

@@ -224,6 +224,9 @@ class NodeConfig:
     def validate(self) -> NodeConfig:
         for section in dataclasses.fields(self):
             getattr(self, section.name).validate()
+        if self.network.role != "peer" and self.echo.publish_every > self.train.max_staleness + 1:
+            raise ConfigError(f"echo.publish_every ({self.echo.publish_every}) must be <= train.max_staleness + 1 "
+                              f"({self.train.max_staleness + 1}): rollouts between publishes could never be trained on")
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -44,12 +44,20 @@ class Learner:
     def offer(self, groups: list[ScoredGroup]) -> int:
         """Buffer workers' groups; returns how many were refused (unknown published version)."""
         refused = 0
+        longest = self.node.cfg.sampler.max_new_tokens + 1  # + EOS
         for g in groups:
             version = self.step_of_published.get(g.version)
+            reason = None
             if version is None:  # a version we never published (or forgot): not of this lineage
-                self.node.stats.count("dropped", "unknown_version")
+                reason = "unknown_version"
+            elif any(len(c.logprobs) != len(c.token_ids) or len(c.token_ids) > longest for c in g.completions):
+                reason = "bad_shape"  # re-tokenized text (no behaviour log-probs) or longer than we sample
+            if reason is not None:
+                self.node.stats.count("dropped", reason)
                 refused += 1
                 continue
+            if g.source == "local":
+                g.source = "worker"  # never the ratio's reference in the loss (see Node.mix_and_train)
             # Re-tag with the learner version so that the node measures lag in its own steps.
             g.completions = [dataclasses.replace(c, version=version) for c in g.completions]
             self.buffer.add(g, version)
@@ -83,6 +91,7 @@ class Worker:
         self.node = node
         self.follower = PolicyFollower(model_state(node.model), keep=keep)
         self.batches = 0  # batches generated so far
+        self.forgiven = 0  # batches the learner evidently never got (lost): they no longer hold generation back
         self.known_version = 0  # newest published version we have heard of (announces may run ahead of payloads)
 
     @property
@@ -92,13 +101,23 @@ class Worker:
     def base_sha256(self) -> str:
         return state_hash(self.follower.published_state())
 
+    def state_sha256(self) -> str:
+        return self.follower.state_sha256 if self.follower.version >= 0 else ""
+
     def apply(self, update: PolicyUpdate) -> None:
         state = self.follower.apply(update)
         self.node.sampler.load_weights(state, update.version)
         self.known_version = max(self.known_version, update.version)
 
     def may_generate(self) -> bool:
-        return may_generate(self.batches, self.version, self.known_version, self.node.cfg.train.max_staleness)
+        kappa = self.node.cfg.echo.publish_every  # published versions are kappa learner steps apart
+        return may_generate(self.batches - self.forgiven, self.version * kappa, self.known_version * kappa,
+                            self.node.cfg.train.max_staleness)
+
+    def reset(self) -> None:
+        """Forget the followed lineage (the learner restarted or resumed): the next update must be a snapshot."""
+        self.follower = PolicyFollower(None, keep=self.follower.keep, shapes=self.follower.shapes)
+        self.batches = self.forgiven = self.known_version = 0
 
     def generate(self) -> tuple[list[ScoredGroup], float, int]:
         """One batch (B groups), scored; completions carry the published version used. Also (seconds, tokens)."""

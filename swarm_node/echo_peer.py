@@ -17,6 +17,7 @@ A network failure never stops either role: a call that fails is counted and logg
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import statistics
 import time
@@ -82,7 +83,7 @@ def _run_learner(cfg: NodeConfig, node: Node, net: BackgroundTransport, me: str,
     limits = Limits(vocab_size=len(node.tokenizer))
     learner = Learner(node, echo.encoding, echo.publish_every, echo.keep_versions)
     delegates: dict[str, frozenset[str]] = {me: frozenset()}
-    policy = accept_policy_for(node.task_source)
+    policy = accept_policy_for(node.task_source, frozenset({node.tokenizer_hash}))
     policy = type(policy)(policy.tasks, policy.max_index, policy.seeds, policy.tokenizer_hashes, delegates)
     exchange = TransportExchange(net.transport, limits, policy)
     broadcaster = PolicyBroadcaster(net.transport, limits=limits, chunk_bytes=echo.chunk_bytes,
@@ -99,11 +100,17 @@ def _run_learner(cfg: NodeConfig, node: Node, net: BackgroundTransport, me: str,
     train_s: list[float] = []  # tokens, completions received: converts workers' tokens/s into rollouts/s
     events.log(f"learner: workers follow this node with --role worker --learner {me}")
 
+    published: set[tuple[int, int]] = set()
+
     def publish(update: PolicyUpdate, receivers: list[str]) -> None:
+        key = (update.version, update.base_version)
+        if key in published:  # held and served already (e.g. two workers joined at one version)
+            return
         try:
             net.call(lambda _t: broadcaster.publish(me, update.version, update.base_version, update.encoding,
                                                     update.payload, update.state_sha256, receivers))
-        except (TransportError, BroadcastError, TimeoutError) as exc:
+            published.add(key)
+        except (TransportError, BroadcastError, TimeoutError, ValueError) as exc:
             stats.count("errors", "publish_failed")
             events.log(f"warning: policy v{update.version} not published: {exc}")
 
@@ -178,6 +185,10 @@ def _run_worker(cfg: NodeConfig, node: Node, net: BackgroundTransport, me: str, 
     learner_id = cfg.network.learner
     limits = Limits(vocab_size=len(node.tokenizer))
     worker = Worker(node, echo.keep_versions)
+    # Workers started with the same --seed would draw the same tasks and samples: salt both with the peer id.
+    salt = int.from_bytes(hashlib.sha256(me.encode()).digest()[:4], "little")
+    node.rng.seed(cfg.run.seed * 2**32 + salt)
+    node.draws = salt << 16
     policy = accept_policy_for(node.task_source)
     exchange = TransportExchange(net.transport, limits, policy)
     broadcaster = PolicyBroadcaster(net.transport, limits=limits, chunk_bytes=echo.chunk_bytes,
@@ -187,7 +198,7 @@ def _run_worker(cfg: NodeConfig, node: Node, net: BackgroundTransport, me: str, 
     net.call(lambda _t: exchange.start())
     net.call(lambda _t: broadcaster.start())
     outbox = BackgroundExchange(exchange, net, events, stats)
-    state = {"active": True, "last_heartbeat": 0.0, "busy_s": 0.0, "groups": 0}
+    state = {"active": True, "last_heartbeat": 0.0, "busy_s": 0.0, "tokens": 0}
     metrics_path = Path(cfg.run.run_dir) / METRICS_FILE
     events.log(f"worker: following learner {learner_id}")
 
@@ -196,10 +207,10 @@ def _run_worker(cfg: NodeConfig, node: Node, net: BackgroundTransport, me: str, 
         if now - state["last_heartbeat"] < echo.heartbeat_s:
             return
         state["last_heartbeat"] = now
-        rate = state["groups"] * cfg.run.group_size / state["busy_s"] if state["busy_s"] > 0 else 0.0
+        rate = state["tokens"] / state["busy_s"] if state["busy_s"] > 0 else 0.0  # tokens/s while generating
         try:
             net.publish(TOPIC_STATUS, encode(Status("worker", (f"sampler:{cfg.sampler.kind}",), rate,
-                                                    worker.version, learner_id, now)))
+                                                    max(worker.version, 0), learner_id, now)))
         except TransportError as exc:
             events.log(f"warning: status not sent: {exc}")
 
@@ -229,6 +240,11 @@ def _run_worker(cfg: NodeConfig, node: Node, net: BackgroundTransport, me: str, 
         try:
             while True:
                 held = net.call(lambda _t: broadcaster.catalog(learner_id, learner_id))
+                if held and (max(a.version for a in held) < worker.version or any(
+                        a.version == a.base_version == worker.version and a.state_sha256 != worker.state_sha256()
+                        for a in held)):
+                    events.log("worker: the learner restarted its policy lineage; following it from a snapshot")
+                    worker.reset()
                 delta = next((a for a in held if a.base_version == worker.version < a.version), None)
                 snaps = [a for a in held if a.base_version == a.version > worker.version]
                 pick = delta or (max(snaps, key=lambda a: a.version) if snaps else None)
@@ -252,7 +268,10 @@ def _run_worker(cfg: NodeConfig, node: Node, net: BackgroundTransport, me: str, 
                 take_updates()
                 if not (state["active"] and worker.may_generate()):
                     if time.monotonic() - waiting_since > 2 * echo.heartbeat_s:  # updates stopped reaching us
+                        before = worker.version
                         catch_up()
+                        if worker.version == before and state["active"]:
+                            worker.forgiven += 1  # nothing newer exists: the learner waits for a batch it lost
                         waiting_since = time.monotonic()
                     time.sleep(0.05)
                     continue
@@ -260,7 +279,7 @@ def _run_worker(cfg: NodeConfig, node: Node, net: BackgroundTransport, me: str, 
                 version = worker.version
                 groups, gen_s, tokens = worker.generate()
                 state["busy_s"] += gen_s
-                state["groups"] += len(groups)
+                state["tokens"] += tokens
                 now = time.time()
                 outbox.publish([sharing.to_wire(g, learner_id, version, node.tokenizer_hash, "", now,
                                                 sharing.group_id_for(me, worker.batches, i, cfg.run.seed))

@@ -13,6 +13,7 @@ checkpointed: after a resume it refills from the swarm.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -189,8 +190,9 @@ class Node:
         finally:
             if self.overlap is not None:
                 self.overlap.stop()
+                with self.overlap.lock:  # a batch still being generated finishes first
+                    self._sync_sampler()
                 self.overlap = None
-                self._sync_sampler()
         result = self.evaluate() if cfg.run.eval_problems else None
         self.stats.set_phase("done")
         return self.summary(result)
@@ -337,7 +339,9 @@ class Node:
         # groups come from workers): lag > 0 trains with the truncated importance weight.
         lags = [self.version - g.version for g in groups]
         for g, lag in zip(groups, lags, strict=True):
-            g.off_policy = lag > 0
+            # Other processes' log-probs (a learner's workers) are never the ratio's reference: untrusted, and
+            # from the published policy, not ours; they only enter the truncated weight min(pi/mu, is_cap).
+            g.off_policy = lag > 0 or g.source != "local"
             if g.has_signal:
                 self.stats.count("staleness", lag, len(g.completions))
         self.stats.update(pool_size=len(self.pool))
@@ -350,7 +354,7 @@ class Node:
             self.stats.count("errors", "nonfinite_loss", result.skipped_minibatches)
         if result.minibatches > result.skipped_minibatches:
             self.version += 1
-            if self.overlap is not None:
+            if self.overlap is not None or self.stepper is not None:  # the sampler is in use elsewhere, or idle
                 self.latest_weights.put(self.model.state_dict(), self.version)
             else:
                 self.sampler.load_weights(self.model.state_dict(), self.version)
@@ -413,16 +417,12 @@ class Node:
         self.stats.update(last_checkpoint={"step": self.step, "path": str(path), "time": time.time()})
 
     def evaluate(self) -> EvalResult:
+        """Held-out eval of the newest policy (with the generator paused when generation overlaps)."""
         self.stats.set_phase("evaluating")
-        if self.overlap is not None:  # pause the generator and evaluate the newest policy
-            with self.overlap.lock:
-                self._sync_sampler()
-                result = evaluate(self.sampler, self.tokenizer, self.task_source, self.cfg.run.eval_problems,
-                                  self.cfg.sampler.max_new_tokens)
-            self.stats.set_phase("training")
-            return result
-        result = evaluate(self.sampler, self.tokenizer, self.task_source, self.cfg.run.eval_problems,
-                          self.cfg.sampler.max_new_tokens)
+        with self.overlap.lock if self.overlap is not None else contextlib.nullcontext():
+            self._sync_sampler()
+            result = evaluate(self.sampler, self.tokenizer, self.task_source, self.cfg.run.eval_problems,
+                              self.cfg.sampler.max_new_tokens)
         self.stats.set_phase("training")
         return result
 

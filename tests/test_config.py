@@ -46,3 +46,12 @@ def test_missing_config_file(tmp_path: Path) -> None:
 
 def test_int_accepted_for_float() -> None:
     assert load_config(None, {"train.lr": 1}).train.lr == 1.0
+
+
+def test_echo_publish_interval_must_fit_the_staleness_bound() -> None:
+    from swarm_node.config import load_config
+    from swarm_node.errors import ConfigError
+
+    load_config(None, {"network.role": "learner", "echo.publish_every": 2, "train.max_staleness": 1})
+    with pytest.raises(ConfigError, match="publish_every"):
+        load_config(None, {"network.role": "learner", "echo.publish_every": 2, "train.max_staleness": 0})
