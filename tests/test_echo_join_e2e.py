@@ -70,7 +70,7 @@ def test_workers_follow_learner_and_learner_trains_within_the_bound(tmp_path: Pa
         for proc in procs:  # Ctrl-C: the learner saves a checkpoint and exits 130
             proc.send_signal(signal.SIGINT)
         for proc in procs:
-            proc.wait(timeout=60)
+            proc.wait(timeout=180)  # checkpoint + host shutdown; slow on a loaded 2-core machine
         assert learner.returncode == 130, _log(tmp_path / "learner")
     finally:
         for proc in procs:
