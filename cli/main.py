@@ -136,6 +136,7 @@ AnnounceOpt = Annotated[list[str] | None, typer.Option("--announce-addr", help="
 IdentityOpt = Annotated[str | None, typer.Option("--identity", help="key file [RUN_DIR/identity.key]")]
 RoleOpt = Annotated[str | None, typer.Option("--role", help="peer (SAPO) | learner | worker (ECHO-2) [peer]")]
 LearnerOpt = Annotated[str | None, typer.Option("--learner", help="worker: peer id of the learner to follow")]
+CostOpt = Annotated[float | None, typer.Option("--cost-per-hour", help="worker: its price, told to the learner")]
 LocalGroupsOpt = Annotated[int | None, typer.Option("--local-groups", help="I: local groups per update")]
 ExternalGroupsOpt = Annotated[int | None, typer.Option("--external-groups", help="J: external groups per update")]
 MaxAgeOpt = Annotated[int | None, typer.Option("--max-external-age", help="K: drop external groups older than K "
@@ -154,7 +155,7 @@ def join(bootstrap: BootstrapOpt = None, listen: ListenOpt = None, announce_addr
          minibatches: MinibatchOpt = None, checkpoint_every: CkptOpt = None, eval_problems: EvalOpt = None,
          status_port: StatusPortOpt = None, status_host: StatusHostOpt = None,
          status_token: StatusTokenOpt = None, learner: LearnerOpt = None,
-         max_staleness: StalenessOpt = None) -> None:
+         max_staleness: StalenessOpt = None, cost_per_hour: CostOpt = None) -> None:
     """Join a swarm over libp2p: share rollouts with peers and train on theirs (SAPO). Prints the address
     others can join through; without --bootstrap it starts a new swarm."""
     with user_errors():
@@ -167,6 +168,7 @@ def join(bootstrap: BootstrapOpt = None, listen: ListenOpt = None, announce_addr
         overrides.update({
             "network.bootstrap": bootstrap, "network.listen": listen, "network.announce_addr": announce_addr,
             "network.identity": identity, "network.role": role, "network.learner": learner,
+            "echo.cost_per_hour": cost_per_hour,
             "share.local_groups": local_groups,
             "share.external_groups": external_groups, "share.max_external_age": max_external_age,
             "share.external_correction": external_correction,

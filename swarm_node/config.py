@@ -194,6 +194,7 @@ class EchoConfig:
     chunk_bytes: int = 1 << 20
     keep_versions: int = 8  # updates kept to serve late joiners
     heartbeat_s: float = 5.0  # a worker's status message period
+    cost_per_hour: float = 0.0  # a worker's price, reported to its learner, which prefers cheap throughput
     snapshot_every: int = 25  # the learner also publishes a full snapshot every N updates, for joiners
 
     def validate(self) -> None:
@@ -207,6 +208,7 @@ class EchoConfig:
         except ScheduleError as exc:
             raise ConfigError(f"echo.schedule: {exc}") from exc
         _positive(self, "publish_every", "chunk_bytes", "keep_versions", "heartbeat_s", "snapshot_every")
+        _non_negative(self, "cost_per_hour")
 
 
 @dataclass

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -54,6 +55,21 @@ def _gossip_validator(topic: str, limits: Limits, cfg_policy: Any) -> Callable[[
         return _VERDICTS[validate_gossip(topic, data, signer, limits=limits, policy=cfg_policy, now=time.time(),
                                          replay=replay).verdict]
     return validate
+
+
+COST_CAPABILITY = "cost_per_hour:"  # a worker's price travels as a Status capability, e.g. "cost_per_hour:0.35"
+
+
+def reported_cost(capabilities: tuple[str, ...]) -> float:
+    """The price a worker states in its Status (0 if absent or malformed: it is untrusted and only ranks workers)."""
+    for cap in capabilities:
+        if cap.startswith(COST_CAPABILITY):
+            try:
+                value = float(cap.removeprefix(COST_CAPABILITY))
+            except ValueError:
+                return 0.0
+            return value if math.isfinite(value) and value >= 0 else 0.0
+    return 0.0
 
 
 def _update_of(announce: PolicyAnnounce, payload: bytes) -> PolicyUpdate:
@@ -123,7 +139,8 @@ def _run_learner(cfg: NodeConfig, node: Node, net: BackgroundTransport, me: str,
             if isinstance(msg, Status) and msg.role == "worker" and msg.follows == me:
                 per_rollout = completion_tokens[0] / completion_tokens[1] if completion_tokens[1] else 0.0
                 rate = msg.throughput / per_rollout if per_rollout > 0 and msg.throughput > 0 else None
-                workers[delivery.from_peer] = WorkerReport(delivery.from_peer, 0.0, now, rate)
+                workers[delivery.from_peer] = WorkerReport(delivery.from_peer, reported_cost(msg.capabilities), now,
+                                                           rate)
                 if delivery.from_peer not in delegates[me]:
                     events.log(f"learner: worker {delivery.from_peer} joined")
                     delegates[me] = delegates[me] | {delivery.from_peer}
@@ -209,7 +226,8 @@ def _run_worker(cfg: NodeConfig, node: Node, net: BackgroundTransport, me: str, 
         state["last_heartbeat"] = now
         rate = state["tokens"] / state["busy_s"] if state["busy_s"] > 0 else 0.0  # tokens/s while generating
         try:
-            net.publish(TOPIC_STATUS, encode(Status("worker", (f"sampler:{cfg.sampler.kind}",), rate,
+            net.publish(TOPIC_STATUS, encode(Status("worker", (f"sampler:{cfg.sampler.kind}",
+                                                               f"{COST_CAPABILITY}{echo.cost_per_hour:g}"), rate,
                                                     max(worker.version, 0), learner_id, now)))
         except TransportError as exc:
             events.log(f"warning: status not sent: {exc}")

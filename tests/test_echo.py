@@ -80,3 +80,12 @@ def test_echo_scenario_needs_a_worker() -> None:
 
     with pytest.raises(UserError, match="nodes >= 2"):
         parse_scenario({"simulation": {"nodes": 1, "mode": "echo"}}, "echo")
+
+
+def test_worker_cost_travels_as_a_status_capability() -> None:
+    from swarm_node.echo_peer import reported_cost
+
+    assert reported_cost(("sampler:vllm", "cost_per_hour:0.35")) == 0.35
+    assert reported_cost(("sampler:hf",)) == 0.0
+    assert reported_cost(("cost_per_hour:nan",)) == 0.0 and reported_cost(("cost_per_hour:-1",)) == 0.0
+    assert reported_cost(("cost_per_hour:lots",)) == 0.0
