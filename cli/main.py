@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from swarm_node.node import NodeEvents, RunSummary
     from swarm_node.stats import NodeStats
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+# rich_markup_mode=None: help texts show defaults like [/ip4/0.0.0.0/tcp/0], which rich would parse as a tag.
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Decentralized swarm RL for language models: solo, join, simulate.")
 
 
