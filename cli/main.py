@@ -157,8 +157,9 @@ def join(bootstrap: BootstrapOpt = None, listen: ListenOpt = None, announce_addr
          status_port: StatusPortOpt = None, status_host: StatusHostOpt = None,
          status_token: StatusTokenOpt = None, learner: LearnerOpt = None,
          max_staleness: StalenessOpt = None, cost_per_hour: CostOpt = None) -> None:
-    """Join a swarm over libp2p: share rollouts with peers and train on theirs (SAPO). Prints the address
-    others can join through; without --bootstrap it starts a new swarm."""
+    """Join a swarm over libp2p: as a peer, share rollouts and train on theirs (SAPO); as a learner or a worker
+    following one (--role, --learner), the ECHO-2 mode. Prints the address others can join through; without
+    --bootstrap it starts a new swarm."""
     with user_errors():
         from swarm_node.config import load_config
         from swarm_node.stats import NodeStats
