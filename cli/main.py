@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 # OpenMP's default busy-waiting makes 2 threads on 2 shared cores 3-5x slower than 1 (measured with vLLM on CPU);
 # it is read once, when torch loads, so it must be set before anything imports torch.
@@ -34,9 +35,17 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 
 
+def _stop_like_ctrl_c(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 @app.callback()
 def main() -> None:
     """Decentralized swarm RL for language models."""
+    # Ctrl-C and `kill PID` both stop a node cleanly (checkpoint, then exit 130), also when it was started in the
+    # background, where the shell hands it SIGINT already ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
 
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file (flags override it)")]
