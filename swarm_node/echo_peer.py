@@ -17,6 +17,7 @@ A network failure never stops either role: a call that fails is counted and logg
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import math
@@ -30,7 +31,7 @@ from protocol.codec import decode, encode
 from protocol.errors import Verdict
 from protocol.limits import Limits
 from protocol.messages import TOPIC_CONTROL, TOPIC_STATUS, PolicyAnnounce, Status, WorkerControl
-from protocol.validation import ReplayGuard, validate_gossip
+from protocol.validation import AcceptPolicy, ReplayGuard, validate_gossip
 from swarm_node import sharing
 from swarm_node.activation import Demand, WorkerActivator, WorkerReport
 from swarm_node.broadcast import BroadcastError, PolicyBroadcaster
@@ -48,7 +49,7 @@ _VERDICTS = {Verdict.ACCEPT: ValidationResult.ACCEPT, Verdict.REJECT: Validation
              Verdict.IGNORE: ValidationResult.IGNORE}
 
 
-def _gossip_validator(topic: str, limits: Limits, cfg_policy: Any) -> Callable[[str, bytes], ValidationResult]:
+def _gossip_validator(topic: str, limits: Limits, cfg_policy: AcceptPolicy) -> Callable[[str, bytes], ValidationResult]:
     replay = ReplayGuard(limits.max_age_s)
 
     def validate(signer: str, data: bytes) -> ValidationResult:
@@ -77,6 +78,21 @@ def _update_of(announce: PolicyAnnounce, payload: bytes) -> PolicyUpdate:
                         announce.state_sha256)
 
 
+def _start_channels(net: BackgroundTransport, cfg: NodeConfig, limits: Limits, policy: AcceptPolicy, follows: str,
+                    inbox_topic: str) -> tuple[TransportExchange, PolicyBroadcaster]:
+    """Both roles: the rollout exchange, the policy broadcast for `follows`' lineage, and a validated inbox for
+    the small messages this role receives (status for a learner, control for a worker), all started."""
+    echo = cfg.echo
+    exchange = TransportExchange(net.transport, limits, policy)
+    broadcaster = PolicyBroadcaster(net.transport, limits=limits, chunk_bytes=echo.chunk_bytes,
+                                    schedule=echo.schedule, keep=echo.keep_versions, follows=[follows])
+    net.set_validator(inbox_topic, _gossip_validator(inbox_topic, limits, policy))
+    net.subscribe_queue(inbox_topic)
+    net.call(lambda _t: exchange.start())
+    net.call(lambda _t: broadcaster.start())
+    return exchange, broadcaster
+
+
 def run_echo_role(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> RunSummary:
     identity, net = start_libp2p(cfg, stats, events)
     node: Node | None = None
@@ -99,21 +115,15 @@ def _run_learner(cfg: NodeConfig, node: Node, net: BackgroundTransport, me: str,
     limits = Limits(vocab_size=len(node.tokenizer))
     learner = Learner(node, echo.encoding, echo.publish_every, echo.keep_versions)
     delegates: dict[str, frozenset[str]] = {me: frozenset()}
-    policy = accept_policy_for(node.task_source, frozenset({node.tokenizer_hash}))
-    policy = type(policy)(policy.tasks, policy.max_index, policy.seeds, policy.tokenizer_hashes, delegates)
-    exchange = TransportExchange(net.transport, limits, policy)
-    broadcaster = PolicyBroadcaster(net.transport, limits=limits, chunk_bytes=echo.chunk_bytes,
-                                    schedule=echo.schedule, keep=echo.keep_versions, follows=[me])
-    net.set_validator(TOPIC_STATUS, _gossip_validator(TOPIC_STATUS, limits, policy))
-    net.subscribe_queue(TOPIC_STATUS)
-    net.call(lambda _t: exchange.start())
-    net.call(lambda _t: broadcaster.start())
+    policy = dataclasses.replace(accept_policy_for(node.task_source, frozenset({node.tokenizer_hash})),
+                                 delegates=delegates)
+    exchange, broadcaster = _start_channels(net, cfg, limits, policy, follows=me, inbox_topic=TOPIC_STATUS)
     activator = WorkerActivator()
     workers: dict[str, WorkerReport] = {}
     active: set[str] = set()
     updates = [0]
-    completion_tokens = [0, 0]
-    train_s: list[float] = []  # tokens, completions received: converts workers' tokens/s into rollouts/s
+    completion_tokens = [0, 0]  # tokens, completions received: converts workers' tokens/s into rollouts/s
+    train_s: list[float] = []
     events.log(f"learner: workers follow this node with --role worker --learner {me}")
 
     published: set[tuple[int, int]] = set()
@@ -206,14 +216,8 @@ def _run_worker(cfg: NodeConfig, node: Node, net: BackgroundTransport, me: str, 
     salt = int.from_bytes(hashlib.sha256(me.encode()).digest()[:4], "little")
     node.rng.seed(cfg.run.seed * 2**32 + salt)
     node.draws = salt << 16
-    policy = accept_policy_for(node.task_source)
-    exchange = TransportExchange(net.transport, limits, policy)
-    broadcaster = PolicyBroadcaster(net.transport, limits=limits, chunk_bytes=echo.chunk_bytes,
-                                    schedule=echo.schedule, keep=echo.keep_versions, follows=[learner_id])
-    net.set_validator(TOPIC_CONTROL, _gossip_validator(TOPIC_CONTROL, limits, policy))
-    net.subscribe_queue(TOPIC_CONTROL)
-    net.call(lambda _t: exchange.start())
-    net.call(lambda _t: broadcaster.start())
+    exchange, broadcaster = _start_channels(net, cfg, limits, accept_policy_for(node.task_source),
+                                            follows=learner_id, inbox_topic=TOPIC_CONTROL)
     outbox = BackgroundExchange(exchange, net, events, stats)
     state = {"active": True, "last_heartbeat": 0.0, "busy_s": 0.0, "tokens": 0}
     metrics_path = Path(cfg.run.run_dir) / METRICS_FILE
