@@ -19,6 +19,8 @@ Contract:
 - Churn: a node is up during [join_round, leave_round) (rounds in sync mode, round_s units in async mode).
 - `[simulation] status_port = P` (> 0): node i serves its status API on 127.0.0.1:P+i for the whole cell (the
   URLs go to `log`).
+- `[simulation] sampler = "shared-lora"`: one vLLM engine per cell serves every node's policy as a LoRA adapter
+  (swarm_node/sampler/shared_lora.py); nodes train their adapters only. Nodes call it one after another.
 - The cumulative reward of a node is the sum over its rounds of the mean reward per LOCAL completion; a cell's
   is the mean over nodes.
 """
@@ -38,20 +40,26 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocol.limits import Limits
 from simulations.loopback import TrackingExchange, connect_mesh, loopback_transport, wait_round
 from simulations.network import LinkModel, NetworkHub
 from simulations.scenario import Scenario, Variant
+from swarm_node.errors import UserError
 from swarm_node.exchange import TransportExchange, accept_policy_for
 from swarm_node.identity import IDENTITY_FILENAME
-from swarm_node.model import DefaultModelRecipe
+from swarm_node.model import DefaultModelRecipe, ensure_default_model, load_tokenizer
 from swarm_node.node import Node, NodeEvents
+from swarm_node.sampler.base import Sampler
+from swarm_node.sampler.factory import SamplerSettings
 from swarm_node.stats import NodeStats
 from swarm_node.transport.base import Transport, TransportError
 from swarm_node.transport.libp2p_transport import LibP2PTransport
 from swarm_node.transport.memory import MemoryTransport, memory_addr
+
+if TYPE_CHECKING:
+    from swarm_node.sampler.shared_lora import SharedLoRAEngine
 
 CSV_FIELDS = ["variant", "seed", "node", "round", "time_s", "reward_mean", "accuracy", "groups_used",
               "external_used", "external_reward_mean", "pool_size", "received", "dropped", "loss", "step_s"]
@@ -82,16 +90,17 @@ def cell_dir(run_dir: Path, variant: str, seed: int) -> Path:
 
 
 TransportFor = Callable[[int], Transport]  # node index -> its (not yet started) transport
+SamplerFor = Callable[[int], Sampler | None]  # node index -> the sampler it is given (None: it builds its own)
 
 
 def _build(scn: Scenario, variant: Variant, seed: int, root: Path, stats: list[NodeStats], transport_for: TransportFor,
-           exchange_cls: type[TransportExchange] = TransportExchange) -> list[SimNode]:
+           samplers: SamplerFor, exchange_cls: type[TransportExchange] = TransportExchange) -> list[SimNode]:
     nodes = []
     for i in range(scn.nodes):
         spec = scn.node_spec(i)
         cfg = scn.node_config(variant, i, seed, root / peer_name(i))
         node = Node(cfg, stats[i], events=NodeEvents(log=lambda _m: None),
-                    model_dir=Path(spec.model) if spec.model else None)
+                    model_dir=Path(spec.model) if spec.model else None, sampler=samplers(i))
         node.setup()
         transport = transport_for(i)
         stats[i].update(peer_id=transport.peer_id, total_steps=scn.rounds, phase="training")
@@ -185,11 +194,11 @@ def cumulative_rewards(rows: list[dict[str, Any]], nodes: int) -> list[float]:
     return totals
 
 
-def _memory_cell(scn: Scenario, variant: Variant, seed: int, root: Path, stats: list[NodeStats],
+def _memory_cell(scn: Scenario, variant: Variant, seed: int, root: Path, stats: list[NodeStats], samplers: SamplerFor,
                  rows: list[dict[str, Any]], on_round: RoundFn | None, log: LogFn) -> list[SimNode]:
     async def main() -> list[SimNode]:
         hub = NetworkHub(_link_model(scn), seed)
-        nodes = _build(scn, variant, seed, root, stats, lambda i: MemoryTransport(hub, peer_name(i)))
+        nodes = _build(scn, variant, seed, root, stats, lambda i: MemoryTransport(hub, peer_name(i)), samplers)
         try:
             runner = _run_sync if scn.mode == "sync" else _run_async
             await runner(scn, variant.name, seed, nodes, hub, rows, on_round)
@@ -202,11 +211,12 @@ def _memory_cell(scn: Scenario, variant: Variant, seed: int, root: Path, stats: 
     return asyncio.run(main())
 
 
-def _libp2p_cell(scn: Scenario, variant: Variant, seed: int, root: Path, stats: list[NodeStats],
+def _libp2p_cell(scn: Scenario, variant: Variant, seed: int, root: Path, stats: list[NodeStats], samplers: SamplerFor,
                  rows: list[dict[str, Any]], on_round: RoundFn | None, log: LogFn) -> list[SimNode]:
     async def main() -> list[SimNode]:
         nodes = _build(scn, variant, seed, root, stats,
-                       lambda i: loopback_transport(root / peer_name(i) / IDENTITY_FILENAME), TrackingExchange)
+                       lambda i: loopback_transport(root / peer_name(i) / IDENTITY_FILENAME), samplers,
+                       TrackingExchange)
         # One worker thread for all node work: the loop stays free to answer the hosts' validation requests
         # and health polls while a node samples or trains.
         with ThreadPoolExecutor(1, thread_name_prefix="sim-nodes") as pool:
@@ -219,8 +229,8 @@ def _libp2p_cell(scn: Scenario, variant: Variant, seed: int, root: Path, stats: 
     return asyncio.run(main())
 
 
-CellLoop = Callable[[Scenario, Variant, int, Path, list[NodeStats], list[dict[str, Any]], RoundFn | None, LogFn],
-                    list[SimNode]]
+CellLoop = Callable[[Scenario, Variant, int, Path, list[NodeStats], SamplerFor, list[dict[str, Any]], RoundFn | None,
+                     LogFn], list[SimNode]]
 CELL_LOOPS: dict[str, CellLoop] = {"memory": _memory_cell, "libp2p": _libp2p_cell}  # keys: scenario.TRANSPORTS
 
 
@@ -289,6 +299,25 @@ async def _run_sync_libp2p(scn: Scenario, variant: str, seed: int, nodes: list[S
             on_round(variant, seed, rnd + 1, scn.rounds, statistics.fmean(rewards) if rewards else None)
 
 
+def _shared_engine(scn: Scenario, variant: Variant, root: Path, log: LogFn) -> SharedLoRAEngine | None:
+    """The cell's shared LoRA engine when the scenario asks for one (scenario.check_shared_lora held)."""
+    if scn.sampler != "shared-lora":
+        return None
+    try:  # vLLM only when asked for
+        from swarm_node.sampler.shared_lora import SharedLoRAEngine
+    except (ImportError, RuntimeError, OSError) as exc:
+        raise UserError(f"simulation.sampler 'shared-lora' needs vLLM, which does not import: {exc}") from exc
+    cfg = scn.node_config(variant, 0, 0, root)
+    model = scn.base_model(variant, 0)
+    model_dir = Path(model) if model else ensure_default_model()
+    s = cfg.sampler
+    engine = SharedLoRAEngine(model_dir, load_tokenizer(model_dir),
+                              SamplerSettings(s.threads, s.max_model_len, s.kv_cache_gb, s.max_num_seqs),
+                              scn.nodes, cfg.train.lora_rank, cfg.train.lora_alpha, root / "adapters")
+    log(f"sampler: {engine.summary()}")
+    return engine
+
+
 def _start_status_servers(scn: Scenario, stats: list[NodeStats], log: LogFn) -> list[Any]:
     """Node i's status API on STATUS_HOST:status_port+i (none when status_port is 0)."""
     if not scn.status_port:
@@ -330,9 +359,12 @@ def run_cell(scn: Scenario, variant: Variant, seed: int, run_dir: Path,
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
     stats = [NodeStats() for _ in range(scn.nodes)]
-    servers = _start_status_servers(scn, stats, log or (lambda _m: None))
+    log = log or (lambda _m: None)
+    engine = _shared_engine(scn, variant, root, log)
+    servers = _start_status_servers(scn, stats, log)
     try:
-        nodes = CELL_LOOPS[scn.transport](scn, variant, seed, root, stats, rows, on_round, log or (lambda _m: None))
+        samplers: SamplerFor = (lambda i: engine.sampler(peer_name(i))) if engine is not None else (lambda _i: None)
+        nodes = CELL_LOOPS[scn.transport](scn, variant, seed, root, stats, samplers, rows, on_round, log)
         try:
             evals = [n.node.evaluate().greedy_acc for n in nodes] if scn.eval_problems else []
             drops: dict[str, int] = {}
@@ -345,6 +377,8 @@ def run_cell(scn: Scenario, variant: Variant, seed: int, run_dir: Path,
     finally:
         for server in servers:
             server.stop()
+        if engine is not None:
+            engine.close()
     cum = cumulative_rewards(rows, scn.nodes)
     result = {"variant": variant.name, "seed": seed, "nodes": scn.nodes, "rounds": scn.rounds,
               "cum_reward_per_node": cum, "cum_reward": statistics.fmean(cum),
@@ -405,6 +439,8 @@ def cell_fingerprint(scn: Scenario, variant: Variant) -> str:
     """What a cell's result depends on besides its seed: the scenario (less seeds and run dir), the variant and the
     embedded default model's recipe. A stored result with another fingerprint is run again, not reused."""
     what = {k: v for k, v in dataclasses.asdict(scn).items() if k not in ("seeds", "run_dir", "variants")}
+    if scn.sampler == "per-node":
+        del what["sampler"]  # the default: results stored before the option existed stay valid
     what.update(variant=dataclasses.asdict(variant), default_model=DefaultModelRecipe().key())
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -6,7 +6,10 @@ Layout (every key optional except what a run needs; unknown keys and impossible 
                   an ECHO-2 learner, the others its workers, a round one learner step; see simulations/echo_sim.py),
                   transport ("memory": in process, through the [network] model | "libp2p": a real libp2p host
                   per node on 127.0.0.1, sync mode only), eval_problems (greedy held-out eval per node at the end),
-                  run_dir, status_port (0 = off; P: node i serves its status API on 127.0.0.1:P+i)
+                  run_dir, status_port (0 = off; P: node i serves its status API on 127.0.0.1:P+i),
+                  sampler ("per-node": each node builds the sampler its [config.sampler] names | "shared-lora": one
+                  vLLM engine serves every node's policy as a LoRA adapter on the shared base model; needs
+                  config.train.lora_rank > 0, the same rank, alpha and model for every node; not in mode "echo")
     [network]     latency_ms (per link), uplink_mbps / downlink_mbps (per node, shared by all its streams; 0 means
                   unlimited), loss (probability a hop is lost), round_s (sync: how long a round lets messages
                   travel; async: virtual seconds of one step at speed 1). With transport "libp2p" only round_s
@@ -31,6 +34,7 @@ from swarm_node.errors import ConfigError, UserError
 
 MODES = ("sync", "async", "echo")
 TRANSPORTS = ("memory", "libp2p")
+SIM_SAMPLERS = ("per-node", "shared-lora")
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,11 @@ class Scenario:
     variants: tuple[Variant, ...]
     node_specs: tuple[NodeSpec, ...]
     status_port: int = 0  # 0: off
+    sampler: str = "per-node"  # SIM_SAMPLERS
+
+    def base_model(self, variant: Variant, index: int) -> str:
+        """Node `index`'s starting model directory ("" = the embedded default)."""
+        return self.node_spec(index).model or self.node_config(variant, index, 0, Path(".")).model.path
 
     def node_spec(self, index: int) -> NodeSpec:
         return next((s for s in self.node_specs if s.index == index), NodeSpec(index))
@@ -93,7 +102,8 @@ class Scenario:
 
 
 _SECTIONS = {"simulation", "network", "config", "variants", "node"}
-_SIM_KEYS = {"name", "nodes", "rounds", "seeds", "mode", "transport", "eval_problems", "run_dir", "status_port"}
+_SIM_KEYS = {"name", "nodes", "rounds", "seeds", "mode", "transport", "eval_problems", "run_dir", "status_port",
+             "sampler"}
 _NODE_KEYS = {"index", "speed", "model", "join_round", "leave_round", "config"}
 
 
@@ -215,9 +225,12 @@ def parse_scenario(data: dict[str, Any], name: str = "scenario") -> Scenario:
         specs.append(spec)
     if len({s.index for s in specs}) != len(specs):
         raise UserError("[[node]] indices must be distinct")
+    sampler = _typed(sim, "sampler", str, "per-node", "simulation")
+    if sampler not in SIM_SAMPLERS:
+        raise UserError(f"simulation.sampler must be one of {', '.join(SIM_SAMPLERS)}, not {sampler!r}")
     scenario = Scenario(_typed(sim, "name", str, name, "simulation"), nodes, rounds, tuple(seeds), mode, transport,
                         eval_problems, _typed(sim, "run_dir", str, f"runs/sim-{name}", "simulation"), network,
-                        config, tuple(variants), tuple(specs), status_port)
+                        config, tuple(variants), tuple(specs), status_port, sampler)
     # Build every node's config once now, so a typo anywhere fails before anything runs.
     for variant in variants:
         for index in range(nodes):
@@ -225,7 +238,24 @@ def parse_scenario(data: dict[str, Any], name: str = "scenario") -> Scenario:
                 scenario.node_config(variant, index, seeds[0], Path("."))
             except ConfigError as exc:
                 raise UserError(str(exc)) from exc
+    if sampler == "shared-lora":
+        check_shared_lora(scenario)
     return scenario
+
+
+def check_shared_lora(scn: Scenario) -> None:
+    """One engine serves one base model and one adapter shape: every node must agree on both."""
+    if scn.mode == "echo":
+        raise UserError("simulation.sampler 'shared-lora' is not available in mode 'echo' (ECHO-2 trains full weights)")
+    for variant in scn.variants:
+        shapes = {(c.train.lora_rank, c.train.lora_alpha)
+                  for c in (scn.node_config(variant, i, scn.seeds[0], Path(".")) for i in range(scn.nodes))}
+        if len(shapes) != 1 or next(iter(shapes))[0] < 1:
+            raise UserError(f"simulation.sampler 'shared-lora' needs config.train.lora_rank >= 1 and the same "
+                            f"lora_rank and lora_alpha on every node (variant {variant.name!r}: {sorted(shapes)})")
+        if len({scn.base_model(variant, i) for i in range(scn.nodes)}) != 1:
+            raise UserError(f"simulation.sampler 'shared-lora' serves one base model: every node needs the same "
+                            f"model (variant {variant.name!r})")
 
 
 def load_scenario(path: Path) -> Scenario:

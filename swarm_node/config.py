@@ -100,6 +100,10 @@ class TrainConfig:
     weight_decay: float = 0.0
     adam_eps: float = 1e-8
     threads: int = 0  # torch intra-op threads; 0: all cores
+    # LoRA (swarm_node/lora.py): 0 trains every weight; r > 0 freezes the base and trains rank-r adapters on the
+    # attention and MLP projections (scale lora_alpha / r). A simulation's shared vLLM engine serves them.
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
 
     def validate(self) -> None:
         from swarm_node.rl.advantages import ADVANTAGE_ESTIMATORS
@@ -112,7 +116,8 @@ class TrainConfig:
         _positive(self, "lr", "minibatches", "max_grad_norm", "is_cap")
         _non_negative(self, "eps_low", "eps_high", "kl_coef", "weight_decay", "threads", "warmup_steps",
                       "max_staleness")
-        _positive(self, "adam_eps")
+        _positive(self, "adam_eps", "lora_alpha")
+        _non_negative(self, "lora_rank")
 
 
 @dataclass
@@ -229,6 +234,9 @@ class NodeConfig:
         if self.network.role != "peer" and self.echo.publish_every > self.train.max_staleness + 1:
             raise ConfigError(f"echo.publish_every ({self.echo.publish_every}) must be <= train.max_staleness + 1 "
                               f"({self.train.max_staleness + 1}): rollouts between publishes could never be trained on")
+        if self.network.role != "peer" and self.train.lora_rank:
+            raise ConfigError(f"train.lora_rank must be 0 for role {self.network.role!r}: ECHO-2 publishes "
+                              "full-weight policy deltas")
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from swarm_node import checkpoint, sharing, tasks
+from swarm_node import checkpoint, lora, sharing, tasks
 from swarm_node.config import NodeConfig
 from swarm_node.errors import UserError
 from swarm_node.evaluate import EvalResult, evaluate
@@ -102,7 +102,8 @@ class Draft:
 
 class Node:
     def __init__(self, cfg: NodeConfig, stats: NodeStats | None = None, events: NodeEvents | None = None,
-                 exchange: sharing.Exchange | None = None, model_dir: Path | None = None) -> None:
+                 exchange: sharing.Exchange | None = None, model_dir: Path | None = None,
+                 sampler: Sampler | None = None) -> None:
         self.cfg = cfg
         self.exchange = exchange
         self.model_dir_override = model_dir  # a simulation may hand nodes different starting weights
@@ -112,7 +113,7 @@ class Node:
         self.step = 0
         self.version = 0
         self.skipped_steps = 0
-        self.sampler: Sampler | None = None
+        self.sampler: Sampler | None = sampler  # given: a simulation's shared engine; else built by setup()
         self.draws = 0  # batches drawn so far: seeds the sampler (ahead of `step` when generation overlaps)
         self.overlap: OverlappedGenerator[Draft | str] | None = None
         self.latest_weights = LatestWeights()
@@ -135,6 +136,8 @@ class Node:
         else:
             self.model_dir = ensure_default_model(self.events.build_progress)
         self.model, self.tokenizer = load_model(self.model_dir)
+        if cfg.train.lora_rank:
+            lora.attach_lora(self.model, cfg.train.lora_rank, cfg.train.lora_alpha, seed=cfg.run.seed)
         self.trainer = Trainer(self.model, cfg.train, cfg.sampler, self.tokenizer.pad_token_id, cfg.run.seed)
         self.rng = random.Random(cfg.run.seed)
         sh = cfg.share
@@ -146,11 +149,20 @@ class Node:
         self._restore_or_start()
         self.stats.set_phase("loading-sampler")
         s = cfg.sampler
-        self.sampler = make_sampler(s.kind, self.model_dir, self.model, self.tokenizer,
-                                    SamplerSettings(s.threads, s.max_model_len, s.kv_cache_gb, s.max_num_seqs),
-                                    self.version, self.events.log)
+        if self.sampler is None:
+            self.sampler = make_sampler(s.kind, self.model_dir, self.model, self.tokenizer,
+                                        SamplerSettings(s.threads, s.max_model_len, s.kv_cache_gb, s.max_num_seqs),
+                                        self.version, self.events.log)
         if self.step > 0:
-            self.sampler.load_weights(self.model.state_dict(), self.version)
+            self.sampler.load_weights(self.policy_weights(), self.version)
+
+    def policy_weights(self) -> dict[str, torch.Tensor]:
+        """The current policy in the form this node's sampler loads (see `Sampler.weights`)."""
+        if not self.cfg.train.lora_rank or self.sampler is None or self.sampler.weights == "full":
+            return self.model.state_dict()
+        if self.sampler.weights == "adapter":
+            return lora.adapter_tensors(self.model)
+        return lora.merged_state(self.model)
 
     def _restore_or_start(self) -> None:
         ckpt_root = self.run_dir / checkpoint.CHECKPOINT_DIR
@@ -355,9 +367,9 @@ class Node:
         if result.minibatches > result.skipped_minibatches:
             self.version += 1
             if self.overlap is not None or self.stepper is not None:  # the sampler is in use elsewhere, or idle
-                self.latest_weights.put(self.model.state_dict(), self.version)
+                self.latest_weights.put(self.policy_weights(), self.version)
             else:
-                self.sampler.load_weights(self.model.state_dict(), self.version)
+                self.sampler.load_weights(self.policy_weights(), self.version)
         self.step += 1
         metrics = {
             "step": self.step, "policy_version": self.version, "lag": max(lags, default=0),

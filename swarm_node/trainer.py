@@ -102,7 +102,9 @@ class Trainer:
         self.pad_id = pad_id
         self.loss_fn = LOSSES[train.loss]
         self.loss_cfg = LossConfig(eps_low=train.eps_low, eps_high=train.eps_high, kl_coef=train.kl_coef)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr, weight_decay=train.weight_decay,
+        # Only what trains: with LoRA adapters the base weights are frozen.
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=train.lr, weight_decay=train.weight_decay,
                                            betas=(0.9, 0.99), eps=train.adam_eps)
         self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if train.kl_coef > 0 else None
         self.rng = random.Random(seed)
@@ -169,7 +171,7 @@ class Trainer:
         if not torch.isfinite(out.loss):
             return None
         out.loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm))
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             return None

@@ -3,7 +3,9 @@
 Contract: `generate(prompts, n, params)` returns, for each prompt (a list of token ids), `n` completions with
 their sampled token ids (ending with EOS when the model stopped), decoded text (without EOS), and the processed
 log-prob of each sampled token (`rl.logprobs`: the distribution actually sampled from). `load_weights` installs
-a new policy version; every completion reports the version that produced it.
+a new policy version; every completion reports the version that produced it. `weights` says which tensors
+`load_weights` takes from a model trained with LoRA adapters: "full" (its whole state dict, adapters included),
+"base" (the base model's names, adapters merged in: `lora.merged_state`), "adapter" (the adapters alone).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Sampler(ABC):
     """Generates completions with one policy version at a time."""
 
     version: int = 0
+    weights: str = "full"  # "full" | "base" | "adapter": see the module header
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams) -> list[list[Completion]]:

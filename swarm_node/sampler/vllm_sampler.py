@@ -71,6 +71,7 @@ from safetensors import safe_open
 from transformers import PreTrainedTokenizerBase
 from vllm import envs as vllm_envs
 from vllm.inputs import TokensPrompt
+from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
 
 from swarm_node.errors import UserError
@@ -197,9 +198,24 @@ def _preserved_process_state() -> Iterator[None]:
         torch.set_num_threads = _set_torch_threads
 
 
+@dataclass(frozen=True)
+class LoRASlots:
+    """Serve LoRA adapters on the base weights: up to `adapters` in one batch, of rank <= `max_rank`."""
+
+    adapters: int
+    max_rank: int
+
+
+# vLLM's accepted max_lora_rank values (LoRAConfig.max_lora_rank in 0.32).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
 class VLLMSampler(Sampler):
+    weights = "base"
+
     def __init__(self, model_dir: Path, tokenizer: PreTrainedTokenizerBase,
-                 settings: SamplerSettings = SamplerSettings(), version: int = 0) -> None:
+                 settings: SamplerSettings = SamplerSettings(), version: int = 0,
+                 lora: LoRASlots | None = None) -> None:
         if vllm_envs.VLLM_ENABLE_V1_MULTIPROCESSING:
             raise RuntimeError("vLLM was configured before swarm_node.sampler.vllm_sampler was imported: "
                                "set VLLM_ENABLE_V1_MULTIPROCESSING=0 before importing vllm")
@@ -224,6 +240,14 @@ class VLLMSampler(Sampler):
         self.max_len = self.sizes.max_model_len
         self.version = version
         self._lock = threading.Lock()
+        lora_args: dict[str, object] = {}
+        if lora is not None:
+            rank = next((r for r in VLLM_LORA_RANKS if r >= lora.max_rank), None)
+            if rank is None or lora.adapters < 1:
+                raise UserError(f"vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]} and >= 1 adapter, got rank "
+                                f"{lora.max_rank}, {lora.adapters} adapters")
+            lora_args = {"enable_lora": True, "max_lora_rank": rank, "max_loras": lora.adapters,
+                         "max_cpu_loras": lora.adapters}
         with _preserved_process_state(), torch_threads(self.sizes.threads):
             self.llm = vllm.LLM(
                 model=str(model_dir), dtype=settings.dtype, seed=0,
@@ -239,6 +263,7 @@ class VLLMSampler(Sampler):
                 # vLLM caches prompts in whole blocks: 32 tokens (CPU default 128, longer than our prompts) lets
                 # the n samples of a prompt share its prefill; measured 3.5x tokens/s on the default model.
                 block_size=KV_BLOCK_TOKENS if current_platform.is_cpu() else None,
+                **lora_args,
             )
             # Kernels are chosen and compiled lazily: one tiny sampled request makes a broken backend fail
             # here, where `--sampler auto` can still fall back, and not in the middle of a run.
@@ -263,7 +288,9 @@ class VLLMSampler(Sampler):
                 raise ValueError(f"prompt {i} has token ids outside the vocabulary of {self.shape.vocab_size}: "
                                  f"{bad[:5]}")
 
-    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams) -> list[list[Completion]]:
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams,
+                 lora_request: LoRARequest | None = None) -> list[list[Completion]]:
+        """As `Sampler.generate`; `lora_request` (engine started with `lora`) applies that adapter."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         if not prompts:
@@ -281,7 +308,7 @@ class VLLMSampler(Sampler):
                         for i in range(len(prompts))]
         with self._lock, torch_threads(self.sizes.threads):
             outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sampling,
-                                        use_tqdm=False)
+                                        use_tqdm=False, lora_request=lora_request)
         results: list[list[Completion]] = []
         for output in outputs:
             group = [self._completion(c) for c in sorted(output.outputs, key=lambda c: c.index)]
@@ -322,6 +349,15 @@ class VLLMSampler(Sampler):
             if not self.llm.reset_prefix_cache():
                 raise RuntimeError("vLLM could not reset its prefix cache after a weight update")
             self.version = version
+
+    def add_lora(self, request: LoRARequest) -> None:
+        """Load an adapter (engine started with `lora`); a malformed one raises here."""
+        with self._lock, torch_threads(self.sizes.threads):
+            self.llm.llm_engine.add_lora(request)
+
+    def remove_lora(self, adapter_id: int) -> None:
+        with self._lock:
+            self.llm.llm_engine.remove_lora(adapter_id)
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)
