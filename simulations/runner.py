@@ -20,7 +20,8 @@ Contract:
 - `[simulation] status_port = P` (> 0): node i serves its status API on 127.0.0.1:P+i for the whole cell (the
   URLs go to `log`).
 - `[simulation] sampler = "shared-lora"`: one vLLM engine per cell serves every node's policy as a LoRA adapter
-  (swarm_node/sampler/shared_lora.py); nodes train their adapters only. Nodes call it one after another.
+  (swarm_node/sampler/shared_lora.py); nodes train their adapters only. In sync mode a round's sampling is one
+  engine batch over all nodes (each node's draft runs on its own thread; results as if sampled alone).
 - The cumulative reward of a node is the sum over its rounds of the mean reward per LOCAL completion; a cell's
   is the mean over nodes.
 """
@@ -50,7 +51,7 @@ from swarm_node.errors import UserError
 from swarm_node.exchange import TransportExchange, accept_policy_for
 from swarm_node.identity import IDENTITY_FILENAME
 from swarm_node.model import DefaultModelRecipe, ensure_default_model, load_tokenizer
-from swarm_node.node import Node, NodeEvents
+from swarm_node.node import Draft, Node, NodeEvents
 from swarm_node.sampler.base import Sampler
 from swarm_node.sampler.factory import SamplerSettings
 from swarm_node.stats import NodeStats
@@ -90,17 +91,41 @@ def cell_dir(run_dir: Path, variant: str, seed: int) -> Path:
 
 
 TransportFor = Callable[[int], Transport]  # node index -> its (not yet started) transport
-SamplerFor = Callable[[int], Sampler | None]  # node index -> the sampler it is given (None: it builds its own)
+
+
+class CellSamplers:
+    """What the nodes of a cell sample with: each its own sampler (built by the node), or one shared LoRA engine
+    that runs the generate calls of a round's nodes as one batch."""
+
+    def __init__(self, engine: SharedLoRAEngine | None = None) -> None:
+        self.engine = engine
+
+    def for_node(self, index: int) -> Sampler | None:
+        return self.engine.sampler(peer_name(index)) if self.engine is not None else None
+
+    def sample_all(self, nodes: list[SimNode]) -> dict[int, Draft | dict[str, Any]]:
+        """Every node's `sample_and_share`, by node index."""
+        if self.engine is None or len(nodes) < 2:
+            return {n.index: n.node.sample_and_share() for n in nodes}
+        with self.engine.gather(len(nodes)) as leave, ThreadPoolExecutor(len(nodes), "sim-sample") as pool:
+            def one(n: SimNode) -> Draft | dict[str, Any]:
+                try:
+                    return n.node.sample_and_share()
+                finally:
+                    leave()
+
+            futures = {n.index: pool.submit(one, n) for n in nodes}
+            return {i: f.result() for i, f in futures.items()}
 
 
 def _build(scn: Scenario, variant: Variant, seed: int, root: Path, stats: list[NodeStats], transport_for: TransportFor,
-           samplers: SamplerFor, exchange_cls: type[TransportExchange] = TransportExchange) -> list[SimNode]:
+           samplers: CellSamplers, exchange_cls: type[TransportExchange] = TransportExchange) -> list[SimNode]:
     nodes = []
     for i in range(scn.nodes):
         spec = scn.node_spec(i)
         cfg = scn.node_config(variant, i, seed, root / peer_name(i))
         node = Node(cfg, stats[i], events=NodeEvents(log=lambda _m: None),
-                    model_dir=Path(spec.model) if spec.model else None, sampler=samplers(i))
+                    model_dir=Path(spec.model) if spec.model else None, sampler=samplers.for_node(i))
         node.setup()
         transport = transport_for(i)
         stats[i].update(peer_id=transport.peer_id, total_steps=scn.rounds, phase="training")
@@ -137,14 +162,14 @@ def _row(variant: str, seed: int, n: SimNode, rnd: int, t: float, m: dict[str, A
 
 
 async def _run_sync(scn: Scenario, variant: str, seed: int, nodes: list[SimNode], hub: NetworkHub,
-                    rows: list[dict[str, Any]], on_round: RoundFn | None) -> None:
+                    samplers: CellSamplers, rows: list[dict[str, Any]], on_round: RoundFn | None) -> None:
     round_s = scn.network.round_s
     for rnd in range(scn.rounds):
         t0 = rnd * round_s
         await hub.advance_to(t0)
         await _set_membership(nodes, rnd)
         active = [n for n in nodes if n.up]
-        drafts = {n.index: n.node.sample_and_share() for n in active}
+        drafts = samplers.sample_all(active)
         for n in active:
             await n.exchange.flush()
         await hub.advance_to(t0 + round_s)
@@ -160,7 +185,8 @@ async def _run_sync(scn: Scenario, variant: str, seed: int, nodes: list[SimNode]
 
 
 async def _run_async(scn: Scenario, variant: str, seed: int, nodes: list[SimNode], hub: NetworkHub,
-                     rows: list[dict[str, Any]], on_round: RoundFn | None) -> None:
+                     samplers: CellSamplers, rows: list[dict[str, Any]], on_round: RoundFn | None) -> None:
+    # Nodes step at their own virtual times, one at a time: nothing to batch across nodes.
     round_s = scn.network.round_s
     queue = [(n.join * round_s, n.index) for n in nodes]
     heapq.heapify(queue)
@@ -194,14 +220,14 @@ def cumulative_rewards(rows: list[dict[str, Any]], nodes: int) -> list[float]:
     return totals
 
 
-def _memory_cell(scn: Scenario, variant: Variant, seed: int, root: Path, stats: list[NodeStats], samplers: SamplerFor,
+def _memory_cell(scn: Scenario, variant: Variant, seed: int, root: Path, stats: list[NodeStats], samplers: CellSamplers,
                  rows: list[dict[str, Any]], on_round: RoundFn | None, log: LogFn) -> list[SimNode]:
     async def main() -> list[SimNode]:
         hub = NetworkHub(_link_model(scn), seed)
         nodes = _build(scn, variant, seed, root, stats, lambda i: MemoryTransport(hub, peer_name(i)), samplers)
         try:
             runner = _run_sync if scn.mode == "sync" else _run_async
-            await runner(scn, variant.name, seed, nodes, hub, rows, on_round)
+            await runner(scn, variant.name, seed, nodes, hub, samplers, rows, on_round)
         finally:
             for n in nodes:
                 if n.up:
@@ -211,7 +237,7 @@ def _memory_cell(scn: Scenario, variant: Variant, seed: int, root: Path, stats: 
     return asyncio.run(main())
 
 
-def _libp2p_cell(scn: Scenario, variant: Variant, seed: int, root: Path, stats: list[NodeStats], samplers: SamplerFor,
+def _libp2p_cell(scn: Scenario, variant: Variant, seed: int, root: Path, stats: list[NodeStats], samplers: CellSamplers,
                  rows: list[dict[str, Any]], on_round: RoundFn | None, log: LogFn) -> list[SimNode]:
     async def main() -> list[SimNode]:
         nodes = _build(scn, variant, seed, root, stats,
@@ -221,7 +247,7 @@ def _libp2p_cell(scn: Scenario, variant: Variant, seed: int, root: Path, stats: 
         # and health polls while a node samples or trains.
         with ThreadPoolExecutor(1, thread_name_prefix="sim-nodes") as pool:
             try:
-                await _run_sync_libp2p(scn, variant.name, seed, nodes, rows, on_round, log, pool)
+                await _run_sync_libp2p(scn, variant.name, seed, nodes, samplers, rows, on_round, log, pool)
             finally:
                 await asyncio.gather(*(n.transport.stop() for n in nodes if n.up), return_exceptions=True)
         return nodes
@@ -229,7 +255,7 @@ def _libp2p_cell(scn: Scenario, variant: Variant, seed: int, root: Path, stats: 
     return asyncio.run(main())
 
 
-CellLoop = Callable[[Scenario, Variant, int, Path, list[NodeStats], SamplerFor, list[dict[str, Any]], RoundFn | None,
+CellLoop = Callable[[Scenario, Variant, int, Path, list[NodeStats], CellSamplers, list[dict[str, Any]], RoundFn | None,
                      LogFn], list[SimNode]]
 CELL_LOOPS: dict[str, CellLoop] = {"memory": _memory_cell, "libp2p": _libp2p_cell}  # keys: scenario.TRANSPORTS
 
@@ -264,8 +290,9 @@ async def _set_membership_libp2p(nodes: list[SimNode], at: float, log: LogFn) ->
         log(f"warning: {names[a]} does not see {names[b]} on the rollout topic; gossip between them may be lost")
 
 
-async def _run_sync_libp2p(scn: Scenario, variant: str, seed: int, nodes: list[SimNode], rows: list[dict[str, Any]],
-                           on_round: RoundFn | None, log: LogFn, pool: ThreadPoolExecutor) -> None:
+async def _run_sync_libp2p(scn: Scenario, variant: str, seed: int, nodes: list[SimNode], samplers: CellSamplers,
+                           rows: list[dict[str, Any]], on_round: RoundFn | None, log: LogFn,
+                           pool: ThreadPoolExecutor) -> None:
     loop = asyncio.get_running_loop()
     started = time.monotonic()
     for rnd in range(scn.rounds):
@@ -274,9 +301,7 @@ async def _run_sync_libp2p(scn: Scenario, variant: str, seed: int, nodes: list[S
         exchanges = [_libp2p(n)[1] for n in active]
         for ex in exchanges:
             ex.begin_round()
-        drafts = {}
-        for n in active:
-            drafts[n.index] = await loop.run_in_executor(pool, n.node.sample_and_share)
+        drafts = await loop.run_in_executor(pool, samplers.sample_all, active)
         for n in active:
             try:
                 await n.exchange.flush()
@@ -363,8 +388,7 @@ def run_cell(scn: Scenario, variant: Variant, seed: int, run_dir: Path,
     engine = _shared_engine(scn, variant, root, log)
     servers = _start_status_servers(scn, stats, log)
     try:
-        samplers: SamplerFor = (lambda i: engine.sampler(peer_name(i))) if engine is not None else (lambda _i: None)
-        nodes = CELL_LOOPS[scn.transport](scn, variant, seed, root, stats, samplers, rows, on_round, log)
+        nodes = CELL_LOOPS[scn.transport](scn, variant, seed, root, stats, CellSamplers(engine), rows, on_round, log)
         try:
             evals = [n.node.evaluate().greedy_acc for n in nodes] if scn.eval_problems else []
             drops: dict[str, int] = {}

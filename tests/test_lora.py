@@ -157,3 +157,55 @@ def test_shared_engine_serves_each_policy_like_the_transformers_sampler(tmp_path
         assert a.version == 3
     finally:
         engine.close()
+
+
+@pytest.mark.vllm
+def test_gathered_batch_gives_each_thread_its_own_results(tmp_path: Path) -> None:
+    """Four threads' generate calls run as one engine batch and get exactly what they get alone: sampled (seeded)
+    and greedy; a thread that leaves without generating does not hold the batch; a bad request fails alone."""
+    pytest.importorskip("vllm")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from swarm_node.sampler.factory import SamplerSettings
+    from swarm_node.sampler.shared_lora import SharedLoRAEngine
+
+    tokenizer = build_char_tokenizer()
+    base_dir = tmp_path / "base"
+    scaled_model().save_pretrained(base_dir, safe_serialization=True)
+    tokenizer.save_pretrained(base_dir)
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    engine = SharedLoRAEngine(base_dir, tokenizer, SamplerSettings(threads=1, max_num_seqs=64, kv_cache_gb=0.02),
+                              policies=3, rank=4, alpha=8.0, adapter_dir=tmp_path / "adapters")
+    try:
+        samplers = [engine.sampler(f"node{i}") for i in range(3)]
+        for i, s in enumerate(samplers[1:], start=1):
+            model = scaled_model()
+            lora.attach_lora(model, rank=4, alpha=8.0, seed=i)
+            randomise_adapters(model, i)
+            s.load_weights(lora.adapter_tensors(model), i)
+        calls = [(samplers[0], SamplingParams(0.7, 0.9, 12, seed=5), 4), (samplers[1], GREEDY, 2),
+                 (samplers[2], SamplingParams(1.0, 1.0, 12, seed=9), 3)]
+        alone = [s.generate(prompts, n, p) for s, p, n in calls]
+        batches: list[int] = []
+        real_many = engine.engine.generate_many
+        engine.engine.generate_many = lambda reqs: batches.append(len(reqs)) or real_many(reqs)  # type: ignore
+
+        with engine.gather(5) as leave, ThreadPoolExecutor(5) as pool:
+            def work(k: int) -> object:
+                try:
+                    if k == 3:
+                        return None  # leaves without generating
+                    if k == 4:
+                        return samplers[0].generate([[0] * 200], 1, GREEDY)  # too long: fails alone
+                    s, p, n = calls[k]
+                    return s.generate(prompts, n, p)
+                finally:
+                    leave()
+            futures = [pool.submit(work, k) for k in range(5)]
+            together = [f.result() for f in futures[:4]]
+            with pytest.raises(ValueError, match="exceeds the model's context"):
+                futures[4].result()
+        assert batches == [3]  # one engine call for the three generating threads
+        assert together[:3] == alone and together[3] is None
+    finally:
+        engine.close()

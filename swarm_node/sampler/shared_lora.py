@@ -10,6 +10,11 @@ Before its first load a policy samples from the base model, which is what a fres
 Completions report the version of the policy's adapter. `close()` on a policy's sampler releases its adapter;
 the engine itself is closed by `SharedLoRAEngine.close()`.
 
+Batching across policies: inside `with engine.gather(k) as leave:`, the `generate` calls of k threads (one call
+each) are held until every one of them has called or left (`leave()`, which each thread calls when its work
+is over, whether or not it generated), then run as one engine batch; each caller gets its own results, the same
+tokens it would get alone (seeds are per prompt), or the batch's exception. Outside a gather, calls run alone.
+
 Why: one vLLM engine per simulated node does not fit a small machine (each holds its weights, KV cache and
 kernels); one engine holds the base once plus ~1-10% of its size per adapter.
 """
@@ -20,6 +25,8 @@ import dataclasses
 import itertools
 import shutil
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -28,7 +35,7 @@ from transformers import PreTrainedTokenizerBase
 from swarm_node import lora
 from swarm_node.sampler.base import Completion, Sampler, SamplingParams
 from swarm_node.sampler.factory import SamplerSettings
-from swarm_node.sampler.vllm_sampler import LoRARequest, LoRASlots, VLLMSampler
+from swarm_node.sampler.vllm_sampler import GenerateRequest, LoRARequest, LoRASlots, VLLMSampler
 
 
 class SharedLoRAEngine:
@@ -42,6 +49,25 @@ class SharedLoRAEngine:
         self._ids = itertools.count(1)  # adapter ids are never reused (see the module header)
         self._ids_lock = threading.Lock()
         self._names: set[str] = set()
+        self._gather: _Gather | None = None
+
+    @contextmanager
+    def gather(self, participants: int) -> Iterator[Callable[[], None]]:
+        """Batch the next generate call of each of `participants` threads; yields their `leave` (see header)."""
+        if self._gather is not None:
+            raise RuntimeError("a gather is already open on this engine")
+        gather = _Gather(self.engine, participants)
+        self._gather = gather
+        try:
+            yield gather.leave
+        finally:
+            self._gather = None
+
+    def run(self, request: GenerateRequest) -> list[list[Completion]]:
+        gather = self._gather
+        if gather is None or not gather.joins():
+            return self.engine.generate_many([request])[0]
+        return gather.submit(request)
 
     def sampler(self, name: str) -> LoRAPolicySampler:
         if not name.isalnum() or name in self._names:
@@ -72,7 +98,7 @@ class LoRAPolicySampler(Sampler):
         self.request: LoRARequest | None = None  # None: the base model
 
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams) -> list[list[Completion]]:
-        groups = self.shared.engine.generate(prompts, n, params, lora_request=self.request)
+        groups = self.shared.run(GenerateRequest(prompts, n, params, self.request))
         return [[dataclasses.replace(c, version=self.version) for c in group] for group in groups]
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
@@ -93,3 +119,51 @@ class LoRAPolicySampler(Sampler):
         if self.request is not None:
             self.shared.engine.remove_lora(self.request.lora_int_id)
             self.request = None
+
+
+class _Gather:
+    """One engine batch from the next generate call of each participating thread (see the module header)."""
+
+    def __init__(self, engine: VLLMSampler, participants: int) -> None:
+        self.engine = engine
+        self.outstanding = participants  # participants that may still submit
+        self.pending: list[GenerateRequest] = []
+        self.results: dict[int, list[list[Completion]] | Exception] = {}
+        self.submitted: set[int] = set()  # thread ids
+        self.cond = threading.Condition()
+
+    def joins(self) -> bool:
+        """Whether the calling thread's generate belongs to this batch (its first call, while it is open)."""
+        with self.cond:
+            return self.outstanding > 0 and threading.get_ident() not in self.submitted
+
+    def submit(self, request: GenerateRequest) -> list[list[Completion]]:
+        self.engine.check_request(request)  # a bad request fails its caller alone, not the whole batch
+        with self.cond:
+            self.submitted.add(threading.get_ident())
+            slot = len(self.pending)
+            self.pending.append(request)
+            self.outstanding -= 1
+            self._run_if_complete()
+            while slot not in self.results:
+                self.cond.wait()
+            result = self.results[slot]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def leave(self) -> None:
+        with self.cond:
+            if threading.get_ident() not in self.submitted:
+                self.outstanding -= 1
+                self._run_if_complete()
+
+    def _run_if_complete(self) -> None:
+        """Called holding the lock: when nobody else can still submit, run the batch and wake the callers."""
+        if self.outstanding > 0 or not self.pending or self.results:
+            return
+        try:
+            self.results = dict(enumerate(self.engine.generate_many(self.pending)))
+        except Exception as exc:  # noqa: BLE001 - every caller of the batch gets the error
+            self.results = dict.fromkeys(range(len(self.pending)), exc)
+        self.cond.notify_all()

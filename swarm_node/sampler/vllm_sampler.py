@@ -199,6 +199,16 @@ def _preserved_process_state() -> Iterator[None]:
 
 
 @dataclass(frozen=True)
+class GenerateRequest:
+    """One `generate` call's arguments, for `VLLMSampler.generate_many`."""
+
+    prompts: list[list[int]]
+    n: int
+    params: SamplingParams
+    lora_request: LoRARequest | None = None
+
+
+@dataclass(frozen=True)
 class LoRASlots:
     """Serve LoRA adapters on the base weights: up to `adapters` in one batch, of rank <= `max_rank`."""
 
@@ -291,31 +301,48 @@ class VLLMSampler(Sampler):
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams,
                  lora_request: LoRARequest | None = None) -> list[list[Completion]]:
         """As `Sampler.generate`; `lora_request` (engine started with `lora`) applies that adapter."""
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
+        return self.generate_many([GenerateRequest(prompts, n, params, lora_request)])[0]
+
+    def check_request(self, request: GenerateRequest) -> None:
+        """The errors `generate` raises before anything reaches the engine."""
+        if request.n < 1:
+            raise ValueError(f"n must be >= 1, got {request.n}")
+        check_prompt_lengths(request.prompts, request.params.max_new_tokens, self.max_len)
+        self._check_token_ids(request.prompts)
+
+    def generate_many(self, requests: list[GenerateRequest]) -> list[list[list[Completion]]]:
+        """Several `generate` calls (each its own n, params and adapter) as one engine batch; results in order.
+        Each request's completions are those it would get alone: seeds are per prompt, not per batch."""
+        prompts: list[TokensPrompt] = []
+        sampling: list[vllm.SamplingParams] = []
+        loras: list[LoRARequest | None] = []
+        for r in requests:
+            self.check_request(r)
+            # vLLM rejects n > 1 for greedy requests: all n would be identical, so one is generated and repeated.
+            per_prompt = 1 if r.params.temperature <= 0 else r.n
+            for i, p in enumerate(r.prompts):
+                prompts.append(TokensPrompt(prompt_token_ids=list(p)))
+                # vLLM gives the j-th sample of a request seed + j: spacing prompts by n keeps every stream distinct.
+                seed = None if r.params.seed is None else r.params.seed + i * per_prompt
+                sampling.append(self._vllm_params(r.params, per_prompt, seed))
+                loras.append(r.lora_request)
         if not prompts:
-            return []
-        check_prompt_lengths(prompts, params.max_new_tokens, self.max_len)
-        self._check_token_ids(prompts)
-        greedy = params.temperature <= 0
-        # vLLM rejects n > 1 for greedy requests: all n would be identical, so one is generated and repeated.
-        per_prompt = 1 if greedy else n
-        if params.seed is None:
-            sampling: vllm.SamplingParams | list[vllm.SamplingParams] = self._vllm_params(params, per_prompt)
-        else:
-            # vLLM gives the j-th sample of a request seed + j: spacing prompts by n keeps every stream distinct.
-            sampling = [self._vllm_params(params, per_prompt, params.seed + i * per_prompt)
-                        for i in range(len(prompts))]
+            return [[] for _ in requests]
         with self._lock, torch_threads(self.sizes.threads):
-            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sampling,
-                                        use_tqdm=False, lora_request=lora_request)
-        results: list[list[Completion]] = []
-        for output in outputs:
-            group = [self._completion(c) for c in sorted(output.outputs, key=lambda c: c.index)]
-            if greedy:
-                group = [Completion(list(c.token_ids), c.text, list(c.logprobs), c.version)
-                         for c in group for _ in range(n)]
-            results.append(group)
+            outputs = self.llm.generate(prompts, sampling, use_tqdm=False,
+                                        lora_request=loras if any(loras) else None)
+        results: list[list[list[Completion]]] = []
+        at = 0
+        for r in requests:
+            groups = []
+            for output in outputs[at:at + len(r.prompts)]:
+                group = [self._completion(c) for c in sorted(output.outputs, key=lambda c: c.index)]
+                if r.params.temperature <= 0:
+                    group = [Completion(list(c.token_ids), c.text, list(c.logprobs), c.version)
+                             for c in group for _ in range(r.n)]
+                groups.append(group)
+            at += len(r.prompts)
+            results.append(groups)
         return results
 
     def _completion(self, out: vllm.CompletionOutput) -> Completion:
