@@ -96,6 +96,19 @@ def test_greedy_equals_hf_token_for_token(sampler: VLLMSampler, prompts: list[li
         assert c.text == tokenizer.decode(c.token_ids[:-1], skip_special_tokens=True)
 
 
+def test_seeded_batch_larger_than_one_prefill_step(sampler: VLLMSampler) -> None:
+    """More distinct prompt tokens than one engine step takes (vLLM's default budget is 4096 tokens): vLLM 0.32
+    split such a prefill across steps and then crashed on seeded requests ("CPU Generator does not use offset");
+    the sampler schedules whole prefills only, so a large seeded batch completes, and reproducibly."""
+    rng = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 60, (100,), generator=rng).tolist() for _ in range(64)]  # 6,400 distinct tokens
+    params = SamplingParams(temperature=1.0, max_new_tokens=4, seed=3)
+    first = sampler.generate(prompts, 2, params)
+    assert [len(g) for g in first] == [2] * 64
+    assert [[c.token_ids for c in g] for g in sampler.generate(prompts, 2, params)] == \
+        [[c.token_ids for c in g] for g in first]
+
+
 def test_sampled_logprobs_are_the_processed_distribution(sampler: VLLMSampler, prompts: list[list[int]]) -> None:
     params = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=24, seed=11)
     groups = sampler.generate(prompts, 4, params)
@@ -259,3 +272,4 @@ def test_factory_auto_starts_vllm_and_keeps_the_callers_rng(model_dir: Path, tok
         assert out.token_ids == sampler.generate([[5, 6, 7]], 1, SamplingParams(0.0, 1.0, 8))[0][0].token_ids
     finally:
         second.close()
+

@@ -87,6 +87,7 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 EMBEDDING = "model.embed_tokens.weight"
+MAX_BATCHED_TOKENS = 4096  # tokens one engine step takes (vLLM's CPU default); at least one full-length prompt
 
 _set_torch_threads = torch._C.set_num_threads  # the real setter; vLLM's CPU worker patches torch.set_num_threads
 
@@ -273,6 +274,11 @@ class VLLMSampler(Sampler):
                 # vLLM caches prompts in whole blocks: 32 tokens (CPU default 128, longer than our prompts) lets
                 # the n samples of a prompt share its prefill; measured 3.5x tokens/s on the default model.
                 block_size=KV_BLOCK_TOKENS if current_platform.is_cpu() else None,
+                # Whole prefills only: when a step's token budget split a prompt's prefill, vLLM 0.32 rewound the
+                # request's seeded generator, which the CPU generator cannot do ("CPU Generator does not use
+                # offset"), and every seeded batch of more prompt tokens than the budget crashed.
+                enable_chunked_prefill=False,
+                max_num_batched_tokens=max(MAX_BATCHED_TOKENS, self.sizes.max_model_len),
                 **lora_args,
             )
             # Kernels are chosen and compiled lazily: one tiny sampled request makes a broken backend fail
