@@ -20,8 +20,9 @@ Contract:
 - `[simulation] status_port = P` (> 0): node i serves its status API on 127.0.0.1:P+i for the whole cell (the
   URLs go to `log`).
 - `[simulation] sampler = "shared-lora"`: one vLLM engine per cell serves every node's policy as a LoRA adapter
-  (swarm_node/sampler/shared_lora.py); nodes train their adapters only. In sync mode a round's sampling is one
-  engine batch over all nodes (each node's draft runs on its own thread; results as if sampled alone).
+  (swarm_node/sampler/shared_lora.py); nodes train their adapters only. In sync mode on a GPU a round's sampling
+  is one engine batch over all nodes (each node's draft on its own thread; results as if sampled alone); on CPU,
+  where vLLM's LoRA ops make mixed-adapter batches slower than separate calls, nodes call it one after another.
 - The cumulative reward of a node is the sum over its rounds of the mean reward per LOCAL completion; a cell's
   is the mean over nodes.
 """
@@ -105,7 +106,7 @@ class CellSamplers:
 
     def sample_all(self, nodes: list[SimNode]) -> dict[int, Draft | dict[str, Any]]:
         """Every node's `sample_and_share`, by node index."""
-        if self.engine is None or len(nodes) < 2:
+        if self.engine is None or not self.engine.batches_policies or len(nodes) < 2:
             return {n.index: n.node.sample_and_share() for n in nodes}
         with self.engine.gather(len(nodes)) as leave, ThreadPoolExecutor(len(nodes), "sim-sample") as pool:
             def one(n: SimNode) -> Draft | dict[str, Any]:

@@ -14,6 +14,9 @@ Batching across policies: inside `with engine.gather(k) as leave:`, the `generat
 each) are held until every one of them has called or left (`leave()`, which each thread calls when its work
 is over, whether or not it generated), then run as one engine batch; each caller gets its own results, the same
 tokens it would get alone (seeds are per prompt), or the batch's exception. Outside a gather, calls run alone.
+`batches_policies` says whether that pays: on vLLM's CPU backend LoRA runs as reference torch ops that gather
+each token's adapter weights, and one batch of 8 policies x 64 sequences took 1.13 s against 0.87 s as 8 calls
+(0.28 s without adapters; vLLM 0.32, default model, 1 thread), so simulations batch policies on GPUs only.
 
 Why: one vLLM engine per simulated node does not fit a small machine (each holds its weights, KV cache and
 kernels); one engine holds the base once plus ~1-10% of its size per adapter.
@@ -31,6 +34,7 @@ from pathlib import Path
 
 import torch
 from transformers import PreTrainedTokenizerBase
+from vllm.platforms import current_platform
 
 from swarm_node import lora
 from swarm_node.sampler.base import Completion, Sampler, SamplingParams
@@ -50,6 +54,7 @@ class SharedLoRAEngine:
         self._ids_lock = threading.Lock()
         self._names: set[str] = set()
         self._gather: _Gather | None = None
+        self.batches_policies = not current_platform.is_cpu()  # see the module header
 
     @contextmanager
     def gather(self, participants: int) -> Iterator[Callable[[], None]]:
