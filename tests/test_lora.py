@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -19,15 +20,19 @@ from swarm_node.sampler.hf import HFSampler
 from swarm_node.tokenizer import build_char_tokenizer
 from swarm_node.trainer import Trainer, TrainSample
 
+if TYPE_CHECKING:
+    from swarm_node.sampler.shared_lora import SharedLoRAEngine
+
 # Head size 32: vLLM's CPU attention has no kernel for 16.
 RECIPE = DefaultModelRecipe(hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128, max_positions=128)
 PROMPTS = ["12+34=", "7+8=", "What is 3+4?", "a", "99+1=", "5*6-2="]
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)
+TOKENIZER = build_char_tokenizer()
 
 
 def scaled_model(seed: int = 0) -> torch.nn.Module:
     """A random Qwen2 whose layers matter next to the residual stream (outputs depend on the prompt)."""
-    model = random_qwen2(build_char_tokenizer(), RECIPE, seed=seed)
+    model = random_qwen2(TOKENIZER, RECIPE, seed=seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if param.dim() == 2 and "embed" not in name:
@@ -114,29 +119,33 @@ def test_lora_config_is_for_peers_only() -> None:
         cfg.validate()
 
 
-@pytest.mark.vllm
-def test_shared_engine_serves_each_policy_like_the_transformers_sampler(tmp_path: Path) -> None:
-    pytest.importorskip("vllm")
+def shared_engine(tmp_path: Path, policies: int, **settings: float) -> SharedLoRAEngine:
+    """A shared LoRA engine (rank 4, alpha 8) on `scaled_model()`, saved under tmp_path."""
     from swarm_node.sampler.factory import SamplerSettings
     from swarm_node.sampler.shared_lora import SharedLoRAEngine
 
-    tokenizer = build_char_tokenizer()
     base_dir = tmp_path / "base"
     scaled_model().save_pretrained(base_dir, safe_serialization=True)
-    tokenizer.save_pretrained(base_dir)
-    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    TOKENIZER.save_pretrained(base_dir)
+    return SharedLoRAEngine(base_dir, TOKENIZER, SamplerSettings(threads=1, **settings), policies=policies, rank=4,
+                            alpha=8.0, adapter_dir=tmp_path / "adapters")
+
+
+@pytest.mark.vllm
+def test_shared_engine_serves_each_policy_like_the_transformers_sampler(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    prompts = [TOKENIZER.encode(p) for p in PROMPTS]
     policies = []
     for seed in (1, 2):
         model = scaled_model()
         lora.attach_lora(model, rank=4, alpha=8.0, seed=seed)
         randomise_adapters(model, seed)
         policies.append(model)
-    expected = [[g[0].token_ids for g in HFSampler(m, tokenizer).generate(prompts, 1, GREEDY)] for m in policies]
-    base_expected = [g[0].token_ids for g in HFSampler(scaled_model(), tokenizer).generate(prompts, 1, GREEDY)]
+    expected = [[g[0].token_ids for g in HFSampler(m, TOKENIZER).generate(prompts, 1, GREEDY)] for m in policies]
+    base_expected = [g[0].token_ids for g in HFSampler(scaled_model(), TOKENIZER).generate(prompts, 1, GREEDY)]
     assert expected[0] != expected[1] != base_expected  # the adapters matter
 
-    engine = SharedLoRAEngine(base_dir, tokenizer, SamplerSettings(threads=1, max_num_seqs=16, kv_cache_gb=0.01),
-                              policies=2, rank=4, alpha=8.0, adapter_dir=tmp_path / "adapters")
+    engine = shared_engine(tmp_path, 2, max_num_seqs=16, kv_cache_gb=0.01)
     try:
         a, b = engine.sampler("node0"), engine.sampler("node1")
         assert [g[0].token_ids for g in a.generate(prompts, 1, GREEDY)] == base_expected  # no adapter yet
@@ -166,16 +175,8 @@ def test_gathered_batch_gives_each_thread_its_own_results(tmp_path: Path) -> Non
     pytest.importorskip("vllm")
     from concurrent.futures import ThreadPoolExecutor
 
-    from swarm_node.sampler.factory import SamplerSettings
-    from swarm_node.sampler.shared_lora import SharedLoRAEngine
-
-    tokenizer = build_char_tokenizer()
-    base_dir = tmp_path / "base"
-    scaled_model().save_pretrained(base_dir, safe_serialization=True)
-    tokenizer.save_pretrained(base_dir)
-    prompts = [tokenizer.encode(p) for p in PROMPTS]
-    engine = SharedLoRAEngine(base_dir, tokenizer, SamplerSettings(threads=1, max_num_seqs=64, kv_cache_gb=0.02),
-                              policies=3, rank=4, alpha=8.0, adapter_dir=tmp_path / "adapters")
+    prompts = [TOKENIZER.encode(p) for p in PROMPTS]
+    engine = shared_engine(tmp_path, 3, max_num_seqs=64, kv_cache_gb=0.02)
     try:
         samplers = [engine.sampler(f"node{i}") for i in range(3)]
         for i, s in enumerate(samplers[1:], start=1):
