@@ -29,11 +29,19 @@ SCENARIO = Path(__file__).resolve().parents[1] / "simulations" / "scenarios" / "
 PAPER = {"8/0": 561.79, "6/2": 854.43, "4/4": 1093.31, "2/6": 945.87}
 
 
-def summarise(scn: Any, results: dict[str, list[dict[str, Any]]], total_s: float) -> dict[str, Any]:
+def window_reward(rows: list[dict[str, str]], first: int, last: int) -> float:
+    """Mean over nodes and rounds first..last of the mean reward per local completion."""
+    return statistics.fmean(float(r["reward_mean"]) for r in rows
+                            if first <= int(r["round"]) <= last and r["reward_mean"] not in ("", None))
+
+
+def summarise(scn: Any, results: dict[str, list[dict[str, Any]]], total_s: float, run_dir: Path) -> dict[str, Any]:
+    window = max(1, scn.rounds // 6)  # learning shows as the reward of the last rounds against the first ones
     configs = {}
     for name, cells in results.items():
         cum = [c["cum_reward"] for c in cells]
         evals = [c["final_eval_acc"] for c in cells if c["final_eval_acc"] is not None]
+        rows = [read_rows(cell_dir(run_dir, name, c["seed"]) / "metrics.csv") for c in cells]
         configs[name] = {
             "cum_reward_mean": statistics.fmean(cum) if cum else None,
             "cum_reward_std": statistics.stdev(cum) if len(cum) > 1 else 0.0,
@@ -41,6 +49,10 @@ def summarise(scn: Any, results: dict[str, list[dict[str, Any]]], total_s: float
             "final_eval_acc_mean": statistics.fmean(evals) if evals else None,
             "seeds_done": [c["seed"] for c in cells],
             "final_eval_acc_per_seed": evals,
+            "reward_window_rounds": window,
+            "first_window_reward_mean": statistics.fmean(window_reward(r, 1, window) for r in rows),
+            "last_window_reward_mean": statistics.fmean(window_reward(r, scn.rounds - window + 1, scn.rounds)
+                                                        for r in rows),
         }
     base = configs.get("8/0", {}).get("cum_reward_mean")
     for name, c in configs.items():
@@ -95,7 +107,7 @@ def main() -> None:
             results[variant.name].append(result)
             print(f"{variant.name} seed {seed}: cum reward {result['cum_reward']:.2f} final eval "
                   f"{result['final_eval_acc']} ({result['wall_s']:.0f} s)", flush=True)
-            summary = summarise(scn, results, time.monotonic() - started)
+            summary = summarise(scn, results, time.monotonic() - started, run_dir)
             (RESULTS / "sapo_sweep.json").write_text(json.dumps(summary, indent=1))
     curves = {name: [read_rows(cell_dir(run_dir, name, c["seed"]) / "metrics.csv") for c in cells]
               for name, cells in results.items()}
