@@ -120,6 +120,7 @@ class Node:
         self._last_step_end: float | None = None
         self.stepper: Callable[[], dict[str, Any] | None] | None = None  # a role's step (echo_peer) instead
         self.peer_drops: Counter[tuple[str, str]] = Counter()  # (sender, reason), incl. forged_reward
+        self.ready = False  # setup() done
 
     # -- setup ---------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -155,6 +156,7 @@ class Node:
                                         self.version, self.events.log)
         if self.step > 0:
             self.sampler.load_weights(self.policy_weights(), self.version)
+        self.ready = True
 
     def policy_weights(self) -> dict[str, torch.Tensor]:
         """The current policy in the form this node's sampler loads (see `Sampler.weights`)."""
@@ -189,7 +191,7 @@ class Node:
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self) -> RunSummary:
-        if self.sampler is None:
+        if not self.ready:
             self.setup()
         cfg = self.cfg
         self.stats.update(total_steps=cfg.run.steps, policy_version=self.version, step=self.step)

@@ -210,3 +210,40 @@ def test_gathered_batch_gives_each_thread_its_own_results(tmp_path: Path) -> Non
         assert together[:3] == alone and together[3] is None
     finally:
         engine.close()
+
+
+class RecordingSampler(HFSampler):
+    """The transformers sampler, asking for the weights in a given form and keeping what it was sent."""
+
+    def __init__(self, *args: object, weights: str) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.weights = weights
+        self.sent: list[dict[str, torch.Tensor]] = []
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        self.sent.append(state_dict)
+        self.version = version
+
+
+@pytest.mark.parametrize("form", ["full", "base", "adapter"])
+def test_node_pushes_its_lora_policy_in_the_form_its_sampler_takes(form: str, tiny_model_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    from swarm_node.config import load_config
+    from swarm_node.model import load_model
+    from swarm_node.node import Node, NodeEvents
+
+    cfg = load_config(None, {"model.path": str(tiny_model_dir), "run.steps": 1, "run.prompts_per_step": 4,
+                             "run.group_size": 4, "run.eval_problems": 0, "run.run_dir": str(tmp_path / "run"),
+                             "train.threads": 1, "train.lora_rank": 4, "status.port": -1, "task.reward": "score"})
+    model, tokenizer = load_model(tiny_model_dir)
+    sampler = RecordingSampler(model, tokenizer, weights=form)
+    node = Node(cfg, events=NodeEvents(log=lambda _m: None), sampler=sampler)
+    node.run()
+    assert node.sampler is sampler and node.version == 1 and len(sampler.sent) == 1
+    sent = sampler.sent[0]
+    if form == "adapter":
+        assert sent.keys() == lora.adapter_tensors(node.model).keys()
+    else:
+        expected = node.model.state_dict() if form == "full" else lora.merged_state(node.model)
+        assert sent.keys() == expected.keys() and all(torch.equal(sent[k], expected[k]) for k in sent)
+    assert any(".lora_B." in k for k in node.model.state_dict())  # the node trains adapters in every form

@@ -47,7 +47,7 @@ class SharedLoRAEngine:
                  policies: int, rank: int, alpha: float, adapter_dir: Path) -> None:
         if rank < 1:
             raise ValueError(f"a shared LoRA engine serves adapters of rank >= 1, got {rank}")
-        self.rank, self.alpha = rank, alpha
+        self.rank, self.alpha, self.policies = rank, alpha, policies
         self.adapter_dir = Path(adapter_dir)
         self.engine = VLLMSampler(model_dir, tokenizer, settings, lora=LoRASlots(policies, rank))
         self._ids = itertools.count(1)  # adapter ids are never reused (see the module header)
@@ -85,7 +85,7 @@ class SharedLoRAEngine:
             return next(self._ids)
 
     def summary(self) -> str:
-        return f"shared {self.engine.summary()}, LoRA rank {self.rank} x {len(self._names)} policies"
+        return f"shared {self.engine.summary()}, LoRA adapters of rank {self.rank} for {self.policies} policies"
 
     def close(self) -> None:
         self.engine.close()
