@@ -387,8 +387,9 @@ def run_cell(scn: Scenario, variant: Variant, seed: int, run_dir: Path,
     stats = [NodeStats() for _ in range(scn.nodes)]
     log = log or (lambda _m: None)
     engine = _shared_engine(scn, variant, root, log)
-    servers = _start_status_servers(scn, stats, log)
+    servers: list[Any] = []
     try:
+        servers = _start_status_servers(scn, stats, log)
         nodes = CELL_LOOPS[scn.transport](scn, variant, seed, root, stats, CellSamplers(engine), rows, on_round, log)
         try:
             evals = [n.node.evaluate().greedy_acc for n in nodes] if scn.eval_problems else []
