@@ -6,7 +6,10 @@ resumable: a finished cell (its result.json in the run dir) is loaded, not re-ru
 Cumulative reward of a run = sum over rounds of the mean reward per LOCAL completion, averaged over nodes; final
 eval = greedy held-out accuracy, averaged over nodes. Writes bench/results/sapo_sweep.json and sapo_sweep.png.
 
-    python -m bench.sapo_sweep [--rounds 30] [--seeds 0 1 2] [--nodes 4] [--run-dir runs/sapo_sweep] [--is]
+    python -m bench.sapo_sweep [--rounds 300] [--seeds 0 1 2] [--nodes 4] [--run-dir runs/sapo_sweep] [--is]
+
+Defaults come from the scenario (300 rounds: ~30 min per cell on 2 cores). To use both cores, run one process per
+seed (`--seeds K`, same --run-dir), then once more without --seeds to gather every cell into the results.
 """
 
 from __future__ import annotations
