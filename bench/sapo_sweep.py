@@ -53,9 +53,9 @@ def summarise(scn: Any, results: dict[str, list[dict[str, Any]]], total_s: float
             "seeds_done": [c["seed"] for c in cells],
             "final_eval_acc_per_seed": evals,
             "reward_window_rounds": window,
-            "first_window_reward_mean": statistics.fmean(window_reward(r, 1, window) for r in rows),
+            "first_window_reward_mean": statistics.fmean(window_reward(r, 1, window) for r in rows) if rows else None,
             "last_window_reward_mean": statistics.fmean(window_reward(r, scn.rounds - window + 1, scn.rounds)
-                                                        for r in rows),
+                                                        for r in rows) if rows else None,
         }
     base = configs.get("8/0", {}).get("cum_reward_mean")
     for name, c in configs.items():
