@@ -118,7 +118,8 @@ def main() -> None:
     c = summary["configs"]
     print("sapo_sweep: " + "; ".join(
         f"{n} cum {c[n]['cum_reward_mean']:.2f}±{c[n]['cum_reward_std']:.2f}"
-        + (f" ({c[n]['gain_vs_8_0_pct']:+.0f}% vs 8/0; paper {c[n].get('paper_gain_vs_8_0_pct', 0):+.0f}%)"
+        + (f" ({c[n]['gain_vs_8_0_pct']:+.0f}% vs 8/0"
+           + (f"; paper {c[n]['paper_gain_vs_8_0_pct']:+.0f}%" if "paper_gain_vs_8_0_pct" in c[n] else "") + ")"
            if c[n]['gain_vs_8_0_pct'] is not None and n != "8/0" else "")
         for n in c) + f"; {scn.nodes} nodes x {scn.rounds} rounds x {len(scn.seeds)} seeds in "
         f"{summary['cells_wall_s']:.0f} s of cell compute")
