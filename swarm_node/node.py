@@ -160,7 +160,8 @@ class Node:
 
     def policy_weights(self) -> dict[str, torch.Tensor]:
         """The current policy in the form this node's sampler loads (see `Sampler.weights`)."""
-        if not self.cfg.train.lora_rank or self.sampler is None or self.sampler.weights == "full":
+        assert self.sampler is not None, "policy_weights() is called once setup() has built the sampler"
+        if not self.cfg.train.lora_rank or self.sampler.weights == "full":
             return self.model.state_dict()
         if self.sampler.weights == "adapter":
             return lora.adapter_tensors(self.model)
