@@ -44,11 +44,11 @@ def emit(**event: Any) -> None:
 # ------------------------------------------------------------------------------------------- the node process
 async def node_main(bandwidth: float, chunk_bytes: int) -> None:
     from protocol.messages import TOPIC_POLICY
-    from swarm_node.broadcast import PolicyBroadcaster
     from swarm_node.identity import generate
-    from swarm_node.shaping import Shaper
+    from swarm_node.policy_sync.broadcast import PolicyBroadcaster
     from swarm_node.transport.libp2p_ipc import HostSettings
     from swarm_node.transport.libp2p_transport import LibP2PConfig, LibP2PTransport
+    from swarm_node.transport.shaping import Shaper
 
     transport = LibP2PTransport(generate(), LibP2PConfig(host=HostSettings(listen=("/ip4/127.0.0.1/tcp/0",))))
     node = PolicyBroadcaster(transport, chunk_bytes=chunk_bytes, shaper=Shaper(bandwidth, bandwidth), keep=4)

@@ -41,13 +41,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from bench.sampler import LARGE_RECIPE, random_model
 from swarm_node import tasks
 from swarm_node.config import NodeConfig
-from swarm_node.delta import PolicyFollower, PolicyPublisher, State, model_state
-from swarm_node.delta_codecs import TopKCodec
-from swarm_node.model import ensure_default_model, load_model
-from swarm_node.rollout import score_group, to_samples
+from swarm_node.model.default_model import ensure_default_model, load_model
+from swarm_node.policy_sync.codecs import TopKCodec
+from swarm_node.policy_sync.delta import PolicyFollower, PolicyPublisher, State, model_state
 from swarm_node.sampler.base import SamplingParams
 from swarm_node.sampler.hf import HFSampler
-from swarm_node.trainer import StepStats, Trainer
+from swarm_node.train.scoring import score_group, to_samples
+from swarm_node.train.trainer import StepStats, Trainer
 
 RESULTS = Path(__file__).parent / "results" / "delta_bytes.json"
 WINDOW = 10  # steps averaged for "reward over the last steps"

@@ -36,11 +36,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from vllm.inputs import TokensPrompt
 
 from swarm_node import tasks
-from swarm_node.model import DefaultModelRecipe, cache_dir, load_model, random_qwen2
-from swarm_node.sampler.base import SamplingParams
-from swarm_node.sampler.factory import SamplerSettings
+from swarm_node.model.default_model import DefaultModelRecipe, cache_dir, load_model, random_qwen2
+from swarm_node.model.tokenizer import build_char_tokenizer
+from swarm_node.sampler.base import SamplerSettings, SamplingParams
 from swarm_node.sampler.hf import HFSampler
-from swarm_node.tokenizer import build_char_tokenizer
 
 RESULTS = Path(__file__).parent / "results"
 LARGE_RECIPE = DefaultModelRecipe(hidden_size=512, layers=8, heads=8, kv_heads=2, intermediate_size=1408,

@@ -26,8 +26,8 @@ from typing import Any
 import tomllib
 
 from swarm_node.config import load_config
-from swarm_node.evaluate import evaluate
-from swarm_node.node import Node, NodeEvents
+from swarm_node.node.core import Node, NodeEvents
+from swarm_node.train.evaluate import evaluate
 
 RESULTS = Path(__file__).parent / "results"
 EVAL_PROBLEMS = 500

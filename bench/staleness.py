@@ -78,10 +78,10 @@ def worker_main(conn: Connection, staleness: int, steps: int, seed: int, run_dir
 
     from protocol.codec import encode
     from protocol.messages import RolloutBatch
-    from swarm_node import sharing
-    from swarm_node.delta import PolicyUpdate
-    from swarm_node.echo import Worker
-    from swarm_node.node import Node, NodeEvents
+    from swarm_node.echo.worker import Worker
+    from swarm_node.node.core import Node, NodeEvents
+    from swarm_node.policy_sync.delta import PolicyUpdate
+    from swarm_node.sharing.wire import group_id_for, to_wire
 
     torch.set_num_threads(1)
     node = Node(_config(1, staleness, steps, seed, run_dir, sampler), events=NodeEvents(log=lambda _m: None))
@@ -101,8 +101,8 @@ def worker_main(conn: Connection, staleness: int, steps: int, seed: int, run_dir
                                           msg["sha256"], msg["state_sha256"]))
             version = worker.version
             groups, gen_s, _tokens = worker.generate()
-            wire = [sharing.to_wire(g, "learner", version, node.tokenizer_hash, "qwen2", time.time(),
-                                    sharing.group_id_for("worker", worker.batches, i, seed))
+            wire = [to_wire(g, "learner", version, node.tokenizer_hash, "qwen2", time.time(),
+                                    group_id_for("worker", worker.batches, i, seed))
                     for i, g in enumerate(groups)]
             conn.send_bytes(msgpack.packb({"gen_s": gen_s, "batch": encode(RolloutBatch(tuple(wire)))}))
     finally:
@@ -115,9 +115,9 @@ def learner_main(conn: Connection, staleness: int, steps: int, seed: int, run_di
 
     from protocol.codec import decode
     from protocol.limits import Limits
-    from swarm_node import sharing
-    from swarm_node.echo import Learner
-    from swarm_node.node import Node, NodeEvents
+    from swarm_node.echo.learner import Learner
+    from swarm_node.node.core import Node, NodeEvents
+    from swarm_node.sharing.rescore import accept_external
 
     torch.set_num_threads(1)
     node = Node(_config(0, staleness, steps, seed, run_dir, "hf"), events=NodeEvents(log=lambda _m: None))
@@ -138,7 +138,7 @@ def learner_main(conn: Connection, staleness: int, steps: int, seed: int, run_di
                 batch = decode(msg["batch"], limits)
                 now = time.time()
                 for wire in batch.groups:  # type: ignore[union-attr]
-                    outcome = sharing.accept_external(wire, "worker", node.share_ctx, now,
+                    outcome = accept_external(wire, "worker", node.share_ctx, now,
                                                       delegates={"learner": frozenset({"worker"})},
                                                       keep_no_signal=True)
                     if outcome.external is not None:
@@ -204,7 +204,7 @@ def main() -> None:
     parser.add_argument("--skip-pinned", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from swarm_node.model import ensure_default_model
+    from swarm_node.model.default_model import ensure_default_model
 
     ensure_default_model()
     started = time.monotonic()

@@ -26,8 +26,8 @@ from cli.common import (
 
 if TYPE_CHECKING:
     from swarm_node.config import NodeConfig
-    from swarm_node.node import NodeEvents, RunSummary
-    from swarm_node.stats import NodeStats
+    from swarm_node.node.core import NodeEvents, RunSummary
+    from swarm_node.status.stats import NodeStats
 
 # rich_markup_mode=None: help texts show defaults like [/ip4/0.0.0.0/tcp/0], which rich would parse as a tag.
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -97,7 +97,7 @@ def solo(config: ConfigOpt = None, steps: StepsOpt = None, task: TaskOpt = None,
     """Train one node alone, offline, on the embedded default model and task."""
     with user_errors():
         from swarm_node.config import load_config
-        from swarm_node.stats import NodeStats
+        from swarm_node.status.stats import NodeStats
 
         cfg = load_config(config, node_overrides(
             steps, task, task_option, model, group_size, prompts_per_step, seed, run_dir, resume, sampler, lr,
@@ -113,7 +113,7 @@ def solo(config: ConfigOpt = None, steps: StepsOpt = None, task: TaskOpt = None,
 
 
 def run_solo_node(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> RunSummary:
-    from swarm_node.node import Node
+    from swarm_node.node.core import Node
 
     node = Node(cfg, stats, events)
     try:
@@ -124,7 +124,7 @@ def run_solo_node(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> RunS
 
 def run_with_progress(cfg: NodeConfig, stats: NodeStats,
                       runner: Callable[[NodeConfig, NodeStats, NodeEvents], RunSummary]) -> None:
-    from swarm_node.node import NodeEvents
+    from swarm_node.node.core import NodeEvents
 
     with StepProgress(cfg.run.steps) as progress:
         summary = runner(cfg, stats, NodeEvents(log=progress.log, build_progress=progress.build,
@@ -171,7 +171,7 @@ def join(bootstrap: BootstrapOpt = None, listen: ListenOpt = None, announce_addr
     --bootstrap it starts a new swarm."""
     with user_errors():
         from swarm_node.config import load_config
-        from swarm_node.stats import NodeStats
+        from swarm_node.status.stats import NodeStats
 
         overrides = node_overrides(
             steps, task, task_option, model, group_size, prompts_per_step, seed, run_dir, resume, sampler, lr,
@@ -191,7 +191,7 @@ def join(bootstrap: BootstrapOpt = None, listen: ListenOpt = None, announce_addr
         stats = NodeStats(role=cfg.network.role)
         server = start_status_server(stats, cfg.status.host, cfg.status.port, cfg.status.token)
         try:
-            from swarm_node.peer import run_peer
+            from swarm_node.roles.peer import run_peer
 
             run_with_progress(cfg, stats, run_peer)
         finally:

@@ -13,8 +13,8 @@ from typing import Any
 
 import typer
 
+from swarm_node.echo.planning import Plan, input_from_mapping, measure_run, plan, plan_to_dict
 from swarm_node.errors import UserError
-from swarm_node.planning import Plan, input_from_mapping, measure_run, plan, plan_to_dict
 
 METRICS_FILE = "metrics.jsonl"  # what swarm_node.node writes (not imported: that would load torch)
 

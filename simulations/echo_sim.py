@@ -28,9 +28,10 @@ from typing import Any
 
 from simulations.broadcast_sim import receiver_names, simulate
 from swarm_node.config import load_config
-from swarm_node.delta import PolicyUpdate
-from swarm_node.echo import Learner, Worker
-from swarm_node.node import Node, NodeEvents
+from swarm_node.echo.learner import Learner
+from swarm_node.echo.worker import Worker
+from swarm_node.node.core import Node, NodeEvents
+from swarm_node.policy_sync.delta import PolicyUpdate
 
 
 @dataclass

@@ -26,8 +26,8 @@ from protocol.errors import WireError
 from protocol.limits import Limits
 from protocol.messages import TOPIC_ROLLOUTS, RolloutBatch, RolloutGroup
 from protocol.validation import AcceptPolicy
-from swarm_node.exchange import TransportExchange
 from swarm_node.identity import load_or_create
+from swarm_node.sharing.exchange import TransportExchange
 from swarm_node.transport.base import Delivery, Transport, ValidationResult
 from swarm_node.transport.libp2p_ipc import HostSettings
 from swarm_node.transport.libp2p_transport import LibP2PConfig, LibP2PTransport

@@ -49,16 +49,16 @@ from simulations.loopback import TrackingExchange, connect_mesh, loopback_transp
 from simulations.network import LinkModel, NetworkHub
 from simulations.scenario import Scenario, Variant
 from swarm_node.errors import UserError
-from swarm_node.exchange import TransportExchange, accept_policy_for
 from swarm_node.identity import IDENTITY_FILENAME
-from swarm_node.model import DefaultModelRecipe, ensure_default_model, load_tokenizer
-from swarm_node.node import Draft, Node, NodeEvents
-from swarm_node.sampler.base import Sampler
-from swarm_node.sampler.factory import SamplerSettings
-from swarm_node.stats import NodeStats
+from swarm_node.model.default_model import DefaultModelRecipe, ensure_default_model, load_tokenizer
+from swarm_node.node.core import Node, NodeEvents
+from swarm_node.sampler.base import Sampler, SamplerSettings
+from swarm_node.sharing.exchange import TransportExchange, accept_policy_for
+from swarm_node.status.stats import NodeStats
 from swarm_node.transport.base import Transport, TransportError
 from swarm_node.transport.libp2p_transport import LibP2PTransport
 from swarm_node.transport.memory import MemoryTransport, memory_addr
+from swarm_node.types import Draft
 
 if TYPE_CHECKING:
     from swarm_node.sampler.shared_lora import SharedLoRAEngine

@@ -141,7 +141,7 @@ class ShareConfig:
     selection: str = "uniform"  # pool.SELECTIONS registry
 
     def validate(self) -> None:
-        from swarm_node.pool import SELECTIONS
+        from swarm_node.sharing.pool import SELECTIONS
 
         _non_negative(self, "local_groups", "external_groups", "max_external_age", "per_peer_batch_cap")
         _positive(self, "pool_size", "per_peer_pool_cap", "is_cap")
@@ -204,7 +204,7 @@ class EchoConfig:
 
     def validate(self) -> None:
         from protocol.relay import ScheduleError, make_plan
-        from swarm_node.delta_codecs import CODECS
+        from swarm_node.policy_sync.codecs import CODECS
 
         if self.encoding not in CODECS:
             raise ConfigError(f"echo.encoding {self.encoding!r} unknown; choose {sorted(CODECS)}")

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from swarm_node.model import DefaultModelRecipe, random_qwen2, warm_up
-from swarm_node.tokenizer import build_char_tokenizer
+from swarm_node.model.default_model import DefaultModelRecipe, random_qwen2, warm_up
+from swarm_node.model.tokenizer import build_char_tokenizer
 
 TINY_RECIPE = DefaultModelRecipe(hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate_size=128,
                                  max_positions=256)

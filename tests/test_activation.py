@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from swarm_node.activation import ActivationPolicy, Demand, WorkerActivator, WorkerReport
+from swarm_node.echo.activation import ActivationPolicy, Demand, WorkerActivator, WorkerReport
 from swarm_node.errors import UserError
 
 # need = R / T = 40 / 10 = 4.0 rollouts/s; target with 10% headroom = 4.4.

@@ -14,10 +14,10 @@ import pytest
 from protocol.chunks import PROTOCOL_ID, ChunkRequest, encode_frame
 from protocol.limits import Limits
 from protocol.messages import PolicyAnnounce
-from swarm_node.broadcast import BroadcastError, PolicyBroadcaster
-from swarm_node.shaping import Shaper
+from swarm_node.policy_sync.broadcast import BroadcastError, PolicyBroadcaster
 from swarm_node.transport.base import Stream, StreamHandler
 from swarm_node.transport.memory import MemoryHub, MemoryTransport, memory_addr
+from swarm_node.transport.shaping import Shaper
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from protocol.messages import TOPIC_POLICY
-from swarm_node.broadcast import PolicyBroadcaster
 from swarm_node.identity import generate
+from swarm_node.policy_sync.broadcast import PolicyBroadcaster
 from swarm_node.transport.libp2p_ipc import HostSettings
 from swarm_node.transport.libp2p_transport import LibP2PConfig, LibP2PTransport
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from swarm_node import checkpoint
-from swarm_node.model import load_model
+from swarm_node.model import checkpoint
+from swarm_node.model.default_model import load_model
 
 
 def _trained_pair(model_dir: Path) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

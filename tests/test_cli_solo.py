@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm_node import checkpoint
+from swarm_node.model import checkpoint
 
 CLI = [sys.executable, "-m", "cli.main"]
 ROOT = Path(__file__).resolve().parents[1]

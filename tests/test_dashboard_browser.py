@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from swarm_node.stats import NodeStats
 from swarm_node.status.demo import DEMO_PEERS, feed
 from swarm_node.status.server import StatusServer
+from swarm_node.status.stats import NodeStats
 
 pytestmark = pytest.mark.browser
 

@@ -16,7 +16,9 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from swarm_node.delta import (
+from swarm_node.model.default_model import load_model
+from swarm_node.policy_sync.codecs import read_header
+from swarm_node.policy_sync.delta import (
     CODECS,
     DeltaError,
     IntegrityError,
@@ -32,8 +34,6 @@ from swarm_node.delta import (
     model_state,
     state_hash,
 )
-from swarm_node.delta_codecs import read_header
-from swarm_node.model import load_model
 
 ENCODINGS = sorted(CODECS)
 
@@ -133,8 +133,8 @@ def test_round_trip_on_a_model_and_in_another_process(tiny_model_dir: Path, tmp_
     # A follower in a fresh process, with other thread settings, reconstructs the same bits.
     script = f"""
 import hashlib, json, torch
-from swarm_node.delta import PolicyFollower, PolicyUpdate, model_state
-from swarm_node.model import load_model
+from swarm_node.policy_sync.delta import PolicyFollower, PolicyUpdate, model_state
+from swarm_node.model.default_model import load_model
 torch.set_num_threads(3)
 follower = PolicyFollower(model_state(load_model({str(tiny_model_dir)!r})[0]))
 for step in range(3):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from simulations.echo_sim import EchoSimConfig, dissemination_s, run_echo
-from swarm_node.delta import state_hash
+from swarm_node.policy_sync.delta import state_hash
 
 
 def test_updates_reach_workers_when_the_broadcast_model_says() -> None:
@@ -40,7 +40,7 @@ def test_learner_trains_only_within_the_bound(warm_tiny_model_dir: Path, tmp_pat
 
 def test_workers_reconstruct_the_published_policy_bit_for_bit(tiny_model_dir: Path, tmp_path: Path) -> None:
     from simulations import echo_sim
-    from swarm_node import echo
+    from swarm_node.echo import worker as echo
 
     seen: list[tuple[str, str]] = []
     real_apply = echo.Worker.apply
@@ -83,7 +83,7 @@ def test_echo_scenario_needs_a_worker() -> None:
 
 
 def test_worker_cost_travels_as_a_status_capability() -> None:
-    from swarm_node.echo_peer import reported_cost
+    from swarm_node.roles.echo import reported_cost
 
     assert reported_cost(("sampler:vllm", "cost_per_hour:0.35")) == 0.35
     assert reported_cost(("sampler:hf",)) == 0.0

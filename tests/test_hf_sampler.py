@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from swarm_node.config import SamplerConfig, TrainConfig
-from swarm_node.model import load_model
+from swarm_node.model.default_model import load_model
 from swarm_node.sampler.base import PromptTooLongError, SamplingParams
 from swarm_node.sampler.hf import HFSampler
-from swarm_node.trainer import Trainer, TrainSample, collate
+from swarm_node.train.batching import collate
+from swarm_node.train.trainer import Trainer
+from swarm_node.types import TrainSample
 
 
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])

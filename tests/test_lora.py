@@ -11,14 +11,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from swarm_node import lora
 from swarm_node.config import NodeConfig, SamplerConfig, TrainConfig
 from swarm_node.errors import ConfigError
-from swarm_node.model import DefaultModelRecipe, random_qwen2
+from swarm_node.model import lora
+from swarm_node.model.default_model import DefaultModelRecipe, random_qwen2
+from swarm_node.model.tokenizer import build_char_tokenizer
 from swarm_node.sampler.base import SamplingParams
 from swarm_node.sampler.hf import HFSampler
-from swarm_node.tokenizer import build_char_tokenizer
-from swarm_node.trainer import Trainer, TrainSample
+from swarm_node.train.trainer import Trainer
+from swarm_node.types import TrainSample
 
 if TYPE_CHECKING:
     from swarm_node.sampler.shared_lora import SharedLoRAEngine
@@ -121,7 +122,7 @@ def test_lora_config_is_for_peers_only() -> None:
 
 def shared_engine(tmp_path: Path, policies: int, **settings: float) -> SharedLoRAEngine:
     """A shared LoRA engine (rank 4, alpha 8) on `scaled_model()`, saved under tmp_path."""
-    from swarm_node.sampler.factory import SamplerSettings
+    from swarm_node.sampler.base import SamplerSettings
     from swarm_node.sampler.shared_lora import SharedLoRAEngine
 
     base_dir = tmp_path / "base"
@@ -229,8 +230,8 @@ class RecordingSampler(HFSampler):
 def test_node_pushes_its_lora_policy_in_the_form_its_sampler_takes(form: str, tiny_model_dir: Path,
                                                                    tmp_path: Path) -> None:
     from swarm_node.config import load_config
-    from swarm_node.model import load_model
-    from swarm_node.node import Node, NodeEvents
+    from swarm_node.model.default_model import load_model
+    from swarm_node.node.core import Node, NodeEvents
 
     cfg = load_config(None, {"model.path": str(tiny_model_dir), "run.steps": 1, "run.prompts_per_step": 4,
                              "run.group_size": 4, "run.eval_problems": 0, "run.run_dir": str(tmp_path / "run"),

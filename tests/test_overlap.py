@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from swarm_node.config import load_config
-from swarm_node.node import Draft, Node, NodeEvents
-from swarm_node.overlap import LatestWeights, OverlappedGenerator
+from swarm_node.node.core import Node, NodeEvents
+from swarm_node.train.overlap import LatestWeights, OverlappedGenerator
+from swarm_node.types import Draft
 
 
 def test_generator_holds_at_most_s_plus_one_batches_outstanding() -> None:

@@ -14,8 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from swarm_node.errors import UserError
-from swarm_node.planning import (
+from swarm_node.echo.planning import (
     MB,
     PlanInput,
     WorkerSpec,
@@ -28,6 +27,7 @@ from swarm_node.planning import (
     plan,
     plan_to_dict,
 )
+from swarm_node.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 A, B, C = WorkerSpec("a", 2.0, 1.0), WorkerSpec("b", 1.0, 0.3), WorkerSpec("c", 1.5, 0.6)

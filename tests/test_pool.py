@@ -7,9 +7,9 @@ import random
 import pytest
 
 from swarm_node import tasks
-from swarm_node.pool import SELECTIONS, ExperiencePool, PoolEntry
-from swarm_node.rollout import ScoredGroup
 from swarm_node.sampler.base import Completion
+from swarm_node.sharing.pool import SELECTIONS, ExperiencePool, PoolEntry
+from swarm_node.types import ScoredGroup
 
 
 def entry(sender: str, key: str, step: int = 0, rewards: tuple[float, ...] = (1.0, 0.0)) -> PoolEntry:

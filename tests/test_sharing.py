@@ -9,19 +9,22 @@ from pathlib import Path
 import pytest
 
 from protocol.messages import CompletionWire, RolloutGroup, TaskRefWire
-from swarm_node import sharing, tasks
+from swarm_node import tasks
 from swarm_node.config import SamplerConfig, TrainConfig
-from swarm_node.model import load_model
-from swarm_node.pool import PoolEntry
-from swarm_node.rollout import score_group
+from swarm_node.model.default_model import load_model
+from swarm_node.model.tokenizer import build_char_tokenizer, tokenizer_hash
 from swarm_node.sampler.base import Completion
-from swarm_node.tokenizer import build_char_tokenizer, tokenizer_hash
-from swarm_node.trainer import Trainer
+from swarm_node.sharing.corrections import external_samples, policy_logprobs, sequence_is_weight
+from swarm_node.sharing.pool import PoolEntry
+from swarm_node.sharing.rescore import ShareContext, accept_external
+from swarm_node.sharing.wire import group_id_for, to_wire
+from swarm_node.train.scoring import score_group
+from swarm_node.train.trainer import Trainer
 
 NOW = 1_700_000_000.0
 TOK = build_char_tokenizer()
 SOURCE = tasks.TaskSource()
-CTX = sharing.ShareContext(TOK, tokenizer_hash(TOK), SOURCE)
+CTX = ShareContext(TOK, tokenizer_hash(TOK), SOURCE)
 REF = tasks.TaskRef(SOURCE.name, SOURCE.config, SOURCE.seed, 5)
 INST = tasks.instance(REF)
 EOS = TOK.eos_token_id
@@ -39,7 +42,7 @@ def wire(*completions: CompletionWire, sender: str = "peerA", ref: tasks.TaskRef
 
 
 def test_honest_group_is_rescored_with_our_verifier() -> None:
-    out = sharing.accept_external(wire(completion(INST.answer, 1.0), completion("9999", 0.0)), "peerA", CTX, NOW)
+    out = accept_external(wire(completion(INST.answer, 1.0), completion("9999", 0.0)), "peerA", CTX, NOW)
     assert out.reason == "" and not out.forged_reward
     g = out.external.group
     assert g.rewards == [1.0, 0.0] and g.advantages == [1.0, -1.0]
@@ -50,17 +53,17 @@ def test_honest_group_is_rescored_with_our_verifier() -> None:
 
 def test_forged_rewards_are_ignored_and_flagged() -> None:
     # claims the wrong answer is right and vice versa: our scores win, the sender is flagged
-    out = sharing.accept_external(wire(completion(INST.answer, 0.0), completion("9999", 1.0)), "peerA", CTX, NOW)
+    out = accept_external(wire(completion(INST.answer, 0.0), completion("9999", 1.0)), "peerA", CTX, NOW)
     assert out.forged_reward and out.external.group.rewards == [1.0, 0.0]
     # all-wrong group claimed correct: zero advantage after re-scoring, dropped and still flagged
-    out = sharing.accept_external(wire(completion("9999", 1.0), completion("8888", 1.0)), "peerA", CTX, NOW)
+    out = accept_external(wire(completion("9999", 1.0), completion("8888", 1.0)), "peerA", CTX, NOW)
     assert (out.external, out.reason, out.forged_reward) == (None, "zero_advantage", True)
 
 
 def test_text_is_ours_not_the_senders() -> None:
     """Same tokenizer: we score our decoding of the token ids; a lying text field cannot buy a reward."""
     lying = CompletionWire(tuple(TOK.encode("9999") + [EOS]), INST.answer, (-0.5,) * 5, 1.0)
-    out = sharing.accept_external(wire(lying, completion(INST.answer, 1.0)), "peerA", CTX, NOW)
+    out = accept_external(wire(lying, completion(INST.answer, 1.0)), "peerA", CTX, NOW)
     assert out.external.group.rewards == [0.0, 1.0] and out.external.group.completions[0].text == "9999"
 
 
@@ -79,13 +82,13 @@ def test_text_is_ours_not_the_senders() -> None:
     (wire(CompletionWire((5, 6), "x", (-0.1, math.nan), 0.0)), "peerA", "bad_logprob"),
 ])
 def test_drop_reasons(group: RolloutGroup, sender: str, reason: str) -> None:
-    out = sharing.accept_external(group, sender, CTX, NOW)
+    out = accept_external(group, sender, CTX, NOW)
     assert (out.external, out.reason) == (None, reason)
 
 
 def test_other_tokenizer_retokenizes_the_text() -> None:
     foreign = (CompletionWire((1, 2, 3), INST.answer, (-0.1,) * 3, 1.0), CompletionWire((4,), "9999", (-0.1,), 0.0))
-    out = sharing.accept_external(wire(*foreign, tok_hash="other"), "peerA", CTX, NOW)
+    out = accept_external(wire(*foreign, tok_hash="other"), "peerA", CTX, NOW)
     ext = out.external
     assert ext.retokenized and ext.group.rewards == [1.0, 0.0]
     assert ext.group.completions[0].token_ids == TOK.encode(INST.answer) + [EOS]
@@ -93,11 +96,11 @@ def test_other_tokenizer_retokenizes_the_text() -> None:
 
 
 def test_content_key_ignores_order_and_group_id() -> None:
-    a = sharing.accept_external(wire(completion(INST.answer, 1.0), completion("99", 0.0)), "peerA", CTX, NOW)
-    b = sharing.accept_external(dataclasses.replace(wire(completion("99", 0.0), completion(INST.answer, 1.0)),
+    a = accept_external(wire(completion(INST.answer, 1.0), completion("99", 0.0)), "peerA", CTX, NOW)
+    b = accept_external(dataclasses.replace(wire(completion("99", 0.0), completion(INST.answer, 1.0)),
                                                     group_id=b"\x02" * 16), "peerA", CTX, NOW)
     assert a.external.key == b.external.key
-    c = sharing.accept_external(wire(completion(INST.answer, 1.0), completion("98", 0.0)), "peerA", CTX, NOW)
+    c = accept_external(wire(completion(INST.answer, 1.0), completion("98", 0.0)), "peerA", CTX, NOW)
     assert c.external.key != a.external.key
 
 
@@ -105,37 +108,37 @@ def test_to_wire_round_trip_through_accept() -> None:
     comps = [Completion(TOK.encode(t) + [EOS], t, [-0.25] * (len(t) + 1) + [], 2) for t in (INST.answer, "77")]
     comps[0] = Completion(comps[0].token_ids, comps[0].text, comps[0].logprobs[:-1] + [1e-9], 2)  # rounding
     local = score_group(INST, TOK.encode(INST.prompt), comps)
-    w = sharing.to_wire(local, "peerA", 2, CTX.tokenizer_hash, "qwen2", NOW, sharing.group_id_for("peerA", 0, 0, 0))
+    w = to_wire(local, "peerA", 2, CTX.tokenizer_hash, "qwen2", NOW, group_id_for("peerA", 0, 0, 0))
     assert w.completions[0].logprobs[-1] == 0.0 and w.completions[0].claimed_reward == 1.0
-    out = sharing.accept_external(w, "peerA", CTX, NOW)
+    out = accept_external(w, "peerA", CTX, NOW)
     assert not out.forged_reward and out.external.group.rewards == local.rewards
-    assert len(w.group_id) == 16 and w.group_id != sharing.group_id_for("peerA", 0, 1, 0)
+    assert len(w.group_id) == 16 and w.group_id != group_id_for("peerA", 0, 1, 0)
 
 
 def test_sequence_is_weight_is_truncated() -> None:
-    assert sharing.sequence_is_weight([-1.0, -1.0], [-1.0, -1.0], 2.0) == 1.0
-    assert sharing.sequence_is_weight([-2.0, -2.0], [-1.0, -1.0], 2.0) == pytest.approx(math.exp(-1.0))
+    assert sequence_is_weight([-1.0, -1.0], [-1.0, -1.0], 2.0) == 1.0
+    assert sequence_is_weight([-2.0, -2.0], [-1.0, -1.0], 2.0) == pytest.approx(math.exp(-1.0))
     # a sender claiming its tokens were nearly impossible cannot enlarge the gradient past the cap
-    assert sharing.sequence_is_weight([-0.1], [-1e30], 2.0) == 2.0
-    assert sharing.sequence_is_weight([-0.1, -0.3], [-0.2, -0.2], 1.5) == pytest.approx(1.0)
-    assert sharing.sequence_is_weight([], [], 2.0) == 1.0
+    assert sequence_is_weight([-0.1], [-1e30], 2.0) == 2.0
+    assert sequence_is_weight([-0.1, -0.3], [-0.2, -0.2], 1.5) == pytest.approx(1.0)
+    assert sequence_is_weight([], [], 2.0) == 1.0
 
 
 def test_external_samples_are_on_policy_and_is_only_shrinks_or_caps(tiny_model_dir: Path) -> None:
     model, tok = load_model(tiny_model_dir)
     trainer = Trainer(model, TrainConfig(minibatches=1), SamplerConfig(), tok.pad_token_id)
-    out = sharing.accept_external(wire(completion(INST.answer, 1.0, lp=-50.0), completion("9999", 0.0, lp=-1e-3)),
-                                  "peerA", sharing.ShareContext(tok, tokenizer_hash(tok), SOURCE), NOW)
+    out = accept_external(wire(completion(INST.answer, 1.0, lp=-50.0), completion("9999", 0.0, lp=-1e-3)),
+                                  "peerA", ShareContext(tok, tokenizer_hash(tok), SOURCE), NOW)
     entry = PoolEntry(out.external.group, "peerA", out.external.key, 0)
-    plain = sharing.external_samples(trainer, [entry], "none", 2.0)
-    local = sharing.policy_logprobs(trainer, plain)
+    plain = external_samples(trainer, [entry], "none", 2.0)
+    local = policy_logprobs(trainer, plain)
     assert [s.behaviour_logprobs for s in plain] == local  # ratio 1 at the first minibatch
     assert [s.advantage for s in plain] == [1.0, -1.0]
-    weighted = sharing.external_samples(trainer, [entry], "is", 2.0)
+    weighted = external_samples(trainer, [entry], "is", 2.0)
     # completion 0: sender claims lp -50 per token -> ratio huge -> capped at 2; completion 1: sender claims
     # near-certainty -> ratio exp(mean(local) + 1e-3) < 1 shrinks it
     expected_1 = math.exp(sum(x + 1e-3 for x in local[1]) / len(local[1]))
     assert weighted[0].advantage == 2.0
     assert weighted[1].advantage == pytest.approx(-expected_1) and abs(weighted[1].advantage) < 1.0
-    retok = sharing.external_samples(trainer, [dataclasses.replace(entry, retokenized=True)], "is", 2.0)
+    retok = external_samples(trainer, [dataclasses.replace(entry, retokenized=True)], "is", 2.0)
     assert [s.advantage for s in retok] == [1.0, -1.0]  # no sender log-probs for another tokenizer

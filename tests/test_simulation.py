@@ -18,9 +18,9 @@ from simulations.scenario import parse_scenario
 from swarm_node import tasks
 from swarm_node.config import NodeConfig
 from swarm_node.errors import UserError
-from swarm_node.exchange import TransportExchange, accept_policy_for
-from swarm_node.node import Node, NodeEvents
+from swarm_node.node.core import Node, NodeEvents
 from swarm_node.sampler.base import SamplingParams
+from swarm_node.sharing.exchange import TransportExchange, accept_policy_for
 from swarm_node.transport.memory import MemoryTransport, memory_addr
 
 TINY = {"run": {"group_size": 4, "prompts_per_step": 2}, "sampler": {"kind": "hf", "max_new_tokens": 4},
@@ -111,7 +111,7 @@ def _weak_reward_after(tiny_model_dir: Path, tmp_path: Path, external: int, roun
     cfg.run.run_dir, cfg.run.seed, cfg.run.eval_problems, cfg.status.port = str(tmp_path / f"j{external}"), 0, 0, -1
     node = Node(cfg.validate(), events=NodeEvents(log=lambda _m: None), model_dir=tiny_model_dir)
     node.setup()
-    from swarm_node.tokenizer import tokenizer_hash
+    from swarm_node.model.tokenizer import tokenizer_hash
 
     async def main() -> None:
         hub = NetworkHub(LinkModel(latency_s=0.01))
@@ -247,7 +247,7 @@ def test_round_wait_counts_refused_groups_as_arrived() -> None:
     """The libp2p runner waits until each node has seen the others' groups of the round. A group its validator
     refuses (another task stream) has arrived too: otherwise every such round would wait the full round_s."""
     from simulations.loopback import TrackingExchange, missing_groups
-    from swarm_node.tokenizer import build_char_tokenizer
+    from swarm_node.model.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
     ours, other_seed = tasks.TaskSource(seed=0), tasks.TaskSource(seed=1)

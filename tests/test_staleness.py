@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from swarm_node.config import SamplerConfig, TrainConfig
-from swarm_node.model import load_model
-from swarm_node.staleness import RolloutBuffer, drop_reason, lag, may_generate
-from swarm_node.trainer import Trainer, TrainSample, collate
+from swarm_node.model.default_model import load_model
+from swarm_node.train.batching import collate
+from swarm_node.train.staleness import RolloutBuffer, drop_reason, lag, may_generate
+from swarm_node.train.trainer import Trainer
+from swarm_node.types import TrainSample
 
 
 def test_lag_and_drop_reasons() -> None:

@@ -7,8 +7,8 @@ from rich.console import Console
 
 from cli.status_cmd import print_status, sparkline, status_endpoint, status_tables
 from swarm_node.errors import UserError
-from swarm_node.stats import NodeStats
 from swarm_node.status.server import StatusServer
+from swarm_node.status.stats import NodeStats
 
 
 @pytest.mark.parametrize(("url", "endpoint", "token"), [

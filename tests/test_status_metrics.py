@@ -7,8 +7,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from swarm_node.stats import NodeStats
 from swarm_node.status.metrics import METRICS, TEXT_FAMILY_NAMES, render_metrics
+from swarm_node.status.stats import NodeStats
 from swarm_node.status.view import MAX_PEERS
 
 

@@ -20,8 +20,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from swarm_node.errors import UserError
-from swarm_node.stats import NodeStats
 from swarm_node.status.server import DEFAULT_STATUS_PORT, StatusServer, build_app, is_loopback
+from swarm_node.status.stats import NodeStats
 
 TOKEN = "s3cret-token-for-tests"
 Make = Callable[..., Awaitable[TestClient]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from swarm_node.stats import NodeStats
+from swarm_node.status.stats import NodeStats
 
 
 def test_peers_are_added_updated_counted_and_removed() -> None:

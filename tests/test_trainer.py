@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from swarm_node.config import SamplerConfig, TrainConfig
-from swarm_node.model import load_model
+from swarm_node.model.default_model import load_model
 from swarm_node.rl.logprobs import processed_log_softmax
-from swarm_node.trainer import Trainer, TrainSample, collate, group_minibatches
+from swarm_node.train.batching import collate, group_minibatches
+from swarm_node.train.trainer import Trainer
+from swarm_node.types import TrainSample
 
 
 def test_collate_layout() -> None:

@@ -18,18 +18,13 @@ import torch
 vllm = pytest.importorskip("vllm")
 
 from swarm_node.errors import UserError  # noqa: E402
-from swarm_node.model import DefaultModelRecipe, random_qwen2  # noqa: E402
+from swarm_node.model.default_model import DefaultModelRecipe, random_qwen2  # noqa: E402
+from swarm_node.model.tokenizer import build_char_tokenizer  # noqa: E402
 from swarm_node.rl.logprobs import processed_log_softmax  # noqa: E402
-from swarm_node.sampler.base import PromptTooLongError, SamplingParams  # noqa: E402
-from swarm_node.sampler.factory import SamplerSettings, make_sampler  # noqa: E402
+from swarm_node.sampler.base import PromptTooLongError, SamplerSettings, SamplingParams  # noqa: E402
+from swarm_node.sampler.factory import make_sampler  # noqa: E402
 from swarm_node.sampler.hf import HFSampler  # noqa: E402
-from swarm_node.sampler.vllm_sampler import (  # noqa: E402
-    EngineSizes,
-    ModelShape,
-    VLLMSampler,
-    derive_engine_sizes,
-)
-from swarm_node.tokenizer import build_char_tokenizer  # noqa: E402
+from swarm_node.sampler.vllm_sampler import EngineSizes, ModelShape, VLLMSampler, derive_engine_sizes  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

@@ -15,6 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
+from swarm_node.types import Completion
+
+__all__ = ["Completion", "PromptTooLongError", "Sampler", "SamplerSettings", "SamplingParams",
+           "check_prompt_lengths"]
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -25,11 +30,21 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
-class Completion:
-    token_ids: list[int]
-    text: str
-    logprobs: list[float]
-    version: int
+class SamplerSettings:
+    """vLLM engine settings; 0 means "derive from the model and the machine" (rules in `vllm_sampler`).
+
+    threads: torch/OpenMP threads while sampling (0: all usable cores). max_model_len: context (0: the model's).
+    kv_cache_gb: KV cache size (0: what max_num_seqs full-length sequences need, capped at 1/4 of free memory).
+    max_num_seqs: sequences decoded together (0: 256). dtype: float32 gives exact parity with the trainer.
+    compile: torch.compile the model (~10 s more start-up, ~10% more tokens/s).
+    """
+
+    threads: int = 0
+    max_model_len: int = 0
+    kv_cache_gb: float = 0.0
+    max_num_seqs: int = 0
+    dtype: str = "float32"
+    compile: bool = False
 
 
 class PromptTooLongError(ValueError):

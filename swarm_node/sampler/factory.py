@@ -6,34 +6,15 @@ Under `auto` a vLLM failure is one notice line and the HF fallback; under `vllm`
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swarm_node.errors import UserError
-from swarm_node.sampler.base import Sampler
+from swarm_node.sampler.base import Sampler, SamplerSettings
 from swarm_node.sampler.hf import HFSampler
 
 SAMPLER_KINDS = ("auto", "vllm", "hf")
-
-
-@dataclass(frozen=True)
-class SamplerSettings:
-    """vLLM engine settings; 0 means "derive from the model and the machine" (rules in `vllm_sampler`).
-
-    threads: torch/OpenMP threads while sampling (0: all usable cores). max_model_len: context (0: the model's).
-    kv_cache_gb: KV cache size (0: what max_num_seqs full-length sequences need, capped at 1/4 of free memory).
-    max_num_seqs: sequences decoded together (0: 256). dtype: float32 gives exact parity with the trainer.
-    compile: torch.compile the model (~10 s more start-up, ~10% more tokens/s).
-    """
-
-    threads: int = 0
-    max_model_len: int = 0
-    kv_cache_gb: float = 0.0
-    max_num_seqs: int = 0
-    dtype: str = "float32"
-    compile: bool = False
 
 
 def make_sampler(kind: str, model_dir: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,

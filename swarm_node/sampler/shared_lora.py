@@ -36,9 +36,8 @@ import torch
 from transformers import PreTrainedTokenizerBase
 from vllm.platforms import current_platform
 
-from swarm_node import lora
-from swarm_node.sampler.base import Completion, Sampler, SamplingParams
-from swarm_node.sampler.factory import SamplerSettings
+from swarm_node.model import lora
+from swarm_node.sampler.base import Completion, Sampler, SamplerSettings, SamplingParams
 from swarm_node.sampler.vllm_sampler import GenerateRequest, LoRARequest, LoRASlots, VLLMSampler
 
 

@@ -75,8 +75,7 @@ from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
 
 from swarm_node.errors import UserError
-from swarm_node.sampler.base import Completion, Sampler, SamplingParams, check_prompt_lengths
-from swarm_node.sampler.factory import SamplerSettings
+from swarm_node.sampler.base import Completion, Sampler, SamplerSettings, SamplingParams, check_prompt_lengths
 
 DEFAULT_MAX_NUM_SEQS = 256
 KV_CACHE_MAX_FRACTION = 0.25  # of the memory available at start: the trainer, its optimizer and peers need the rest

@@ -14,7 +14,7 @@ import random
 import threading
 import time
 
-from swarm_node.stats import NodeStats
+from swarm_node.status.stats import NodeStats
 
 DEMO_PEERS = (
     "12D3KooWJbYp5Xm9yLq3hQk8r2VdA7sQe4N1cT6uFzHwGoBpR5a",

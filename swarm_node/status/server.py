@@ -37,8 +37,8 @@ from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
 from swarm_node.errors import UserError
-from swarm_node.stats import NodeStats
 from swarm_node.status.metrics import render_metrics
+from swarm_node.status.stats import NodeStats
 from swarm_node.status.view import status_view
 
 DEFAULT_STATUS_HOST = "127.0.0.1"

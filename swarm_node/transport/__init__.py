@@ -2,13 +2,13 @@
 whose network host runs in `libp2p_host`). Importing this package loads neither trio nor libp2p."""
 
 from swarm_node.transport.base import (
-    Delivery,
-    PeerInfo,
-    Stream,
-    Transport,
-    TransportError,
-    TransportUnavailable,
-    ValidationResult,
+           Delivery,
+           PeerInfo,
+           Stream,
+           Transport,
+           TransportError,
+           TransportUnavailable,
+           ValidationResult,
 )
 
 __all__ = ["Delivery", "PeerInfo", "Stream", "Transport", "TransportError", "TransportUnavailable",

@@ -27,6 +27,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from protocol.errors import Verdict
+
 log = logging.getLogger(__name__)
 
 
@@ -48,6 +50,11 @@ class ValidationResult(enum.IntEnum):
     ACCEPT = 0
     REJECT = 1
     IGNORE = 2
+
+    @classmethod
+    def of(cls, verdict: Verdict) -> ValidationResult:
+        """The gossipsub verdict for a `protocol.validation` verdict (the same three names)."""
+        return cls[verdict.name]
 
 
 Validator = Callable[[str, bytes], ValidationResult]

@@ -15,6 +15,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 from protocol.codec import decode, encode
 from protocol.errors import Verdict
@@ -22,11 +24,28 @@ from protocol.limits import Limits
 from protocol.messages import TOPIC_ROLLOUTS, RolloutBatch, RolloutGroup
 from protocol.validation import AcceptPolicy, ReplayGuard, validate_gossip
 from swarm_node import tasks
-from swarm_node.sharing import Received
 from swarm_node.transport.base import Delivery, Transport, ValidationResult
 
-_VERDICTS = {Verdict.ACCEPT: ValidationResult.ACCEPT, Verdict.REJECT: ValidationResult.REJECT,
-             Verdict.IGNORE: ValidationResult.IGNORE}
+
+@dataclass(frozen=True)
+class Received:
+    """One thing that arrived from `sender`: a wire group, or (group None) a message dropped by wire validation."""
+
+    sender: str
+    received_at: float
+    group: RolloutGroup | None
+    reason: str = ""
+
+
+class Exchange(Protocol):
+    """The node's view of the network (sequential loop: publish after sampling, drain before mixing)."""
+
+    @property
+    def peer_id(self) -> str: ...
+
+    def publish(self, groups: list[RolloutGroup]) -> None: ...
+
+    def drain(self) -> list[Received]: ...
 
 
 def accept_policy_for(source: tasks.TaskSource, tokenizer_hashes: frozenset[str] | None = None) -> AcceptPolicy:
@@ -62,7 +81,7 @@ class TransportExchange:
         if result.verdict is not Verdict.ACCEPT:
             with self._lock:
                 self._inbox.append(Received(signer, now, None, result.reason))
-            return _VERDICTS[result.verdict]
+            return ValidationResult.of(result.verdict)
         return ValidationResult.ACCEPT
 
     def _on_delivery(self, delivery: Delivery) -> None:

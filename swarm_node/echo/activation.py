@@ -30,8 +30,8 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from swarm_node.echo.planning import WorkerSpec, cheapest_set, required_throughput
 from swarm_node.errors import UserError
-from swarm_node.planning import WorkerSpec, cheapest_set, required_throughput
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from transformers import (
 
 from swarm_node import tasks
 from swarm_node.errors import UserError
-from swarm_node.tokenizer import build_char_tokenizer
+from swarm_node.model.tokenizer import build_char_tokenizer
 
 ProgressFn = Callable[[int, int, str], None]
 

@@ -15,11 +15,10 @@ from pathlib import Path
 from protocol.limits import Limits
 from protocol.messages import RolloutGroup
 from swarm_node.config import NodeConfig
-from swarm_node.exchange import TransportExchange, accept_policy_for
 from swarm_node.identity import IDENTITY_FILENAME, Identity, load_or_create
-from swarm_node.node import Node, NodeEvents, RunSummary, prepare_run_dir
-from swarm_node.sharing import Received
-from swarm_node.stats import NodeStats
+from swarm_node.node.core import Node, NodeEvents, RunSummary, prepare_run_dir
+from swarm_node.sharing.exchange import Received, TransportExchange, accept_policy_for
+from swarm_node.status.stats import NodeStats
 from swarm_node.transport.background import BackgroundTransport
 from swarm_node.transport.base import TransportError
 
@@ -80,7 +79,7 @@ def start_libp2p(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> tuple
 
 def run_peer(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> RunSummary:
     if cfg.network.role != "peer":
-        from swarm_node.echo_peer import run_echo_role
+        from swarm_node.roles.echo import run_echo_role
 
         return run_echo_role(cfg, stats, events)
     _identity, net = start_libp2p(cfg, stats, events)

@@ -26,20 +26,26 @@ from typing import Any
 
 import torch
 
-from swarm_node import checkpoint, lora, sharing, tasks
+from swarm_node import tasks
 from swarm_node.config import NodeConfig
 from swarm_node.errors import UserError
-from swarm_node.evaluate import EvalResult, evaluate
-from swarm_node.model import ensure_default_model, load_model
-from swarm_node.overlap import LatestWeights, OverlappedGenerator
-from swarm_node.pool import ExperiencePool, PoolEntry
-from swarm_node.rollout import ScoredGroup, score_group, to_samples
-from swarm_node.sampler.base import PromptTooLongError, Sampler, SamplingParams
-from swarm_node.sampler.factory import SamplerSettings, make_sampler
-from swarm_node.staleness import drop_reason
-from swarm_node.stats import NodeStats
-from swarm_node.tokenizer import tokenizer_hash
-from swarm_node.trainer import Trainer
+from swarm_node.model import checkpoint, lora
+from swarm_node.model.default_model import ensure_default_model, load_model
+from swarm_node.model.tokenizer import tokenizer_hash
+from swarm_node.sampler.base import PromptTooLongError, Sampler, SamplerSettings, SamplingParams
+from swarm_node.sampler.factory import make_sampler
+from swarm_node.sharing.corrections import external_samples
+from swarm_node.sharing.exchange import Exchange, Received
+from swarm_node.sharing.pool import ExperiencePool, PoolEntry
+from swarm_node.sharing.rescore import ShareContext, accept_external
+from swarm_node.sharing.wire import group_id_for, to_wire
+from swarm_node.status.stats import NodeStats
+from swarm_node.train.evaluate import EvalResult, evaluate
+from swarm_node.train.overlap import LatestWeights, OverlappedGenerator
+from swarm_node.train.scoring import score_group, to_samples
+from swarm_node.train.staleness import drop_reason
+from swarm_node.train.trainer import Trainer
+from swarm_node.types import ScoredGroup
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -102,7 +108,7 @@ class Draft:
 
 class Node:
     def __init__(self, cfg: NodeConfig, stats: NodeStats | None = None, events: NodeEvents | None = None,
-                 exchange: sharing.Exchange | None = None, model_dir: Path | None = None,
+                 exchange: Exchange | None = None, model_dir: Path | None = None,
                  sampler: Sampler | None = None) -> None:
         self.cfg = cfg
         self.exchange = exchange
@@ -145,7 +151,7 @@ class Node:
         self.pool = ExperiencePool(sh.pool_size, sh.per_peer_pool_cap, sh.max_external_age)
         self.share_rng = random.Random(cfg.run.seed * 7919 + 17)  # external selection, apart from task draws
         self.tokenizer_hash = tokenizer_hash(self.tokenizer)
-        self.share_ctx = sharing.ShareContext(self.tokenizer, self.tokenizer_hash, self.task_source,
+        self.share_ctx = ShareContext(self.tokenizer, self.tokenizer_hash, self.task_source,
                                               cfg.train.advantage)
         self._restore_or_start()
         self.stats.set_phase("loading-sampler")
@@ -298,12 +304,12 @@ class Node:
             now = time.time()
             family = str(getattr(self.model.config, "model_type", ""))
             self.exchange.publish([
-                sharing.to_wire(g, self.exchange.peer_id, version, self.tokenizer_hash, family, now,
-                                sharing.group_id_for(self.exchange.peer_id, self.draws, i, self.cfg.run.seed))
+                to_wire(g, self.exchange.peer_id, version, self.tokenizer_hash, family, now,
+                                group_id_for(self.exchange.peer_id, self.draws, i, self.cfg.run.seed))
                 for i, g in enumerate(groups)])
         return Draft(groups, gen_s, gen_tokens, step_started, version)
 
-    def ingest(self, received: list[sharing.Received]) -> dict[str, int]:
+    def ingest(self, received: list[Received]) -> dict[str, int]:
         """Re-score received groups into the pool; returns this step's drop counts by reason."""
         dropped: dict[str, int] = {}
 
@@ -319,7 +325,7 @@ class Node:
                 self.stats.count_peer_message(item.sender, accepted=False)
                 continue
             self.stats.count("groups", "received")
-            outcome = sharing.accept_external(item.group, item.sender, self.share_ctx, now)
+            outcome = accept_external(item.group, item.sender, self.share_ctx, now)
             if outcome.forged_reward:
                 self.stats.count("errors", "forged_reward")
                 self.peer_drops[(item.sender, "forged_reward")] += 1
@@ -361,7 +367,7 @@ class Node:
                 self.stats.count("staleness", lag, len(g.completions))
         self.stats.update(pool_size=len(self.pool))
         train_started = time.monotonic()
-        samples = to_samples(used) + sharing.external_samples(self.trainer, externals, cfg.share.external_correction,
+        samples = to_samples(used) + external_samples(self.trainer, externals, cfg.share.external_correction,
                                                               cfg.share.is_cap)
         result = self.trainer.train_step(samples)
         train_s = time.monotonic() - train_started

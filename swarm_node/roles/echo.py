@@ -28,33 +28,32 @@ from pathlib import Path
 from typing import Any
 
 from protocol.codec import decode, encode
-from protocol.errors import Verdict
 from protocol.limits import Limits
 from protocol.messages import TOPIC_CONTROL, TOPIC_STATUS, PolicyAnnounce, Status, WorkerControl
 from protocol.validation import AcceptPolicy, ReplayGuard, validate_gossip
-from swarm_node import sharing
-from swarm_node.activation import Demand, WorkerActivator, WorkerReport
-from swarm_node.broadcast import BroadcastError, PolicyBroadcaster
 from swarm_node.config import NodeConfig
-from swarm_node.delta import DeltaError, PolicyUpdate
-from swarm_node.echo import Learner, Worker
-from swarm_node.exchange import TransportExchange, accept_policy_for
-from swarm_node.node import METRICS_FILE, Node, NodeEvents, RunSummary
-from swarm_node.peer import BackgroundExchange, start_libp2p
-from swarm_node.stats import NodeStats
+from swarm_node.echo.activation import Demand, WorkerActivator, WorkerReport
+from swarm_node.echo.learner import Learner
+from swarm_node.echo.worker import Worker
+from swarm_node.node.core import METRICS_FILE, Node, NodeEvents, RunSummary
+from swarm_node.policy_sync.broadcast import BroadcastError, PolicyBroadcaster
+from swarm_node.policy_sync.delta import DeltaError, PolicyUpdate
+from swarm_node.roles.peer import BackgroundExchange, start_libp2p
+from swarm_node.sharing.exchange import TransportExchange, accept_policy_for
+from swarm_node.sharing.rescore import accept_external
+from swarm_node.sharing.wire import group_id_for, to_wire
+from swarm_node.status.stats import NodeStats
 from swarm_node.transport.background import BackgroundTransport
 from swarm_node.transport.base import TransportError, ValidationResult
-
-_VERDICTS = {Verdict.ACCEPT: ValidationResult.ACCEPT, Verdict.REJECT: ValidationResult.REJECT,
-             Verdict.IGNORE: ValidationResult.IGNORE}
 
 
 def _gossip_validator(topic: str, limits: Limits, cfg_policy: AcceptPolicy) -> Callable[[str, bytes], ValidationResult]:
     replay = ReplayGuard(limits.max_age_s)
 
     def validate(signer: str, data: bytes) -> ValidationResult:
-        return _VERDICTS[validate_gossip(topic, data, signer, limits=limits, policy=cfg_policy, now=time.time(),
-                                         replay=replay).verdict]
+        result = validate_gossip(topic, data, signer, limits=limits, policy=cfg_policy, now=time.time(),
+                                 replay=replay)
+        return ValidationResult.of(result.verdict)
     return validate
 
 
@@ -177,7 +176,7 @@ def _run_learner(cfg: NodeConfig, node: Node, net: BackgroundTransport, me: str,
             if item.group is None:
                 stats.count("dropped", item.reason)
                 continue
-            outcome = sharing.accept_external(item.group, item.sender, node.share_ctx, now, delegates,
+            outcome = accept_external(item.group, item.sender, node.share_ctx, now, delegates,
                                               keep_no_signal=True)
             if outcome.forged_reward:
                 stats.count("errors", "forged_reward")
@@ -303,8 +302,8 @@ def _run_worker(cfg: NodeConfig, node: Node, net: BackgroundTransport, me: str, 
                 state["busy_s"] += gen_s
                 state["tokens"] += tokens
                 now = time.time()
-                outbox.publish([sharing.to_wire(g, learner_id, version, node.tokenizer_hash, "", now,
-                                                sharing.group_id_for(me, worker.batches, i, cfg.run.seed))
+                outbox.publish([to_wire(g, learner_id, version, node.tokenizer_hash, "", now,
+                                                group_id_for(me, worker.batches, i, cfg.run.seed))
                                 for i, g in enumerate(groups)])
                 rewards = [r for g in groups for r in g.rewards]
                 row = {"step": worker.batches, "policy_version": version, "reward_mean": sum(rewards) / len(rewards),

@@ -18,7 +18,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from swarm_node.rollout import ScoredGroup
+from swarm_node.types import ScoredGroup
 
 SEEN_KEYS = 65_536  # content hashes remembered for de-duplication beyond the pool's own entries
 

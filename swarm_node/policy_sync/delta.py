@@ -32,7 +32,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from swarm_node.delta_codecs import (
+from swarm_node.policy_sync.codecs import (
     CODECS,
     Codec,
     DeltaError,

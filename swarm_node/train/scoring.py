@@ -1,4 +1,4 @@
-"""Rollout groups: G completions of one task instance, scored locally, with group-relative advantages.
+"""Scoring rollout groups: our verifier's rewards and group-relative advantages, and the samples they train.
 
 A group's rewards always come from our own verifier (`TaskSource.reward`) on a question regenerated from the task
 reference; whoever generated the completions, nothing they claim about correctness is used here.
@@ -8,38 +8,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
 from swarm_node import tasks
 from swarm_node.rl.advantages import ADVANTAGE_ESTIMATORS
-from swarm_node.sampler.base import Completion
-from swarm_node.trainer import TrainSample
-
-
-@dataclass
-class ScoredGroup:
-    inst: tasks.TaskInstance
-    prompt_ids: list[int]
-    completions: list[Completion]
-    rewards: list[float]
-    advantages: list[float] = field(default_factory=list)
-    source: str = "local"  # "local" or the sending peer's id
-    off_policy: bool = False
-
-    @property
-    def version(self) -> int:
-        """The policy version that generated the completions (within one lineage; see staleness.py)."""
-        return self.completions[0].version if self.completions else 0
-
-    @property
-    def has_signal(self) -> bool:
-        return any(a != 0.0 for a in self.advantages)
-
-    @property
-    def accuracy(self) -> float:
-        return sum(r >= 1.0 for r in self.rewards) / len(self.rewards)
+from swarm_node.types import Completion, ScoredGroup, TrainSample
 
 
 def score_group(inst: tasks.TaskInstance, prompt_ids: list[int], completions: list[Completion],

@@ -71,16 +71,13 @@ from protocol.relay import (
     split,
 )
 from protocol.validation import AcceptPolicy, ReplayGuard, validate_gossip
-from swarm_node.shaping import Shaper
 from swarm_node.transport.base import Delivery, Stream, Transport, TransportError, ValidationResult
+from swarm_node.transport.shaping import Shaper
 
 log = logging.getLogger(__name__)
 
 PIECE_BYTES = 64 << 10  # unit of shaped reads and writes: small enough that streams sharing a link interleave
 MAX_CATALOG = 256  # announces accepted from one catalog answer
-_VERDICTS = {Verdict.ACCEPT: ValidationResult.ACCEPT, Verdict.REJECT: ValidationResult.REJECT,
-             Verdict.IGNORE: ValidationResult.IGNORE}
-
 # (owner policy id, version, base_version): a delta to v and the snapshot of v are different payloads.
 Key = tuple[str, int, int]
 
@@ -246,7 +243,7 @@ class PolicyBroadcaster:
     def _validate(self, signer: str, data: bytes) -> ValidationResult:
         result = validate_gossip(TOPIC_POLICY, data, signer, limits=self.limits, policy=self._accept,
                                  now=self.clock(), replay=self._replay)
-        return _VERDICTS[result.verdict]
+        return ValidationResult.of(result.verdict)
 
     def _on_delivery(self, delivery: Delivery) -> None:
         try:

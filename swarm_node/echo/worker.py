@@ -1,0 +1,53 @@
+"""ECHO-2 worker: follows one learner's policy and generates rollouts for it (transport-free).
+
+`apply(update)` verifies and applies a learner update (delta or snapshot) and loads the result into the sampler;
+`may_generate()` says whether a batch generated now can still be trained on within S; `generate()` samples and
+scores one batch, tagged with the published version it used. A worker's base is the model it loaded (version 0).
+"""
+
+from __future__ import annotations
+
+from swarm_node.node.core import Node
+from swarm_node.policy_sync.delta import PolicyFollower, PolicyUpdate, model_state, state_hash
+from swarm_node.train.staleness import may_generate
+from swarm_node.types import ScoredGroup
+
+
+class Worker:
+    def __init__(self, node: Node, keep: int = 8) -> None:
+        self.node = node
+        self.follower = PolicyFollower(model_state(node.model), keep=keep)
+        self.batches = 0  # batches generated so far
+        self.forgiven = 0  # batches the learner evidently never got (lost): they no longer hold generation back
+        self.known_version = 0  # newest published version we have heard of (announces may run ahead of payloads)
+
+    @property
+    def version(self) -> int:
+        return self.follower.version
+
+    def base_sha256(self) -> str:
+        return state_hash(self.follower.published_state())
+
+    def state_sha256(self) -> str:
+        return self.follower.state_sha256 if self.follower.version >= 0 else ""
+
+    def apply(self, update: PolicyUpdate) -> None:
+        state = self.follower.apply(update)
+        self.node.sampler.load_weights(state, update.version)
+        self.known_version = max(self.known_version, update.version)
+
+    def may_generate(self) -> bool:
+        kappa = self.node.cfg.echo.publish_every  # published versions are kappa learner steps apart
+        return may_generate(self.batches - self.forgiven, self.version * kappa, self.known_version * kappa,
+                            self.node.cfg.train.max_staleness)
+
+    def reset(self) -> None:
+        """Forget the followed lineage (the learner restarted or resumed): the next update must be a snapshot."""
+        self.follower = PolicyFollower(None, keep=self.follower.keep, shapes=self.follower.shapes)
+        self.batches = self.forgiven = self.known_version = 0
+
+    def generate(self) -> tuple[list[ScoredGroup], float, int]:
+        """One batch (B groups), scored; completions carry the published version used. Also (seconds, tokens)."""
+        groups, seconds, tokens = self.node.generate_groups()
+        self.batches += 1
+        return groups, seconds, tokens

@@ -1,0 +1,60 @@
+"""Training samples into tensors: right-padded batches, and minibatches that keep each group whole.
+
+Shapes: N sequences, L positions. Pure tensor code: no model, no optimizer.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from swarm_node.types import TrainSample
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # [N, L] right-padded prompt+completion
+    attention: torch.Tensor  # [N, L]
+    targets: torch.Tensor  # [N, L-1] next token at each position
+    mask: torch.Tensor  # [N, L-1] 1.0 where the target is a completion token
+    behaviour: torch.Tensor  # [N, L-1] behaviour log-prob at completion positions, 0 elsewhere
+    advantages: torch.Tensor  # [N]
+    off_policy: torch.Tensor  # [N] bool
+
+
+def collate(samples: list[TrainSample], pad_id: int) -> Batch:
+    width = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    n = len(samples)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    mask = torch.zeros((n, width - 1))
+    behaviour = torch.zeros((n, width - 1))
+    for i, s in enumerate(samples):
+        p, c = len(s.prompt_ids), len(s.completion_ids)
+        if len(s.behaviour_logprobs) != c:
+            raise ValueError(f"sample {i}: {c} completion tokens but {len(s.behaviour_logprobs)} log-probs")
+        ids[i, : p + c] = torch.tensor(s.prompt_ids + s.completion_ids)
+        attention[i, : p + c] = 1
+        # Completion token j sits at position p+j and is predicted from position p+j-1.
+        mask[i, p - 1 : p + c - 1] = 1.0
+        behaviour[i, p - 1 : p + c - 1] = torch.tensor(s.behaviour_logprobs)
+    return Batch(ids, attention, ids[:, 1:], mask, behaviour,
+                 torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+                 torch.tensor([s.off_policy for s in samples]))
+
+
+def group_minibatches(samples: list[TrainSample], minibatches: int, rng: random.Random) -> list[list[int]]:
+    """Sample indices per minibatch, keeping each group (samples sharing a prompt) whole; groups shuffled.
+
+    Within a group the advantages sum to zero, so the push on tokens nobody sampled cancels. Split a group across
+    minibatches and each optimizer step gets a net push on those tokens, which Adam's normalisation amplifies into
+    probability leaking to never-sampled (garbage) tokens: measured, splitting groups degraded greedy accuracy.
+    """
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i, s in enumerate(samples):
+        by_prompt.setdefault(tuple(s.prompt_ids), []).append(i)
+    keys = list(by_prompt)
+    rng.shuffle(keys)
+    return [[i for key in keys[m::minibatches] for i in by_prompt[key]] for m in range(minibatches)]

@@ -1,0 +1,72 @@
+"""The names of every registered variant, in one leaf module, and the registry type built on them.
+
+Config validation reads the name lists here, so it needs no component. Each component keeps its own
+`Registry` (name -> implementation), declared with one of these lists: registering a name that is not declared
+raises at import, and `tests/test_variants.py` checks that every declared name is registered. Adding a variant
+is two edits: its name here, its `@REGISTRY.register(name)` next to the code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Generic, TypeVar
+
+ADVANTAGES = ("grpo", "dr_grpo", "median")  # rl/advantages.py
+LOSSES = ("grpo",)  # rl/loss.py
+SELECTIONS = ("uniform", "freshest", "variance")  # sharing/selection.py: which external groups an update takes
+CORRECTIONS = ("none", "is")  # sharing/corrections.py: how external completions are weighted
+CODECS = ("full", "dense-bf16", "topk")  # policy_sync/codecs.py: policy delta encodings
+WEIGHT_FORMS = ("full", "base", "adapter")  # model/lora.py: the tensors a sampler loads from a LoRA-trained model
+SAMPLER_KINDS = ("auto", "vllm", "hf")  # sampler/factory.py
+ROLES = ("peer", "learner", "worker")  # roles/: what `swarm-node join --role` runs
+REWARD_MODES = ("exact", "score")  # tasks.py: reasoning-gym's score turned into the training reward
+TASK_SELECTIONS = ("uniform",)  # tasks.py: how a task source draws instance indices
+SIM_MODES = ("sync", "async", "echo")  # simulations/: lockstep rounds, virtual clock, ECHO-2 learner + workers
+SIM_TRANSPORTS = ("memory", "libp2p")  # simulations/
+SIM_SAMPLERS = ("per-node", "shared-lora")  # simulations/: a sampler per node, or one vLLM engine with LoRA
+
+DEFAULT_SCHEDULE = "stripe:2"  # protocol/relay.py's schedule spec for the pipelined broadcast
+
+T = TypeVar("T")
+
+
+class UnknownVariant(KeyError):
+    """A name that its registry does not hold; the message names the choices."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Registry(Mapping[str, T], Generic[T]):
+    """name -> implementation, restricted to the names declared for `kind`."""
+
+    def __init__(self, kind: str, names: tuple[str, ...]) -> None:
+        self.kind = kind
+        self.names = names
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        """Decorator: `@REGISTRY.register("name")` on the implementation."""
+        def wrap(item: T) -> T:
+            self.add(name, item)
+            return item
+        return wrap
+
+    def add(self, name: str, item: T) -> None:
+        if name not in self.names:
+            raise ValueError(f"{self.kind} {name!r} is not declared in swarm_node/variants.py")
+        if name in self._items:
+            raise ValueError(f"{self.kind} {name!r} is registered twice")
+        self._items[name] = item
+
+    def __getitem__(self, name: str) -> T:
+        try:
+            return self._items[name]
+        except KeyError:
+            raise UnknownVariant(f"unknown {self.kind} {name!r}; choose one of {', '.join(self.names)}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
