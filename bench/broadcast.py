@@ -11,8 +11,8 @@
   load, not the network): each node's uplink and downlink capacity B shared max-min fairly across all of its
   streams, `--latency-ms` per message, N receivers in {2, 4, 8, 16, 32}, M in {8, 64} MB.
 - libp2p: a learner and N receivers, each an OS process with a LibP2PTransport (its network host a child process)
-  on 127.0.0.1, fully connected, running swarm_node.broadcast.PolicyBroadcaster with app-level shaping
-  (swarm_node.shaping: B up and B down per node), for the (N, M) pairs of `--libp2p-cases`. Time from the
+  on 127.0.0.1, fully connected, running swarm_node.policy_sync.broadcast.PolicyBroadcaster with app-level shaping
+  (swarm_node.transport.shaping: B up and B down per node), for the (N, M) pairs of `--libp2p-cases`. Time from the
   learner's publish call (announce on gossip included) to the last receiver's verified payload, by the shared
   wall clock; medians of `--runs` runs, pipelined and star interleaved. B = 4 MB/s keeps the CPU out of the way on
   2 cores (at 8 MB/s, 7 peers ran ~25% behind the simulation; at 4 MB/s within 2%).
@@ -47,7 +47,8 @@ async def node_main(bandwidth: float, chunk_bytes: int) -> None:
     from swarm_node.identity import generate
     from swarm_node.policy_sync.broadcast import PolicyBroadcaster
     from swarm_node.transport.libp2p_ipc import HostSettings
-    from swarm_node.transport.libp2p_transport import LibP2PConfig, LibP2PTransport
+    from swarm_node.transport.libp2p_launch import LibP2PConfig
+    from swarm_node.transport.libp2p_transport import LibP2PTransport
     from swarm_node.transport.shaping import Shaper
 
     transport = LibP2PTransport(generate(), LibP2PConfig(host=HostSettings(listen=("/ip4/127.0.0.1/tcp/0",))))
@@ -233,11 +234,13 @@ async def bench(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    from protocol.relay import DEFAULT_SCHEDULE
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--node", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--bandwidth-mb-s", type=float, default=4.0)
     parser.add_argument("--chunk-bytes", type=int, default=MB)
-    parser.add_argument("--schedule", default="stripe:2")
+    parser.add_argument("--schedule", default=DEFAULT_SCHEDULE)
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--libp2p-cases", nargs="*", default=["2x8", "4x8", "6x8", "4x16", "6x16"],

@@ -1,7 +1,7 @@
 """Bytes per policy update, full fp32 vs dense bf16 delta vs top-k, and reward at equal steps for each encoding.
 
 Part 1, bytes (`models`): for the embedded default model and a larger random Qwen2 (bench.sampler's ~23M-parameter
-recipe), a learner runs real GRPO steps (swarm_node.trainer.Trainer, swarm_node.config defaults, HF sampler) and
+recipe), a learner runs real GRPO steps (swarm_node.train.trainer.Trainer, swarm_node.config defaults, HF sampler) and
 after each step every encoding publishes the new weights (`delta.PolicyPublisher`) while a follower applies the
 update (`delta.PolicyFollower`, every check on). Reported per encoding: median payload bytes over the updates,
 median publish and apply milliseconds, and whether the follower's state hash equalled the publisher's after every

@@ -80,7 +80,8 @@ async def worker(isolation: str) -> None:
     from swarm_node.identity import generate
     from swarm_node.transport.base import Delivery
     from swarm_node.transport.libp2p_ipc import HostSettings
-    from swarm_node.transport.libp2p_transport import LibP2PConfig, LibP2PTransport
+    from swarm_node.transport.libp2p_launch import LibP2PConfig
+    from swarm_node.transport.libp2p_transport import LibP2PTransport
 
     config = LibP2PConfig(host=HostSettings(listen=("/ip4/127.0.0.1/tcp/0",)), isolation=isolation)
     transport = LibP2PTransport(generate(), config)
@@ -309,9 +310,10 @@ async def bench(args: argparse.Namespace) -> None:
               "groups_per_s": round(ours["capacity"]["groups_per_s"], 1),
               "p50_ms": round(ours["paced"]["p50_ms"], 1), "p99_ms": round(ours["paced"]["p99_ms"], 1),
               "stream_mb_s": round(ours["capacity"]["stream_mb_s"], 1)}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "gossip.json").write_text(json.dumps(result, indent=2) + "\n")
-    (RESULTS / "gossip_baseline.json").write_text(json.dumps(
+    out = Path(args.results_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gossip.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "gossip_baseline.json").write_text(json.dumps(
         {"note": "medians of interleaved runs. process = ours (network host in a child process); thread = baseline "
                  "(host on a trio thread in the node process). capacity: publish as fast as back-pressure allows; "
                  f"paced: {args.rate} groups/s offered in total. 1-min load average of the machine before/after "
@@ -373,6 +375,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0, help="offered groups/s (all nodes) for latency")
     parser.add_argument("--arch", action="store_true", help="measure the cost to a training loop instead")
     parser.add_argument("--train-s", type=float, default=8.0)
+    parser.add_argument("--results-dir", default=str(RESULTS), help="where gossip.json goes (a spot check: elsewhere)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--isolation", default="process", help=argparse.SUPPRESS)
     args = parser.parse_args()

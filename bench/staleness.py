@@ -81,12 +81,11 @@ def worker_main(conn: Connection, staleness: int, steps: int, seed: int, run_dir
     from swarm_node.echo.worker import Worker
     from swarm_node.node.core import Node, NodeEvents
     from swarm_node.policy_sync.delta import PolicyUpdate
-    from swarm_node.sharing.wire import group_id_for, to_wire
 
     torch.set_num_threads(1)
     node = Node(_config(1, staleness, steps, seed, run_dir, sampler), events=NodeEvents(log=lambda _m: None))
     node.setup()
-    worker = Worker(node)
+    worker = Worker(node, kappa=node.cfg.echo.publish_every, max_staleness=node.cfg.train.max_staleness)
     conn.send_bytes(msgpack.packb({"ready": True, "base": worker.base_sha256()}))
     try:
         while True:
@@ -101,9 +100,7 @@ def worker_main(conn: Connection, staleness: int, steps: int, seed: int, run_dir
                                           msg["sha256"], msg["state_sha256"]))
             version = worker.version
             groups, gen_s, _tokens = worker.generate()
-            wire = [to_wire(g, "learner", version, node.tokenizer_hash, "qwen2", time.time(),
-                                    group_id_for("worker", worker.batches, i, seed))
-                    for i, g in enumerate(groups)]
+            wire = node.wire_groups(groups, "learner", version, "worker", worker.batches)
             conn.send_bytes(msgpack.packb({"gen_s": gen_s, "batch": encode(RolloutBatch(tuple(wire)))}))
     finally:
         node.close()
@@ -114,19 +111,25 @@ def learner_main(conn: Connection, staleness: int, steps: int, seed: int, run_di
     import torch
 
     from protocol.codec import decode
-    from protocol.limits import Limits
     from swarm_node.echo.learner import Learner
     from swarm_node.node.core import Node, NodeEvents
-    from swarm_node.sharing.rescore import accept_external
+    from swarm_node.sharing.exchange import Received
+    from swarm_node.sharing.ingest import Ingest
 
     torch.set_num_threads(1)
     node = Node(_config(0, staleness, steps, seed, run_dir, "hf"), events=NodeEvents(log=lambda _m: None))
     node.setup()
-    learner = Learner(node, "topk")
+    learner = Learner(node, batch_groups=node.cfg.run.prompts_per_step, max_staleness=node.cfg.train.max_staleness,
+                      max_new_tokens=node.cfg.sampler.max_new_tokens, encoding="topk")
     hello = msgpack.unpackb(conn.recv_bytes())
     if hello["base"] != learner.base_sha256:
         raise RuntimeError("worker base model differs from the learner's")
-    limits = Limits(vocab_size=len(node.tokenizer))
+    limits = node.wire_limits()
+    ingest = Ingest(node.share_ctx, node.stats, {"learner": frozenset({"worker"})}, keep_no_signal=True)
+
+    def buffer(ext: Any, sender: str) -> list[tuple[str, str]]:
+        reason = learner.admit(ext.group)
+        return [(sender, reason)] if reason is not None else []
     rows: list[dict[str, Any]] = []
     gen_times: list[float] = []
     last = time.monotonic()
@@ -137,12 +140,8 @@ def learner_main(conn: Connection, staleness: int, steps: int, seed: int, run_di
                 gen_times.append(msg["gen_s"])
                 batch = decode(msg["batch"], limits)
                 now = time.time()
-                for wire in batch.groups:  # type: ignore[union-attr]
-                    outcome = accept_external(wire, "worker", node.share_ctx, now,
-                                                      delegates={"learner": frozenset({"worker"})},
-                                                      keep_no_signal=True)
-                    if outcome.external is not None:
-                        learner.offer([outcome.external.group])
+                ingest([Received("worker", now, wire) for wire in batch.groups], now,  # type: ignore[union-attr]
+                       buffer)
             metrics, update = learner.train()
             if update is not None:
                 conn.send_bytes(msgpack.packb({"announce": update.version}))

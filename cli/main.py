@@ -26,7 +26,7 @@ from cli.common import (
 
 if TYPE_CHECKING:
     from swarm_node.config import NodeConfig
-    from swarm_node.node.core import NodeEvents, RunSummary
+    from swarm_node.node.run_files import NodeEvents, RunSummary
     from swarm_node.status.stats import NodeStats
 
 # rich_markup_mode=None: help texts show defaults like [/ip4/0.0.0.0/tcp/0], which rich would parse as a tag.
@@ -124,7 +124,7 @@ def run_solo_node(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> RunS
 
 def run_with_progress(cfg: NodeConfig, stats: NodeStats,
                       runner: Callable[[NodeConfig, NodeStats, NodeEvents], RunSummary]) -> None:
-    from swarm_node.node.core import NodeEvents
+    from swarm_node.node.run_files import NodeEvents
 
     with StepProgress(cfg.run.steps) as progress:
         summary = runner(cfg, stats, NodeEvents(log=progress.log, build_progress=progress.build,
@@ -191,9 +191,9 @@ def join(bootstrap: BootstrapOpt = None, listen: ListenOpt = None, announce_addr
         stats = NodeStats(role=cfg.network.role)
         server = start_status_server(stats, cfg.status.host, cfg.status.port, cfg.status.token)
         try:
-            from swarm_node.roles.peer import run_peer
+            from swarm_node.roles import ROLES
 
-            run_with_progress(cfg, stats, run_peer)
+            run_with_progress(cfg, stats, ROLES[cfg.network.role])
         finally:
             if server is not None:
                 server.stop()

@@ -1,6 +1,6 @@
 """`swarm-node plan`: the cheapest set of workers that keeps a learner busy, and the staleness bound it needs.
 
-Thin: gather the inputs (plan file < measured run < flags), call swarm_node.planning.plan, print a table (or JSON
+Thin: gather the inputs (plan file < measured run < flags), call swarm_node.echo.planning.plan, print a table (or JSON
 with --json) on stdout. Bad input is one UserError line (exit 2); an infeasible plan is printed with its reason and
 exits 1, so that scripts can tell it from a feasible one (exit 0).
 """
@@ -13,10 +13,11 @@ from typing import Any
 
 import typer
 
-from swarm_node.echo.planning import Plan, input_from_mapping, measure_run, plan, plan_to_dict
+from swarm_node.echo.plan_file import input_from_mapping, measure_run
+from swarm_node.echo.planning import Plan, plan, plan_to_dict
 from swarm_node.errors import UserError
 
-METRICS_FILE = "metrics.jsonl"  # what swarm_node.node writes (not imported: that would load torch)
+METRICS_FILE = "metrics.jsonl"  # what swarm_node.node.run_files writes (not imported: that would load torch)
 
 
 def run_plan(config: Path | None, from_run: Path | None, overrides: dict[str, Any], workers: list[str] | None,

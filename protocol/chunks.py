@@ -18,8 +18,8 @@ from typing import Any
 
 import msgpack
 
-from protocol.codec import _fields, _int, _policy_id, _str
 from protocol.errors import reject
+from protocol.fields import expect_int, expect_map, expect_policy_id, expect_str
 from protocol.limits import Limits
 
 PROTOCOL_ID = "/swarm-node/chunks/1"
@@ -125,30 +125,32 @@ def decode_request(body: bytes, limits: Limits) -> Request:
     obj = _unpack(body, limits)
     op = obj.get("op")
     if op == "announces":
-        f = _fields(obj, ("op", "owner"), "request")
-        return AnnounceRequest(_policy_id(f["owner"], "owner", limits))
+        f = expect_map(obj, ("op", "owner"), "request")
+        return AnnounceRequest(expect_policy_id(f["owner"], "owner", limits))
     if op != "chunks":
         raise reject("bad_frame", f"unknown request op {str(op)[:40]!r}")
-    f = _fields(obj, ("op", "owner", "version", "base", "idx"), "request")
+    f = expect_map(obj, ("op", "owner", "version", "base", "idx"), "request")
     idx = f["idx"]
     if type(idx) is not bytes or not idx or len(idx) % _INDEX.size:
         raise reject("bad_frame", "idx: expected a non-empty uint32 blob")
     chunks = tuple(k for (k,) in _INDEX.iter_unpack(idx))
     if len(chunks) > limits.max_chunks or any(a >= b for a, b in zip(chunks, chunks[1:], strict=False)):
         raise reject("bad_frame", "idx: chunk indices must be strictly ascending and at most max_chunks")
-    version = _int(f["version"], "version")
-    return ChunkRequest(_policy_id(f["owner"], "owner", limits), version, _int(f["base"], "base", 0, version), chunks)
+    version = expect_int(f["version"], "version")
+    return ChunkRequest(expect_policy_id(f["owner"], "owner", limits), version,
+                        expect_int(f["base"], "base", 0, version), chunks)
 
 
 def decode_response(body: bytes, limits: Limits) -> Response:
     obj = _unpack(body, limits)
     if "chunk" in obj:
-        return ChunkHeader(_int(_fields(obj, ("chunk",), "response")["chunk"], "chunk", 0, limits.max_chunks - 1))
+        chunk = expect_map(obj, ("chunk",), "response")["chunk"]
+        return ChunkHeader(expect_int(chunk, "chunk", 0, limits.max_chunks - 1))
     if "announce" in obj:
-        data = _fields(obj, ("announce",), "response")["announce"]
+        data = expect_map(obj, ("announce",), "response")["announce"]
         if type(data) is not bytes:
             raise reject("bad_frame", "announce: expected bytes")
         return AnnounceFrame(data)
     if "error" in obj:
-        return ErrorFrame(_str(_fields(obj, ("error",), "response")["error"], "error", MAX_ERROR_CHARS))
+        return ErrorFrame(expect_str(expect_map(obj, ("error",), "response")["error"], "error", MAX_ERROR_CHARS))
     raise reject("bad_frame", f"unknown response keys {sorted(map(str, obj))[:5]}")

@@ -7,7 +7,7 @@ Contract:
 - Links: every node has an uplink and a downlink of `bandwidth` bytes/s, shared by all of its transfers at that
   moment with max-min fairness (progressive filling), recomputed whenever a transfer starts or ends. Each message
   (a request, a chunk's last byte) also takes `latency_s` to arrive.
-- Streams behave as in swarm_node.broadcast: a `Request` action opens a stream that reaches the server after
+- Streams behave as in swarm_node.policy_sync.broadcast: a `Request` action opens a stream that reaches the server after
   latency_s; the server sends the requested chunks in order, one at a time per stream, each as soon as it holds
   it (verified). Receivers are the real `protocol.relay.Receiver`s; chunk bytes are short stand-ins whose digests
   the machines check, so only the sizes are virtual (a 64 MiB payload costs no memory).

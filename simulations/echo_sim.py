@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from protocol.relay import DEFAULT_SCHEDULE
 from simulations.broadcast_sim import receiver_names, simulate
 from swarm_node.config import load_config
 from swarm_node.echo.learner import Learner
@@ -48,7 +49,7 @@ class EchoSimConfig:
     bandwidth_mb_s: float = 12.5  # 100 Mbit/s
     latency_s: float = 0.02
     chunk_bytes: int = 1 << 20
-    schedule: str = "stripe:2"
+    schedule: str = DEFAULT_SCHEDULE
     overrides: dict[str, Any] = field(default_factory=dict)  # dotted config keys for every node
 
 
@@ -91,8 +92,11 @@ def run_echo(cfg: EchoSimConfig, run_dir: Path, on_step: Callable[[dict[str, Any
         raise ValueError("prompts_per_step must be a multiple of the number of workers")
     speeds = cfg.worker_speeds or [1.0] * cfg.workers
     per_worker = cfg.prompts_per_step // cfg.workers
-    learner = Learner(_node(cfg, run_dir / "learner", 0, 0), cfg.encoding)
-    workers = [Worker(_node(cfg, run_dir / f"worker{i}", i + 1, per_worker)) for i in range(cfg.workers)]
+    nodes = [_node(cfg, run_dir / "learner", 0, 0)]
+    nodes += [_node(cfg, run_dir / f"worker{i}", i + 1, per_worker) for i in range(cfg.workers)]
+    learner = Learner(nodes[0], batch_groups=cfg.prompts_per_step, max_staleness=cfg.max_staleness,
+                      max_new_tokens=nodes[0].cfg.sampler.max_new_tokens, encoding=cfg.encoding)
+    workers = [Worker(n, kappa=n.cfg.echo.publish_every, max_staleness=n.cfg.train.max_staleness) for n in nodes[1:]]
     for w in workers:
         if w.base_sha256() != learner.base_sha256:
             raise ValueError("workers and learner must start from the same base model")
@@ -158,7 +162,7 @@ def run_echo(cfg: EchoSimConfig, run_dir: Path, on_step: Callable[[dict[str, Any
                 i, update = payload
                 pending[i].append(update)
     finally:
-        for n in [learner.node, *(w.node for w in workers)]:
+        for n in nodes:
             n.close()
     rewards = [m["reward_mean"] for m in steps if "reward_mean" in m]
     return EchoSimResult(

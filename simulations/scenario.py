@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swarm_node import variants
 from swarm_node.config import NodeConfig, apply_mapping, read_toml
 from swarm_node.errors import ConfigError, UserError
 
-MODES = ("sync", "async", "echo")
-TRANSPORTS = ("memory", "libp2p")
-SIM_SAMPLERS = ("per-node", "shared-lora")
+MODES = variants.SIM_MODES
+TRANSPORTS = variants.SIM_TRANSPORTS
+SIM_SAMPLERS = variants.SIM_SAMPLERS
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ from typing import Any
 
 import tomllib
 
+from protocol.relay import DEFAULT_SCHEDULE, ScheduleError, make_plan
+from swarm_node import variants
 from swarm_node.errors import ConfigError
 from swarm_node.tasks import DEFAULT_TASK
 
@@ -52,19 +54,18 @@ class TaskConfig:
     name: str = DEFAULT_TASK
     options: dict[str, Any] = field(default_factory=dict)  # empty: the task's defaults (see tasks.py)
     seed: int = 0
-    reward: str = "exact"  # exact | score (reasoning-gym's partial credit); see tasks.REWARD_MODES
+    reward: str = "exact"  # variants.REWARD_MODES: exact | score (reasoning-gym's partial credit)
+    selection: str = "uniform"  # variants.TASK_SELECTIONS: how instance indices are drawn
 
     def validate(self) -> None:
-        from swarm_node.tasks import REWARD_MODES
-
         _non_negative(self, "seed")
-        if self.reward not in REWARD_MODES:
-            raise ConfigError(f"task.reward must be one of {', '.join(REWARD_MODES)}, not {self.reward!r}")
+        _one_of(self, "reward", variants.REWARD_MODES)
+        _one_of(self, "selection", variants.TASK_SELECTIONS)
 
 
 @dataclass
 class SamplerConfig:
-    kind: str = "auto"  # auto | vllm | hf
+    kind: str = "auto"  # variants.SAMPLER_KINDS: auto | vllm | hf
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 8
@@ -74,8 +75,7 @@ class SamplerConfig:
     max_num_seqs: int = 0
 
     def validate(self) -> None:
-        if self.kind not in ("auto", "vllm", "hf"):
-            raise ConfigError(f"sampler.kind must be auto, vllm or hf, not {self.kind!r}")
+        _one_of(self, "kind", variants.SAMPLER_KINDS)
         if not 0 < self.temperature <= 10:
             raise ConfigError(f"sampler.temperature must be in (0, 10], got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -100,20 +100,20 @@ class TrainConfig:
     weight_decay: float = 0.0
     adam_eps: float = 1e-8
     threads: int = 0  # torch intra-op threads; 0: all cores
+    # Padded positions (rows x longest row) per forward/backward (train/batching.py). The default run's minibatches
+    # (64 rows of ~84 tokens) fit in one micro-batch, so it computes exactly as an unsplit batch; 64 rows at the
+    # default model's full context (256) take two. Logits are positions x vocabulary floats: lower this for a
+    # large-vocabulary model.
+    microbatch_tokens: int = 8192
     # LoRA (swarm_node/lora.py): 0 trains every weight; r > 0 freezes the base and trains rank-r adapters on the
     # attention and MLP projections (scale lora_alpha / r). A simulation's shared vLLM engine serves them.
     lora_rank: int = 0
     lora_alpha: float = 16.0
 
     def validate(self) -> None:
-        from swarm_node.rl.advantages import ADVANTAGE_ESTIMATORS
-        from swarm_node.rl.loss import LOSSES
-
-        if self.advantage not in ADVANTAGE_ESTIMATORS:
-            raise ConfigError(f"train.advantage {self.advantage!r} unknown; choose {sorted(ADVANTAGE_ESTIMATORS)}")
-        if self.loss not in LOSSES:
-            raise ConfigError(f"train.loss {self.loss!r} unknown; choose {sorted(LOSSES)}")
-        _positive(self, "lr", "minibatches", "max_grad_norm", "is_cap")
+        _one_of(self, "advantage", variants.ADVANTAGES)
+        _one_of(self, "loss", variants.LOSSES)
+        _positive(self, "lr", "minibatches", "max_grad_norm", "is_cap", "microbatch_tokens")
         _non_negative(self, "eps_low", "eps_high", "kl_coef", "weight_decay", "threads", "warmup_steps",
                       "max_staleness")
         _positive(self, "adam_eps", "lora_alpha")
@@ -133,25 +133,21 @@ class ShareConfig:
     local_groups: int = 0
     external_groups: int = 0
     max_external_age: int = 4
-    external_correction: str = "none"  # none | is
+    external_correction: str = "none"  # variants.CORRECTIONS: none | is
     is_cap: float = 2.0
     pool_size: int = 256
     per_peer_pool_cap: int = 64
     per_peer_batch_cap: int = 0  # 0: no per-peer limit within one batch beyond external_groups
-    selection: str = "uniform"  # pool.SELECTIONS registry
+    selection: str = "uniform"  # variants.SELECTIONS (sharing/selection.py)
 
     def validate(self) -> None:
-        from swarm_node.sharing.pool import SELECTIONS
-
         _non_negative(self, "local_groups", "external_groups", "max_external_age", "per_peer_batch_cap")
         _positive(self, "pool_size", "per_peer_pool_cap", "is_cap")
-        if self.external_correction not in ("none", "is"):
-            raise ConfigError(f"share.external_correction must be none or is, not {self.external_correction!r}")
+        _one_of(self, "external_correction", variants.CORRECTIONS)
         if self.is_cap > 2.0:
             raise ConfigError(f"share.is_cap must be <= 2 (peers' log-probs may only shrink a gradient), "
                               f"got {self.is_cap}")
-        if self.selection not in SELECTIONS:
-            raise ConfigError(f"share.selection {self.selection!r} unknown; choose {sorted(SELECTIONS)}")
+        _one_of(self, "selection", variants.SELECTIONS)
 
 
 @dataclass
@@ -169,7 +165,7 @@ class StatusConfig:
 class NetworkConfig:
     """libp2p settings for `join`: listen/announce multiaddrs without /p2p, bootstrap multiaddrs with it."""
 
-    role: str = "peer"  # peer (SAPO) | learner | worker (ECHO-2)
+    role: str = "peer"  # variants.ROLES: peer (SAPO) | learner | worker (ECHO-2)
     learner: str = ""  # worker: the learner's peer id to follow
     listen: str = "/ip4/0.0.0.0/tcp/0"
     announce_addr: list[str] = field(default_factory=list)
@@ -177,8 +173,7 @@ class NetworkConfig:
     identity: str = ""  # key file; empty: RUN_DIR/identity.key (created on first use)
 
     def validate(self) -> None:
-        if self.role not in ("peer", "learner", "worker"):
-            raise ConfigError(f"network.role must be peer, learner or worker, not {self.role!r}")
+        _one_of(self, "role", variants.ROLES)
         if self.role == "worker" and not self.learner:
             raise ConfigError("a worker needs the learner to follow: --learner PEER_ID (printed by the learner)")
         for addr in [self.listen, *self.announce_addr, *self.bootstrap]:
@@ -193,9 +188,9 @@ class NetworkConfig:
 class EchoConfig:
     """ECHO-2 mode: how a learner publishes its policy and how workers report (see swarm_node/echo.py)."""
 
-    encoding: str = "topk"  # delta encoding: swarm_node.delta_codecs registry (full, dense-bf16, topk)
+    encoding: str = "topk"  # variants.CODECS: policy delta encoding (policy_sync/codecs.py)
     publish_every: int = 1  # kappa: publish a policy update every kappa learner steps
-    schedule: str = "stripe:2"  # relay schedule for the pipelined broadcast (protocol.relay registry)
+    schedule: str = DEFAULT_SCHEDULE  # relay schedule for the pipelined broadcast (protocol.relay)
     chunk_bytes: int = 1 << 20
     keep_versions: int = 8  # updates kept to serve late joiners
     heartbeat_s: float = 5.0  # a worker's status message period
@@ -203,11 +198,7 @@ class EchoConfig:
     snapshot_every: int = 25  # the learner also publishes a full snapshot every N updates, for joiners
 
     def validate(self) -> None:
-        from protocol.relay import ScheduleError, make_plan
-        from swarm_node.policy_sync.codecs import CODECS
-
-        if self.encoding not in CODECS:
-            raise ConfigError(f"echo.encoding {self.encoding!r} unknown; choose {sorted(CODECS)}")
+        _one_of(self, "encoding", variants.CODECS)
         try:
             make_plan(self.schedule, "source", ["receiver"])
         except ScheduleError as exc:
@@ -303,15 +294,25 @@ def _coerce(value: Any, hint: Any, name: str, where: str) -> Any:
     return value
 
 
+def _section(obj: Any) -> str:
+    return type(obj).__name__.removesuffix("Config").lower()
+
+
+def _one_of(obj: Any, name: str, names: tuple[str, ...]) -> None:
+    value = getattr(obj, name)
+    if value not in names:
+        raise ConfigError(f"{_section(obj)}.{name} {value!r} unknown; choose one of {', '.join(names)}")
+
+
 def _positive(obj: Any, *names: str) -> None:
-    section = type(obj).__name__.removesuffix("Config").lower()
+    section = _section(obj)
     for n in names:
         if getattr(obj, n) <= 0:
             raise ConfigError(f"{section}.{n} must be > 0, got {getattr(obj, n)}")
 
 
 def _non_negative(obj: Any, *names: str) -> None:
-    section = type(obj).__name__.removesuffix("Config").lower()
+    section = _section(obj)
     for n in names:
         if getattr(obj, n) < 0:
             raise ConfigError(f"{section}.{n} must be >= 0, got {getattr(obj, n)}")

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from swarm_node import variants
 from swarm_node.errors import UserError
 
 DEFAULT_TASK = "chain_sum"
@@ -30,10 +32,19 @@ ANSWER_PREFIX = "\nAnswer: "
 # reasoning-gym gives partial credit when the true answer is a substring of ours ("-6" for 6 scores 0.5), and
 # GRPO's normalisation turns that into a full positive advantage in an all-wrong group: training then teaches
 # sign errors. Measured on the default task: with "score", greedy accuracy fell while sampled reward rose.
-REWARD_MODES = {
-    "exact": lambda raw: 1.0 if raw >= 1.0 else 0.0,
-    "score": lambda raw: raw,
-}
+REWARD_MODES: variants.Registry[Callable[[float], float]] = variants.Registry("task.reward", variants.REWARD_MODES)
+REWARD_MODES.add("exact", lambda raw: 1.0 if raw >= 1.0 else 0.0)
+REWARD_MODES.add("score", lambda raw: raw)
+
+# Task selections: fn(rng, size, count) -> `count` instance indices in [0, size). The training stream's order.
+TaskSelection = Callable[[random.Random, int, int], list[int]]
+TASK_SELECTIONS: variants.Registry[TaskSelection] = variants.Registry("task.selection", variants.TASK_SELECTIONS)
+
+
+@TASK_SELECTIONS.register("uniform")
+def select_uniform(rng: random.Random, size: int, count: int) -> list[int]:
+    """Independent uniform draws over the whole (procedural) dataset."""
+    return [rng.randrange(size) for _ in range(count)]
 
 
 @dataclass(frozen=True)
@@ -91,13 +102,16 @@ class TaskSource:
     """Draws task references for one (dataset, options, seed) and regenerates and scores instances."""
 
     def __init__(self, name: str = DEFAULT_TASK, options: dict[str, Any] | None = None, seed: int = 0,
-                 size: int = DATASET_SIZE, reward: str = "exact") -> None:
+                 size: int = DATASET_SIZE, reward: str = "exact", selection: str = "uniform") -> None:
         if name not in available_tasks():
             raise UserError(f"unknown task {name!r}; see reasoning-gym's datasets, e.g. chain_sum, basic_arithmetic")
         if reward not in REWARD_MODES:
             raise UserError(f"unknown reward mode {reward!r}; choose {', '.join(REWARD_MODES)}")
         self.name = name
         self.reward_mode = reward
+        if selection not in TASK_SELECTIONS:
+            raise UserError(f"unknown task selection {selection!r}; choose {', '.join(TASK_SELECTIONS)}")
+        self.select = TASK_SELECTIONS[selection]
         # No options for the default task means the embedded defaults (small sums); other tasks use their own.
         self.options = dict(DEFAULT_TASK_OPTIONS if not options and name == DEFAULT_TASK else options or {})
         self.config = canonical_config(self.options)
@@ -106,7 +120,7 @@ class TaskSource:
         _dataset(name, self.config, seed, size)  # validate the options now, not at the first draw
 
     def draw(self, rng: random.Random, count: int) -> list[TaskRef]:
-        return [TaskRef(self.name, self.config, self.seed, rng.randrange(self.size)) for _ in range(count)]
+        return [TaskRef(self.name, self.config, self.seed, i) for i in self.select(rng, self.size, count)]
 
     def reward(self, inst: TaskInstance, completion_text: str) -> float:
         """The training reward of a completion: reasoning-gym's score under this source's reward mode."""

@@ -59,6 +59,17 @@ class ScoredGroup:
         return sum(r >= 1.0 for r in self.rewards) / len(self.rewards)
 
 
+@dataclass(frozen=True)
+class PoolEntry:
+    """A re-scored external group waiting in the experience pool."""
+
+    group: ScoredGroup
+    sender: str
+    key: bytes  # content hash (sharing/wire.content_key)
+    received_step: int  # our training step when it arrived
+    retokenized: bool = False  # sender used another tokenizer: its log-probs do not apply to our token ids
+
+
 @dataclass
 class Draft:
     """The first half of a step: this step's groups, sampled and scored (and, for a peer, published)."""

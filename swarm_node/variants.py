@@ -25,8 +25,6 @@ SIM_MODES = ("sync", "async", "echo")  # simulations/: lockstep rounds, virtual 
 SIM_TRANSPORTS = ("memory", "libp2p")  # simulations/
 SIM_SAMPLERS = ("per-node", "shared-lora")  # simulations/: a sampler per node, or one vLLM engine with LoRA
 
-DEFAULT_SCHEDULE = "stripe:2"  # protocol/relay.py's schedule spec for the pipelined broadcast
-
 T = TypeVar("T")
 
 

@@ -1,5 +1,5 @@
-"""swarm_node.broadcast over the in-memory transport: pipelined delivery, corruption, a killed relay, late joiners,
-and bad frames from either side of a chunk stream."""
+"""swarm_node.policy_sync.broadcast over the in-memory transport: pipelined delivery, corruption, a killed relay,
+late joiners, and bad frames from either side of a chunk stream."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import pytest
 from protocol.chunks import PROTOCOL_ID, ChunkRequest, encode_frame
 from protocol.limits import Limits
 from protocol.messages import PolicyAnnounce
-from swarm_node.policy_sync.broadcast import BroadcastError, PolicyBroadcaster
+from swarm_node.policy_sync.broadcast import PolicyBroadcaster
+from swarm_node.policy_sync.store import BroadcastError
 from swarm_node.transport.base import Stream, StreamHandler
 from swarm_node.transport.memory import MemoryHub, MemoryTransport, memory_addr
 from swarm_node.transport.shaping import Shaper

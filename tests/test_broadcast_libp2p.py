@@ -1,4 +1,5 @@
-"""swarm_node.broadcast over real libp2p hosts (child processes) on 127.0.0.1: a relayed delta arrives intact."""
+"""swarm_node.policy_sync.broadcast over real libp2p hosts (child processes) on 127.0.0.1: a relayed delta arrives
+intact."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from protocol.messages import TOPIC_POLICY
 from swarm_node.identity import generate
 from swarm_node.policy_sync.broadcast import PolicyBroadcaster
 from swarm_node.transport.libp2p_ipc import HostSettings
-from swarm_node.transport.libp2p_transport import LibP2PConfig, LibP2PTransport
+from swarm_node.transport.libp2p_launch import LibP2PConfig
+from swarm_node.transport.libp2p_transport import LibP2PTransport
 
 pytestmark = [pytest.mark.libp2p, pytest.mark.timeout(120)]
 

@@ -36,7 +36,7 @@ def error_line(proc: subprocess.CompletedProcess[str]) -> str:
     (["--model", "/nonexistent/model"], "model path '/nonexistent/model' is not a directory"),
     (["--task", "no_such_task"], "unknown task 'no_such_task'"),
     (["--task-option", "wrong_option=3"], "bad options for task 'chain_sum'"),
-    (["--sampler", "gpu"], "sampler.kind must be auto, vllm or hf"),
+    (["--sampler", "gpu"], "sampler.kind 'gpu' unknown; choose one of auto, vllm, hf"),
 ])
 def test_bad_inputs_are_one_line(tmp_path: Path, args: list[str], expected: str) -> None:
     assert expected in error_line(run_cli("solo", *SMALL, "--run-dir", str(tmp_path / "r"), *args))

@@ -83,7 +83,7 @@ def test_echo_scenario_needs_a_worker() -> None:
 
 
 def test_worker_cost_travels_as_a_status_capability() -> None:
-    from swarm_node.roles.echo import reported_cost
+    from swarm_node.echo.admission import reported_cost
 
     assert reported_cost(("sampler:vllm", "cost_per_hour:0.35")) == 0.35
     assert reported_cost(("sampler:hf",)) == 0.0

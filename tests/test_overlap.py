@@ -12,6 +12,7 @@ import torch
 
 from swarm_node.config import load_config
 from swarm_node.node.core import Node, NodeEvents
+from swarm_node.node.sources import OverlappedSource
 from swarm_node.train.overlap import LatestWeights, OverlappedGenerator
 from swarm_node.types import Draft
 
@@ -89,22 +90,29 @@ def test_batch_beyond_the_bound_never_reaches_the_loss(tiny_model_dir: Path, tmp
         node.version = 5
         stale = Draft(groups=[object()] * 3, gen_s=0.0, gen_tokens=0, started=time.monotonic(), version=3)
 
+        class Exhausted(Exception):
+            pass
+
         class OneBatch:
             released = 0
+            given = False
 
             def get(self) -> Draft:
+                if self.given:
+                    raise Exhausted
+                self.given = True
                 return stale
 
             def done(self) -> None:
                 self.released += 1
 
         fake = OneBatch()
-        node.overlap = fake  # type: ignore[assignment]
+        source = OverlappedSource(fake, 1, lambda: node.version, node.stats.count)  # type: ignore[arg-type]
         called: list[object] = []
         node.trainer.train_step = lambda samples: called.append(samples)  # type: ignore[method-assign]
-        assert node.train_one_step() is None
+        with pytest.raises(Exhausted):  # the stale batch is never handed to the loop: the source asks for the next
+            node.train_on(next(iter(source)))
         assert called == [] and fake.released == 1 and node.step == 0 and node.version == 5
         assert node.stats.dropped["stale"] == 3
     finally:
-        node.overlap = None
         node.close()

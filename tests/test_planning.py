@@ -1,4 +1,5 @@
-"""Capacity planning (swarm_node.planning, `swarm-node plan`): hand-computed selections, latencies, periods and S."""
+"""Capacity planning (swarm_node.echo.planning and plan_*, `swarm-node plan`): hand-computed selections, latencies,
+periods and S."""
 
 from __future__ import annotations
 
@@ -14,19 +15,17 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from swarm_node.echo.planning import (
+from swarm_node.echo.plan_file import input_from_mapping, measure_run
+from swarm_node.echo.plan_model import (
     MB,
     PlanInput,
     WorkerSpec,
-    cheapest_set,
     dissemination,
-    input_from_mapping,
     learner_period_s,
-    measure_run,
     min_full_staleness,
-    plan,
-    plan_to_dict,
 )
+from swarm_node.echo.plan_search import cheapest_set
+from swarm_node.echo.planning import plan, plan_to_dict
 from swarm_node.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]

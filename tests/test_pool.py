@@ -8,8 +8,9 @@ import pytest
 
 from swarm_node import tasks
 from swarm_node.sampler.base import Completion
-from swarm_node.sharing.pool import SELECTIONS, ExperiencePool, PoolEntry
-from swarm_node.types import ScoredGroup
+from swarm_node.sharing.pool import ExperiencePool
+from swarm_node.sharing.selection import SELECTIONS
+from swarm_node.types import PoolEntry, ScoredGroup
 
 
 def entry(sender: str, key: str, step: int = 0, rewards: tuple[float, ...] = (1.0, 0.0)) -> PoolEntry:

@@ -16,18 +16,23 @@ from swarm_node.model.tokenizer import build_char_tokenizer, tokenizer_hash
 from swarm_node.sampler.base import Completion
 from swarm_node.sharing.corrections import external_samples, policy_logprobs, sequence_is_weight
 from swarm_node.sharing.pool import PoolEntry
-from swarm_node.sharing.rescore import ShareContext, accept_external
+from swarm_node.sharing.rescore import CompletionBounds, ShareContext, accept_external
 from swarm_node.sharing.wire import group_id_for, to_wire
 from swarm_node.train.scoring import score_group
 from swarm_node.train.trainer import Trainer
+from swarm_node.types import TrainSample
 
 NOW = 1_700_000_000.0
 TOK = build_char_tokenizer()
 SOURCE = tasks.TaskSource()
-CTX = ShareContext(TOK, tokenizer_hash(TOK), SOURCE)
 REF = tasks.TaskRef(SOURCE.name, SOURCE.config, SOURCE.seed, 5)
 INST = tasks.instance(REF)
 EOS = TOK.eos_token_id
+PROMPT_LEN = len(TOK.encode(INST.prompt))
+MAX_NEW = 8
+BOUNDS = CompletionBounds(max_completion_tokens=MAX_NEW, max_context=PROMPT_LEN + MAX_NEW, vocab_size=len(TOK),
+                          group_size=2)
+CTX = ShareContext(TOK, tokenizer_hash(TOK), SOURCE, BOUNDS)
 
 
 def completion(text: str, claimed: float, lp: float = -0.5) -> CompletionWire:
@@ -77,9 +82,10 @@ def test_text_is_ours_not_the_senders() -> None:
     (wire(completion("1", 0.0), ref=dataclasses.replace(REF, seed=77)), "peerA", "task_not_allowed"),
     (wire(completion("1", 0.0), ref=dataclasses.replace(REF, index=tasks.DATASET_SIZE)), "peerA",
      "task_not_allowed"),
-    (wire(CompletionWire((500,), "x", (-0.1,), 0.0)), "peerA", "token_out_of_vocab"),
-    (wire(CompletionWire((5, 6), "x", (-0.1, 0.2), 0.0)), "peerA", "bad_logprob"),
-    (wire(CompletionWire((5, 6), "x", (-0.1, math.nan), 0.0)), "peerA", "bad_logprob"),
+    # Groups of our group size (2), so that the completion's own fault is what drops them.
+    (wire(CompletionWire((500,), "x", (-0.1,), 0.0), completion("1", 0.0)), "peerA", "token_out_of_vocab"),
+    (wire(CompletionWire((5, 6), "x", (-0.1, 0.2), 0.0), completion("1", 0.0)), "peerA", "bad_logprob"),
+    (wire(CompletionWire((5, 6), "x", (-0.1, math.nan), 0.0), completion("1", 0.0)), "peerA", "bad_logprob"),
 ])
 def test_drop_reasons(group: RolloutGroup, sender: str, reason: str) -> None:
     out = accept_external(group, sender, CTX, NOW)
@@ -128,7 +134,7 @@ def test_external_samples_are_on_policy_and_is_only_shrinks_or_caps(tiny_model_d
     model, tok = load_model(tiny_model_dir)
     trainer = Trainer(model, TrainConfig(minibatches=1), SamplerConfig(), tok.pad_token_id)
     out = accept_external(wire(completion(INST.answer, 1.0, lp=-50.0), completion("9999", 0.0, lp=-1e-3)),
-                                  "peerA", ShareContext(tok, tokenizer_hash(tok), SOURCE), NOW)
+                                  "peerA", ShareContext(tok, tokenizer_hash(tok), SOURCE, BOUNDS), NOW)
     entry = PoolEntry(out.external.group, "peerA", out.external.key, 0)
     plain = external_samples(trainer, [entry], "none", 2.0)
     local = policy_logprobs(trainer, plain)
@@ -142,3 +148,83 @@ def test_external_samples_are_on_policy_and_is_only_shrinks_or_caps(tiny_model_d
     assert weighted[1].advantage == pytest.approx(-expected_1) and abs(weighted[1].advantage) < 1.0
     retok = external_samples(trainer, [dataclasses.replace(entry, retokenized=True)], "is", 2.0)
     assert [s.advantage for s in retok] == [1.0, -1.0]  # no sender log-probs for another tokenizer
+
+
+BOUNDED = CTX
+
+
+def ids_completion(ids: list[int], claimed: float = 0.0) -> CompletionWire:
+    return CompletionWire(tuple(ids), "ignored", (-0.5,) * len(ids), claimed)
+
+
+def test_a_group_exactly_at_the_bounds_is_accepted() -> None:
+    right = completion(INST.answer, 1.0)
+    stopped = completion("9" * (MAX_NEW - 1), 0.0)  # max_new_tokens new tokens, the last one EOS
+    truncated = ids_completion(TOK.encode("9" * MAX_NEW))  # max_new_tokens new tokens, no EOS: cut off
+    top = ids_completion(TOK.encode("9" * (MAX_NEW - 1)) + [len(TOK) - 1])  # the highest id in the vocabulary
+    for other in (stopped, truncated, top):
+        assert len(other.token_ids) == MAX_NEW
+        out = accept_external(wire(right, other), "peerA", BOUNDED, NOW)
+        assert out.reason == "" and out.external.group.rewards == [1.0, 0.0]
+    retok = accept_external(wire(right, CompletionWire((7,), "9" * (MAX_NEW - 1), (-0.1,), 0.0), tok_hash="other"),
+                            "peerA", BOUNDED, NOW)  # re-tokenized: 7 characters + our EOS = 8 ids
+    assert retok.reason == "" and retok.external.retokenized
+    assert len(retok.external.group.completions[1].token_ids) == MAX_NEW
+
+
+@pytest.mark.parametrize(("group", "bounds", "reason"), [
+    # a peer with a larger max_new_tokens: its longer completions drop the group
+    (wire(completion(INST.answer, 1.0), completion("9" * MAX_NEW, 0.0)), BOUNDS, "over_length"),
+    (wire(completion(INST.answer, 1.0), ids_completion([5] * 4096)), BOUNDS, "over_length"),
+    (wire(completion(INST.answer, 1.0), CompletionWire((4,), "9" * MAX_NEW, (-0.1,), 0.0), tok_hash="other"),
+     BOUNDS, "over_length"),  # 8 characters re-tokenized + EOS = 9 ids
+    (wire(completion(INST.answer, 1.0), completion("9" * (MAX_NEW - 1), 0.0)),
+     dataclasses.replace(BOUNDS, max_context=PROMPT_LEN + MAX_NEW - 1), "over_context"),
+    (wire(completion(INST.answer, 1.0), CompletionWire((4,), "9" * (MAX_NEW - 1), (-0.1,), 0.0), tok_hash="other"),
+     dataclasses.replace(BOUNDS, max_context=PROMPT_LEN + MAX_NEW - 1), "over_context"),
+    (wire(completion(INST.answer, 1.0), ids_completion([5, len(TOK)])), BOUNDS, "token_out_of_vocab"),
+    (wire(completion(INST.answer, 1.0), ids_completion([5, -1])), BOUNDS, "token_out_of_vocab"),
+    # a model with fewer embedding rows than the tokenizer has ids: both paths check the model's vocabulary
+    (wire(completion(INST.answer, 1.0), ids_completion([5, TOK.convert_tokens_to_ids("~")])),
+     dataclasses.replace(BOUNDS, vocab_size=TOK.convert_tokens_to_ids("~")), "token_out_of_vocab"),
+    (wire(completion(INST.answer, 1.0), CompletionWire((4,), "9~", (-0.1,), 0.0), tok_hash="other"),
+     dataclasses.replace(BOUNDS, vocab_size=TOK.convert_tokens_to_ids("~")), "token_out_of_vocab"),
+    (wire(completion(INST.answer, 1.0), completion("9", 0.0), completion("8", 0.0)), BOUNDS, "group_size"),
+    (wire(completion(INST.answer, 1.0)), BOUNDS, "group_size"),
+])
+def test_groups_over_our_bounds_are_dropped(group: RolloutGroup, bounds: CompletionBounds, reason: str) -> None:
+    out = accept_external(group, "peerA", dataclasses.replace(CTX, bounds=bounds), NOW)
+    assert (out.external, out.reason) == (None, reason)
+
+
+def test_bounds_are_checked_before_any_decoding_or_scoring(monkeypatch: pytest.MonkeyPatch) -> None:
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("computed on a group over the bounds")
+
+    monkeypatch.setattr(TOK, "decode", forbidden)
+    monkeypatch.setattr(tasks, "instance", forbidden)
+    monkeypatch.setattr(SOURCE, "reward", forbidden)
+    attack = wire(completion(INST.answer, 1.0), ids_completion([5] * 4096))
+    assert accept_external(attack, "peerA", BOUNDED, NOW).reason == "over_length"
+    too_many = wire(*[ids_completion([5] * 4096)] * 64)
+    assert accept_external(too_many, "peerA", BOUNDED, NOW).reason == "group_size"
+
+
+def test_bounds_must_be_positive_ints() -> None:
+    with pytest.raises(ValueError, match="group_size"):
+        CompletionBounds(8, 256, 99, 0)
+    with pytest.raises(ValueError, match="max_context"):
+        CompletionBounds(8, 256.0, 99, 8)  # type: ignore[arg-type]
+
+
+def test_policy_logprobs_in_microbatches_match_one_batch(tiny_model_dir: Path) -> None:
+    model, tok = load_model(tiny_model_dir)
+    trainer = Trainer(model, TrainConfig(minibatches=1), SamplerConfig(temperature=0.7), tok.pad_token_id)
+    prompt = tok.encode(INST.prompt)
+    samples = [TrainSample(prompt[: 10 + 7 * k], [20 + k] * (1 + 5 * (k % 3)) + [EOS], [0.0] * (2 + 5 * (k % 3)), 0.0)
+               for k in range(9)]
+    whole = policy_logprobs(trainer, samples, max_tokens=10**6)
+    split = policy_logprobs(trainer, samples, max_tokens=1)  # one row per forward
+    assert [len(x) for x in split] == [len(s.completion_ids) for s in samples]
+    for a, b in zip(whole, split, strict=True):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)

@@ -358,7 +358,7 @@ def test_default_port_constant() -> None:
 
 
 def test_starting_the_server_imports_no_torch() -> None:
-    code = ("import sys\nfrom swarm_node.stats import NodeStats\nfrom swarm_node.status import StatusServer\n"
+    code = ("import sys\nfrom swarm_node.status.stats import NodeStats\nfrom swarm_node.status import StatusServer\n"
             "s = StatusServer(NodeStats(), port=0); s.start(); s.stop()\n"
             "assert 'torch' not in sys.modules, 'torch imported'\nprint('ok')")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -82,3 +82,24 @@ def test_minibatches_keep_groups_whole() -> None:
     assert prompts[0].isdisjoint(prompts[1])  # no prompt's group is split across minibatches
     assert {len(p) for p in prompts} == {1, 2}  # three groups over two minibatches
     assert group_minibatches(samples, 4, random.Random(0))[3] == []  # more minibatches than groups: empty ones
+
+
+def test_microbatched_train_step_takes_the_same_step(tiny_model_dir: Path) -> None:
+    """A tiny token budget (every row its own micro-batch) and the default one give the same parameters."""
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14, 15]]
+    samples = [TrainSample(p, [20 + k] * (1 + 3 * k) + [1], [-1.0 - 0.1 * k] * (2 + 3 * k), (-1.0) ** k,
+                           off_policy=(k == 1)) for p in prompts for k in range(4)]
+    results = []
+    for budget in (8192, 1):
+        model, tok = load_model(tiny_model_dir)
+        trainer = Trainer(model, TrainConfig(lr=1e-3, minibatches=2, warmup_steps=0, microbatch_tokens=budget),
+                          SamplerConfig(), tok.pad_token_id, seed=3)
+        stats = trainer.train_step(samples)
+        results.append((stats, {k: v.clone() for k, v in model.state_dict().items()}))
+    (whole, params_whole), (split, params_split) = results
+    assert (whole.minibatches, whole.skipped_minibatches, whole.tokens) == (2, 0, split.tokens)
+    assert split.skipped_minibatches == 0
+    for k in ("loss", "clip_frac", "kl", "entropy", "grad_norm"):
+        assert getattr(split, k) == pytest.approx(getattr(whole, k), rel=1e-4, abs=1e-6), k
+    for k, v in params_whole.items():
+        assert torch.allclose(params_split[k], v, rtol=1e-4, atol=1e-6), k

@@ -5,8 +5,8 @@ Contract (pure: no I/O, no clocks; the caller passes `now` and sends the WorkerC
   the newest `WorkerReport`s (measured throughput over a window, price, when last heard from) and the learner's
   `Demand`, and returns a `Decision`: the workers to start, the workers to stop, and the active set afterwards.
   The activator assumes the caller carries the decision out (its records say so from then on).
-- Required throughput is planning.required_throughput(demand) (R / T, more under a staleness cap); the target
-  is that times (1 + headroom). Selection is planning.cheapest_set, so "cheapest" means the same as in
+- Required throughput is plan_model.required_throughput(demand) (R / T, more under a staleness cap); the target
+  is that times (1 + headroom). Selection is plan_search.cheapest_set, so "cheapest" means the same as in
   `swarm-node plan`: least $/h reaching the target, cheap per throughput first.
 - Hysteresis, so that measurement noise does not flap workers:
   * start only when the active workers' estimated throughput falls below the requirement, and then add the
@@ -30,7 +30,8 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from swarm_node.echo.planning import WorkerSpec, cheapest_set, required_throughput
+from swarm_node.echo.plan_model import WorkerSpec, required_throughput
+from swarm_node.echo.plan_search import cheapest_set
 from swarm_node.errors import UserError
 
 

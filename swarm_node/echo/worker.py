@@ -1,5 +1,7 @@
-"""ECHO-2 worker: follows one learner's policy and generates rollouts for it (transport-free).
+"""ECHO-2 worker: follows one learner's policy and generates rollouts for it (transport-free; no node import).
 
+`Worker(host, kappa=, max_staleness=, keep)`: `host` is the sampling side (`WorkerHost`: its model, which is the
+base at version 0, `load_policy(state, version)` into its sampler, `generate_groups()`; a `Node` is one).
 `apply(update)` verifies and applies a learner update (delta or snapshot) and loads the result into the sampler;
 `may_generate()` says whether a batch generated now can still be trained on within S; `generate()` samples and
 scores one batch, tagged with the published version it used. A worker's base is the model it loaded (version 0).
@@ -7,16 +9,33 @@ scores one batch, tagged with the published version it used. A worker's base is 
 
 from __future__ import annotations
 
-from swarm_node.node.core import Node
+from typing import Protocol
+
+import torch
+from torch import nn
+
 from swarm_node.policy_sync.delta import PolicyFollower, PolicyUpdate, model_state, state_hash
 from swarm_node.train.staleness import may_generate
 from swarm_node.types import ScoredGroup
 
 
+class WorkerHost(Protocol):
+    """What a worker needs from the node that samples."""
+
+    @property
+    def model(self) -> nn.Module: ...
+
+    def load_policy(self, state: dict[str, torch.Tensor], version: int) -> None: ...
+
+    def generate_groups(self) -> tuple[list[ScoredGroup], float, int]: ...
+
+
 class Worker:
-    def __init__(self, node: Node, keep: int = 8) -> None:
-        self.node = node
-        self.follower = PolicyFollower(model_state(node.model), keep=keep)
+    def __init__(self, host: WorkerHost, *, kappa: int, max_staleness: int, keep: int = 8) -> None:
+        self.host = host
+        self.kappa = kappa  # published versions are kappa learner steps apart
+        self.max_staleness = max_staleness
+        self.follower = PolicyFollower(model_state(host.model), keep=keep)
         self.batches = 0  # batches generated so far
         self.forgiven = 0  # batches the learner evidently never got (lost): they no longer hold generation back
         self.known_version = 0  # newest published version we have heard of (announces may run ahead of payloads)
@@ -33,13 +52,12 @@ class Worker:
 
     def apply(self, update: PolicyUpdate) -> None:
         state = self.follower.apply(update)
-        self.node.sampler.load_weights(state, update.version)
+        self.host.load_policy(state, update.version)
         self.known_version = max(self.known_version, update.version)
 
     def may_generate(self) -> bool:
-        kappa = self.node.cfg.echo.publish_every  # published versions are kappa learner steps apart
-        return may_generate(self.batches - self.forgiven, self.version * kappa, self.known_version * kappa,
-                            self.node.cfg.train.max_staleness)
+        return may_generate(self.batches - self.forgiven, self.version * self.kappa, self.known_version * self.kappa,
+                            self.max_staleness)
 
     def reset(self) -> None:
         """Forget the followed lineage (the learner restarted or resumed): the next update must be a snapshot."""
@@ -48,6 +66,6 @@ class Worker:
 
     def generate(self) -> tuple[list[ScoredGroup], float, int]:
         """One batch (B groups), scored; completions carry the published version used. Also (seconds, tokens)."""
-        groups, seconds, tokens = self.node.generate_groups()
+        groups, seconds, tokens = self.host.generate_groups()
         self.batches += 1
         return groups, seconds, tokens

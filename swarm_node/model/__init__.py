@@ -1,1 +1,8 @@
-"""TODO map."""
+"""The model a node trains: built, loaded, adapted and saved. Nothing here knows about sharing or the network.
+
+- `default_model.py`: the embedded default model (built in code, warmed up, cached) and loading any HF directory.
+- `tokenizer.py`: the character-level tokenizer of the default model, and the tokenizer hash peers compare.
+- `lora.py`: our LoRA layer (base weight names kept, peft's on-disk layout) and `WEIGHT_FORMS`, the tensors a
+  sampler loads from a LoRA-trained model.
+- `checkpoint.py`: atomic, crash-safe checkpoints of model, optimizer and run state; resume picks the newest whole one.
+"""

@@ -9,6 +9,8 @@ Contract:
   `merged_state(model)` is the base state dict with W + scale * B A folded in (for samplers that take plain
   weights); `write_adapter(dir, tensors, rank, alpha)` writes adapter_config.json + adapter_model.safetensors
   atomically (a reader never sees a half-written adapter).
+- `WEIGHT_FORMS[name](model)` is the state dict a sampler of that weight form (`Sampler.weights`: "full",
+  "base", "adapter"; names in `swarm_node.variants.WEIGHT_FORMS`) loads from a LoRA-trained model.
 Why our own layer and not peft: the node checkpoints, deltas and samplers address weights by the base model's
 names, which peft's wrapping renames (`base_layer.weight`); this layer keeps them and is ~40 lines.
 """
@@ -19,11 +21,14 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 from torch import nn
+
+from swarm_node import variants
 
 # Qwen2/Llama projection names: vLLM serves LoRA on each (q/k/v packed as qkv_proj, gate/up as gate_up_proj).
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -94,6 +99,20 @@ def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:
     for name, m in modules.items():
         state[f"{name}.weight"] = m.merged_weight().detach()
     return state
+
+
+WeightForm = Callable[[nn.Module], dict[str, torch.Tensor]]
+WEIGHT_FORMS: variants.Registry[WeightForm] = variants.Registry("weight form", variants.WEIGHT_FORMS)
+
+
+@WEIGHT_FORMS.register("full")
+def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole state dict, adapters included (a sampler that runs our LoRA layers itself)."""
+    return model.state_dict()
+
+
+WEIGHT_FORMS.add("base", merged_state)  # plain weights with the adapters folded in
+WEIGHT_FORMS.add("adapter", adapter_tensors)  # the adapter alone, under peft's names
 
 
 def adapter_config(rank: int, alpha: float, targets: list[str]) -> dict[str, object]:

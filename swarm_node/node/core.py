@@ -1,109 +1,66 @@
-"""The node: wires model, task source, sampler, trainer, checkpoints and stats into the step loop.
+"""The node: model, task source, sampler, trainer, pool and checkpoints, driven by one loop over a rollout source.
+
+The loop (`run(source)`): `for item in source: train_on(item)` until `run.steps`, recording each step (StepLog),
+checkpointing every K steps, evaluating every E. `item` is a `Draft` (groups to train on) or a `SkippedStep`
+(counted as a step, nothing trained). The default source samples on this thread (`SequentialSource`) or, with
+`train.max_staleness` >= 1, on a generator thread bounded by S (`OverlappedSource`); a role may pass its own (an
+ECHO-2 learner's buffer). See sources.py.
 
 One step (solo): draw B task references, sample G completions each, score them locally, compute group
-advantages, drop groups without signal, run the GRPO update, push the new weights into the sampler (policy
-version + 1), log metrics, checkpoint every K steps. Everything the node does is visible through `NodeStats`.
-
-One step (peer, with an injected `sharing.Exchange`): sample I local groups, publish them, drain what peers sent
-(re-scored by `sharing.accept_external`, pooled in `pool.ExperiencePool`), mix the local groups with J external
-ones from the pool, train. `sample_and_share` and `mix_and_train` are the two halves, so a lockstep simulation
-can let the network run between them. The node never imports a transport implementation. The pool is not
-checkpointed: after a resume it refills from the swarm.
+advantages, drop groups without signal, run the GRPO update, hand the new weights to the sampler (policy version
++ 1). With an injected `sharing.Exchange` (a SAPO peer): publish the local groups when drafting, and before
+training drain what peers sent (the one ingest path, sharing/ingest.py, into `pool.ExperiencePool`), then mix the
+local groups with J external ones from the pool. `sample_and_share()` and `mix_and_train(item)` are the two
+halves with typed values, so a lockstep simulation can let the network run between them. The node never imports
+a transport implementation, nor the roles. The pool is not checkpointed: after a resume it refills from the swarm.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import time
-from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from protocol.limits import Limits
+from protocol.messages import RolloutGroup
 from swarm_node import tasks
 from swarm_node.config import NodeConfig
 from swarm_node.errors import UserError
 from swarm_node.model import checkpoint, lora
-from swarm_node.model.default_model import ensure_default_model, load_model
+from swarm_node.model.default_model import load_model
 from swarm_node.model.tokenizer import tokenizer_hash
-from swarm_node.sampler.base import PromptTooLongError, Sampler, SamplerSettings, SamplingParams
+from swarm_node.node.build import model_dir_for, sampler_settings
+from swarm_node.node.run_files import (
+    METRICS_FILE,
+    NodeEvents,
+    RunSummary,
+    StepLog,
+    prepare_run_dir,
+    reward_window,
+    truncate_metrics,
+)
+from swarm_node.node.sources import Item, OverlappedSource, RolloutSource, SequentialSource
+from swarm_node.sampler.base import PromptTooLongError, Sampler, SamplingParams
 from swarm_node.sampler.factory import make_sampler
 from swarm_node.sharing.corrections import external_samples
-from swarm_node.sharing.exchange import Exchange, Received
+from swarm_node.sharing.exchange import Exchange
+from swarm_node.sharing.ingest import Ingest
 from swarm_node.sharing.pool import ExperiencePool, PoolEntry
-from swarm_node.sharing.rescore import ShareContext, accept_external
+from swarm_node.sharing.rescore import CompletionBounds, External, ShareContext
 from swarm_node.sharing.wire import group_id_for, to_wire
 from swarm_node.status.stats import NodeStats
 from swarm_node.train.evaluate import EvalResult, evaluate
-from swarm_node.train.overlap import LatestWeights, OverlappedGenerator
+from swarm_node.train.overlap import LatestWeights
 from swarm_node.train.scoring import score_group, to_samples
-from swarm_node.train.staleness import drop_reason
 from swarm_node.train.trainer import Trainer
-from swarm_node.types import ScoredGroup
+from swarm_node.types import Draft, ScoredGroup, SkippedStep
 
-METRICS_FILE = "metrics.jsonl"
-
-
-@dataclass
-class NodeEvents:
-    """Callbacks the CLI uses to show progress; all optional."""
-
-    log: Callable[[str], None] = print
-    build_progress: Callable[[int, int, str], None] | None = None
-    on_step: Callable[[dict[str, Any]], None] | None = None
-
-
-@dataclass
-class RunSummary:
-    steps: int
-    first_reward: float | None
-    last_reward: float | None
-    eval: EvalResult | None
-    run_dir: Path
-    skipped_steps: int
-
-
-def prepare_run_dir(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise UserError(f"run dir {str(path)!r} is not writable: {exc.strerror or exc}") from exc
-
-
-def _truncate_metrics(path: Path, last_step: int) -> None:
-    """After a resume, drop metric lines for steps the checkpoint does not contain (rewritten atomically)."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line).get("step", 0) <= last_step:
-                kept.append(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by a kill mid-write
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
-
-
-@dataclass
-class Draft:
-    """The first half of a step: this step's local groups, sampled, scored and (peer mode) published."""
-
-    groups: list[ScoredGroup]
-    gen_s: float
-    gen_tokens: int
-    started: float
-    version: int  # the policy version that generated the groups
+__all__ = ["METRICS_FILE", "Draft", "Node", "NodeEvents", "RunSummary", "SkippedStep", "prepare_run_dir"]
 
 
 class Node:
@@ -121,11 +78,10 @@ class Node:
         self.skipped_steps = 0
         self.sampler: Sampler | None = sampler  # given: a simulation's shared engine; else built by setup()
         self.draws = 0  # batches drawn so far: seeds the sampler (ahead of `step` when generation overlaps)
-        self.overlap: OverlappedGenerator[Draft | str] | None = None
+        self.source: RolloutSource | None = None  # while run() runs
         self.latest_weights = LatestWeights()
+        self.step_log = StepLog(None, self.stats, self.events)  # records steps trained outside run() (simulations)
         self._last_step_end: float | None = None
-        self.stepper: Callable[[], dict[str, Any] | None] | None = None  # a role's step (echo_peer) instead
-        self.peer_drops: Counter[tuple[str, str]] = Counter()  # (sender, reason), incl. forged_reward
         self.ready = False  # setup() done
 
     # -- setup ---------------------------------------------------------------------------------------
@@ -134,14 +90,9 @@ class Node:
         prepare_run_dir(self.run_dir)
         torch.set_num_threads(cfg.train.threads or os.cpu_count() or 1)
         self.task_source = tasks.TaskSource(cfg.task.name, cfg.task.options, cfg.task.seed,
-                                            reward=cfg.task.reward)
+                                            reward=cfg.task.reward, selection=cfg.task.selection)
         self.stats.set_phase("building-model")
-        if self.model_dir_override is not None:
-            self.model_dir = self.model_dir_override
-        elif cfg.model.path:
-            self.model_dir = Path(cfg.model.path)
-        else:
-            self.model_dir = ensure_default_model(self.events.build_progress)
+        self.model_dir = model_dir_for(cfg, self.model_dir_override, self.events.build_progress)
         self.model, self.tokenizer = load_model(self.model_dir)
         if cfg.train.lora_rank:
             lora.attach_lora(self.model, cfg.train.lora_rank, cfg.train.lora_alpha, seed=cfg.run.seed)
@@ -151,27 +102,53 @@ class Node:
         self.pool = ExperiencePool(sh.pool_size, sh.per_peer_pool_cap, sh.max_external_age)
         self.share_rng = random.Random(cfg.run.seed * 7919 + 17)  # external selection, apart from task draws
         self.tokenizer_hash = tokenizer_hash(self.tokenizer)
-        self.share_ctx = ShareContext(self.tokenizer, self.tokenizer_hash, self.task_source,
-                                              cfg.train.advantage)
+        # A peer's group may cost us only what one of ours does: our group size, generation budget, context, vocabulary.
+        bounds = CompletionBounds(max_completion_tokens=cfg.sampler.max_new_tokens,
+                                  max_context=int(self.model.config.max_position_embeddings),
+                                  vocab_size=int(self.model.config.vocab_size), group_size=cfg.run.group_size)
+        self.share_ctx = ShareContext(self.tokenizer, self.tokenizer_hash, self.task_source, bounds,
+                                      cfg.train.advantage)
+        self.ingest = Ingest(self.share_ctx, self.stats)
+        self.family = str(getattr(self.model.config, "model_type", ""))  # what our published groups say
         self._restore_or_start()
         self.stats.set_phase("loading-sampler")
-        s = cfg.sampler
         if self.sampler is None:
-            self.sampler = make_sampler(s.kind, self.model_dir, self.model, self.tokenizer,
-                                        SamplerSettings(s.threads, s.max_model_len, s.kv_cache_gb, s.max_num_seqs),
-                                        self.version, self.events.log)
+            self.sampler = make_sampler(cfg.sampler.kind, self.model_dir, self.model, self.tokenizer,
+                                        sampler_settings(cfg.sampler), self.version, self.events.log)
         if self.step > 0:
             self.sampler.load_weights(self.policy_weights(), self.version)
         self.ready = True
 
+    @property
+    def peer_drops(self) -> dict[tuple[str, str], int]:
+        return self.ingest.peer_drops
+
+    def wire_limits(self) -> Limits:
+        """The wire limits of every exchange a role runs for this node: token ids bounded by our vocabulary."""
+        return Limits(vocab_size=len(self.tokenizer))
+
+    def wire_groups(self, groups: list[ScoredGroup], policy_id: str, version: int, signer: str,
+                    batch: int) -> list[RolloutGroup]:
+        """Our groups as every role publishes them: tagged with our tokenizer and model family."""
+        now = time.time()
+        return [to_wire(g, policy_id, version, self.tokenizer_hash, self.family, now,
+                        group_id_for(signer, batch, i, self.cfg.run.seed)) for i, g in enumerate(groups)]
+
+    def salt(self, salt: int) -> None:
+        """Draw other tasks and samples than a node with the same seed (ECHO-2 workers salt with their peer id)."""
+        self.rng.seed(self.cfg.run.seed * 2**32 + salt)
+        self.draws = salt << 16
+
     def policy_weights(self) -> dict[str, torch.Tensor]:
         """The current policy in the form this node's sampler loads (see `Sampler.weights`)."""
         assert self.sampler is not None, "policy_weights() is called once setup() has built the sampler"
-        if not self.cfg.train.lora_rank or self.sampler.weights == "full":
-            return self.model.state_dict()
-        if self.sampler.weights == "adapter":
-            return lora.adapter_tensors(self.model)
-        return lora.merged_state(self.model)
+        form = self.sampler.weights if self.cfg.train.lora_rank else "full"
+        return lora.WEIGHT_FORMS[form](self.model)
+
+    def load_policy(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Install a policy someone else trained (an ECHO-2 worker's followed policy) into the sampler."""
+        assert self.sampler is not None, "load_policy() is called once setup() has built the sampler"
+        self.sampler.load_weights(state, version)
 
     def _restore_or_start(self) -> None:
         ckpt_root = self.run_dir / checkpoint.CHECKPOINT_DIR
@@ -192,46 +169,47 @@ class Node:
         self.skipped_steps = int(ckpt.state.get("skipped_steps", 0))
         self.trainer.optimizer_steps = int(ckpt.state.get("optimizer_steps", 0))
         self.rng.setstate(checkpoint.state_from_json(ckpt.state["task_rng"]))
-        _truncate_metrics(self.run_dir / METRICS_FILE, self.step)
+        truncate_metrics(self.run_dir / METRICS_FILE, self.step)
         self.stats.update(last_checkpoint={"step": ckpt.step, "path": str(ckpt.path)})
         self.events.log(f"resume: continuing from checkpoint step {ckpt.step} (policy version {self.version})")
 
     # -- the loop ------------------------------------------------------------------------------------
-    def run(self) -> RunSummary:
+    def default_source(self) -> RolloutSource:
+        """Sequential generation, or overlapped with training when `train.max_staleness` >= 1."""
+        if self.cfg.train.max_staleness > 0:
+            return OverlappedSource.start(self._produce_overlapped, self.cfg.train.max_staleness,
+                                          lambda: self.version, self.stats.count, self._sync_sampler)
+        return SequentialSource(self.sample_and_share)
+
+    def run(self, source: RolloutSource | None = None) -> RunSummary:
         if not self.ready:
             self.setup()
         cfg = self.cfg
         self.stats.update(total_steps=cfg.run.steps, policy_version=self.version, step=self.step)
         self.stats.set_phase("training")
-        if cfg.train.max_staleness > 0 and self.stepper is None:
-            self.overlap = OverlappedGenerator(self._produce_overlapped, cfg.train.max_staleness)
-            self.overlap.start()
+        self.source = source or self.default_source()
         try:
-            self._loop()
+            self._loop(self.source)
         finally:
-            if self.overlap is not None:
-                self.overlap.stop()
-                with self.overlap.lock:  # a batch still being generated finishes first
-                    self._sync_sampler()
-                self.overlap = None
+            self.source.close()
+            self.source = None
         result = self.evaluate() if cfg.run.eval_problems else None
         self.stats.set_phase("done")
         return self.summary(result)
 
-    def _loop(self) -> None:
+    def _loop(self, source: RolloutSource) -> None:
         cfg = self.cfg
-        with open(self.run_dir / METRICS_FILE, "a") as metrics_file:
+        items = iter(source)
+        with StepLog(self.run_dir / METRICS_FILE, self.stats, self.events) as log:
             while self.step < cfg.run.steps:
                 try:
-                    metrics = self.stepper() if self.stepper is not None else self.train_one_step()
+                    metrics = self.train_on(next(items))
                 except KeyboardInterrupt:  # Ctrl-C: keep what the finished steps learnt, then stop
                     self.events.log(f"interrupted: saving a checkpoint at step {self.step}")
                     self.save_checkpoint()
                     raise
-                if metrics is None:
-                    continue
-                metrics_file.write(json.dumps(metrics) + "\n")
-                metrics_file.flush()
+                source.trained(metrics)
+                log.write(metrics)
                 if self.step % cfg.run.checkpoint_every == 0 or self.step == cfg.run.steps:
                     self.save_checkpoint()
                 if cfg.run.eval_every and self.step % cfg.run.eval_every == 0 and self.step < cfg.run.steps:
@@ -240,6 +218,7 @@ class Node:
     def generate_groups(self) -> tuple[list[ScoredGroup], float, int]:
         """Sample and score this step's local groups: (groups, seconds, generated tokens)."""
         cfg = self.cfg
+        assert self.sampler is not None, "generate_groups() is called once setup() has built the sampler"
         count = cfg.share.local_groups or cfg.run.prompts_per_step
         insts = [tasks.instance(r) for r in self.task_source.draw(self.rng, count)]
         prompts = [self.tokenizer.encode(i.prompt) for i in insts]
@@ -257,99 +236,57 @@ class Node:
         tokens = sum(len(c.token_ids) for out in outputs for c in out)
         return groups, seconds, tokens
 
-    def train_one_step(self) -> dict[str, Any] | None:
-        """One step's metrics; None when generation overlaps and the batch was too stale to train on."""
-        if self.overlap is None:
-            draft = self.sample_and_share()
-            return draft if isinstance(draft, dict) else self.mix_and_train(draft)
-        item = self.overlap.get()
-        try:
-            if isinstance(item, str):
-                return self._skip_step(item)
-            reason = drop_reason(self.version, item.version, self.cfg.train.max_staleness)
-            if reason is not None:  # cannot happen with the generator's permits; the bound is enforced anyway
-                self.stats.count("dropped", reason, len(item.groups))
-                return None
-            return self.mix_and_train(item)
-        finally:
-            self.overlap.done()
-
-    def _produce_overlapped(self) -> Draft | str:
+    def _produce_overlapped(self) -> Item:
         """Generator thread: take the newest policy into the sampler, then draft one batch."""
-        newer = self.latest_weights.newer_than(self.sampler.version)
-        if newer is not None:
-            self.sampler.load_weights(*newer)
-        return self._draft()
+        self._sync_sampler()
+        return self.sample_and_share()
 
     def _sync_sampler(self) -> None:
+        assert self.sampler is not None
         newer = self.latest_weights.newer_than(self.sampler.version)
         if newer is not None:
             self.sampler.load_weights(*newer)
 
-    def sample_and_share(self) -> Draft | dict[str, Any]:
-        """Sample and score local groups and publish them; a skipped step's metrics if sampling failed."""
-        draft = self._draft()
-        return self._skip_step(draft) if isinstance(draft, str) else draft
-
-    def _draft(self) -> Draft | str:
-        """This step's local groups, sampled, scored and published; the reason if the batch is unusable."""
+    def sample_and_share(self) -> Item:
+        """This step's local groups, sampled, scored and (peer) published; a `SkippedStep` if unusable."""
+        assert self.sampler is not None, "sample_and_share() is called once setup() has built the sampler"
         step_started = time.monotonic()
         version = self.sampler.version
         try:
             groups, gen_s, gen_tokens = self.generate_groups()
         except FloatingPointError as exc:
-            return f"non-finite reward ({exc})"
+            return SkippedStep(f"non-finite reward ({exc})")
         self.stats.count("groups", "produced", len(groups))
         if self.exchange is not None:
-            now = time.time()
-            family = str(getattr(self.model.config, "model_type", ""))
-            self.exchange.publish([
-                to_wire(g, self.exchange.peer_id, version, self.tokenizer_hash, family, now,
-                                group_id_for(self.exchange.peer_id, self.draws, i, self.cfg.run.seed))
-                for i, g in enumerate(groups)])
+            peer = self.exchange.peer_id
+            self.exchange.publish(self.wire_groups(groups, peer, version, peer, self.draws))
         return Draft(groups, gen_s, gen_tokens, step_started, version)
 
-    def ingest(self, received: list[Received]) -> dict[str, int]:
-        """Re-score received groups into the pool; returns this step's drop counts by reason."""
-        dropped: dict[str, int] = {}
+    def _pool_sink(self, ext: External, sender: str) -> list[tuple[str, str]]:
+        return self.pool.add(PoolEntry(ext.group, sender, ext.key, self.step, ext.retokenized))
 
-        def drop(sender: str, reason: str) -> None:
-            dropped[reason] = dropped.get(reason, 0) + 1
-            self.stats.count("dropped", reason)
-            self.peer_drops[(sender, reason)] += 1
+    def mix_and_train(self, item: Item) -> dict[str, Any]:
+        """The second half of a step outside `run()` (a lockstep simulation): train on it, record the step."""
+        metrics = self.train_on(item)
+        self.step_log.publish(metrics)
+        return metrics
 
-        now = time.time()
-        for item in received:
-            if item.group is None:
-                drop(item.sender, item.reason)
-                self.stats.count_peer_message(item.sender, accepted=False)
-                continue
-            self.stats.count("groups", "received")
-            outcome = accept_external(item.group, item.sender, self.share_ctx, now)
-            if outcome.forged_reward:
-                self.stats.count("errors", "forged_reward")
-                self.peer_drops[(item.sender, "forged_reward")] += 1
-            self.stats.count_peer_message(item.sender, accepted=outcome.external is not None
-                                          and not outcome.forged_reward)
-            if outcome.external is None:
-                drop(item.sender, outcome.reason)
-                continue
-            ext = outcome.external
-            for sender, reason in self.pool.add(PoolEntry(ext.group, item.sender, ext.key, self.step,
-                                                          ext.retokenized)):
-                drop(sender, reason)
-        for sender, reason in self.pool.expire(self.step):
-            drop(sender, reason)
-        self.stats.update(pool_size=len(self.pool))
-        return dropped
+    def train_on(self, item: Item) -> dict[str, Any]:
+        """One step on `item`: its metrics (not yet recorded; the loop or `mix_and_train` records them)."""
+        return self._skip_step(item.reason) if isinstance(item, SkippedStep) else self._train(item)
 
-    def mix_and_train(self, draft: Draft) -> dict[str, Any]:
+    def _train(self, draft: Draft) -> dict[str, Any]:
         """Mix I local groups with J external ones from the pool and run one GRPO update."""
         cfg = self.cfg
         groups = draft.groups
         peer_mode = self.exchange is not None
-        received = self.exchange.drain() if peer_mode else []
-        ext_dropped = self.ingest(received) if peer_mode else {}
+        received = self.exchange.drain() if self.exchange is not None else []
+        ext_dropped: dict[str, int] = {}
+        if peer_mode:
+            ext_dropped = self.ingest(received, time.time(), self._pool_sink)
+            for sender, reason in self.pool.expire(self.step):
+                self.ingest.drop(sender, reason, ext_dropped)
+            self.stats.update(pool_size=len(self.pool))
         externals = self.pool.take(cfg.share.external_groups, cfg.share.selection, self.share_rng,
                                    cfg.share.per_peer_batch_cap)
         rewards = [r for g in groups for r in g.rewards]
@@ -368,17 +305,18 @@ class Node:
         self.stats.update(pool_size=len(self.pool))
         train_started = time.monotonic()
         samples = to_samples(used) + external_samples(self.trainer, externals, cfg.share.external_correction,
-                                                              cfg.share.is_cap)
+                                                      cfg.share.is_cap)
         result = self.trainer.train_step(samples)
         train_s = time.monotonic() - train_started
         if result.skipped_minibatches:
             self.stats.count("errors", "nonfinite_loss", result.skipped_minibatches)
         if result.minibatches > result.skipped_minibatches:
             self.version += 1
-            if self.overlap is not None or self.stepper is not None:  # the sampler is in use elsewhere, or idle
-                self.latest_weights.put(self.policy_weights(), self.version)
-            else:
+            if self.source is None or self.source.direct_weights:
+                assert self.sampler is not None
                 self.sampler.load_weights(self.policy_weights(), self.version)
+            else:  # the sampler is in use on the generator thread, or idle until an eval
+                self.latest_weights.put(self.policy_weights(), self.version)
         self.step += 1
         metrics = {
             "step": self.step, "policy_version": self.version, "lag": max(lags, default=0),
@@ -399,13 +337,13 @@ class Node:
                 "external_reward_mean": sum(ext_rewards) / len(ext_rewards) if ext_rewards else None,
                 "pool_size": len(self.pool), "received": len(received), "external_dropped": ext_dropped,
             })
-        self._publish(metrics)
         return metrics
 
     def _step_seconds(self, draft: Draft) -> float:
         """Sequential: from the start of sampling. Overlapped: since the previous step ended (what a step costs)."""
         now = time.monotonic()
-        since = draft.started if self.overlap is None or self._last_step_end is None else self._last_step_end
+        overlapped = isinstance(self.source, OverlappedSource)
+        since = draft.started if not overlapped or self._last_step_end is None else self._last_step_end
         self._last_step_end = now
         return now - since
 
@@ -414,14 +352,7 @@ class Node:
         self.step += 1
         self.stats.count("errors", "skipped_step", 1)
         self.events.log(f"step {self.step} skipped: {reason}")
-        metrics = {"step": self.step, "policy_version": self.version, "skipped": reason, "time": time.time()}
-        self._publish(metrics)
-        return metrics
-
-    def _publish(self, metrics: dict[str, Any]) -> None:
-        self.stats.record_step(metrics)
-        if self.events.on_step is not None:
-            self.events.on_step(metrics)
+        return {"step": self.step, "policy_version": self.version, "skipped": reason, "time": time.time()}
 
     # -- checkpoints, eval, summary ------------------------------------------------------------------
     def save_checkpoint(self) -> None:
@@ -440,22 +371,16 @@ class Node:
     def evaluate(self) -> EvalResult:
         """Held-out eval of the newest policy (with the generator paused when generation overlaps)."""
         self.stats.set_phase("evaluating")
-        with self.overlap.lock if self.overlap is not None else contextlib.nullcontext():
+        with self.source.paused() if self.source is not None else contextlib.nullcontext():
             self._sync_sampler()
+            assert self.sampler is not None
             result = evaluate(self.sampler, self.tokenizer, self.task_source, self.cfg.run.eval_problems,
                               self.cfg.sampler.max_new_tokens)
         self.stats.set_phase("training")
         return result
 
     def summary(self, result: EvalResult | None) -> RunSummary:
-        rewards = []
-        path = self.run_dir / METRICS_FILE
-        if path.exists():
-            rewards = [m["reward_mean"] for m in map(json.loads, path.read_text().splitlines())
-                       if "reward_mean" in m]
-        window = max(1, min(10, len(rewards) // 4))
-        first = sum(rewards[:window]) / window if rewards else None
-        last = sum(rewards[-window:]) / window if rewards else None
+        first, last = reward_window(self.run_dir / METRICS_FILE)
         return RunSummary(self.step, first, last, result, self.run_dir, self.skipped_steps)
 
     def close(self) -> None:

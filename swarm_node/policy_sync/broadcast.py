@@ -1,8 +1,11 @@
 """Pipelined broadcast of policy payloads (deltas, snapshots) over any `Transport`: announce on gossip, pull
 chunks over the `/swarm-node/chunks/1` stream protocol along the relay plan in the announce.
 
+Parts (this module is the facade that wires them): `store` (held versions, stats), `serve` (answering chunk and
+catalog requests), `pull` (pulling, relaying, catalogs), `streams` (bounded reads, shaping, background tasks).
+
 Contract:
-- `PolicyBroadcaster(transport, limits=..., chunk_bytes=1 MiB, schedule="stripe:2", keep=8, ...)`; `await start()`
+- `PolicyBroadcaster(transport, limits=..., chunk_bytes=1 MiB, schedule=DEFAULT_SCHEDULE, keep=8, ...)`; `await start()`
   serves the chunk protocol and takes over TOPIC_POLICY (validator: protocol.validation.validate_gossip, so
   limits, schema, owner == signer, freshness and replay; then subscribe). `await stop()` ends its tasks and streams.
 - Source side: `await publish(owner, version, base_version, encoding, payload, state_sha256, receivers)` splits
@@ -22,8 +25,8 @@ Contract:
   a stream (streams are authenticated by the transport), never from a third party.
 - Every read is bounded in size (protocol.chunks frame limits, chunk lengths from the announce) and in time
   (`stall_s` without progress fails the peer). A bad frame is answered with an error frame and the stream closed.
-- `shaper` (swarm_node.shaping.Shaper) throttles chunk bytes sent and received: app-level bandwidth shaping for
-  benchmarks and simulations.
+- `shaper` (swarm_node.transport.shaping.Shaper) throttles chunk bytes sent and received: app-level bandwidth
+  shaping for benchmarks and simulations.
 """
 
 from __future__ import annotations
@@ -32,129 +35,25 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
-from protocol.chunks import (
-    LENGTH_BYTES,
-    PROTOCOL_ID,
-    AnnounceFrame,
-    AnnounceRequest,
-    ChunkHeader,
-    ChunkRequest,
-    ErrorFrame,
-    decode_request,
-    decode_response,
-    encode_frame,
-    frame_length,
-)
+from protocol.chunks import PROTOCOL_ID
 from protocol.codec import decode, encode
-from protocol.errors import Verdict, WireError
+from protocol.errors import WireError
 from protocol.limits import Limits
 from protocol.messages import TOPIC_POLICY, PolicyAnnounce, policy_owner
-from protocol.relay import (
-    DEFAULT_SCHEDULE,
-    Action,
-    Cancel,
-    Complete,
-    Failed,
-    Receiver,
-    Request,
-    ScheduleError,
-    Stored,
-    chunk_count_for,
-    chunk_digests,
-    chunk_span,
-    make_plan,
-    split,
-)
+from protocol.relay import DEFAULT_SCHEDULE, Receiver, ScheduleError, chunk_count_for, chunk_digests, make_plan, split
 from protocol.validation import AcceptPolicy, ReplayGuard, validate_gossip
-from swarm_node.transport.base import Delivery, Stream, Transport, TransportError, ValidationResult
+from swarm_node.policy_sync.pull import ChunkPuller
+from swarm_node.policy_sync.serve import ChunkServer
+from swarm_node.policy_sync.store import BroadcastError, BroadcastStats, HeldVersion, VersionStore, key_of
+from swarm_node.policy_sync.streams import StreamIO, TaskSet
+from swarm_node.transport.base import Delivery, Transport, ValidationResult
 from swarm_node.transport.shaping import Shaper
 
+__all__ = ["BroadcastError", "BroadcastStats", "PolicyBroadcaster"]
+
 log = logging.getLogger(__name__)
-
-PIECE_BYTES = 64 << 10  # unit of shaped reads and writes: small enough that streams sharing a link interleave
-MAX_CATALOG = 256  # announces accepted from one catalog answer
-# (owner policy id, version, base_version): a delta to v and the snapshot of v are different payloads.
-Key = tuple[str, int, int]
-
-
-def _key(announce: PolicyAnnounce) -> Key:
-    return announce.owner, announce.version, announce.base_version
-
-
-class BroadcastError(Exception):
-    """A broadcast operation cannot be done (nothing trusted to fetch, a payload that failed verification)."""
-
-
-class _PeerFailed(Exception):
-    """The peer we pull from refused, broke the protocol or stalled."""
-
-
-@dataclass
-class BroadcastStats:
-    published: int = 0
-    completed: int = 0
-    failed: int = 0
-    bad_chunks: int = 0  # chunks that failed their SHA-256 (then pulled from another holder)
-    peer_failures: int = 0  # peers dropped mid-pull (broken stream, stall, error frame, bad chunk)
-    # (bad_chunks, peer_failures and reassigned are added when a version completes or fails)
-    reassigned: int = 0  # chunks moved to another holder
-    served_chunks: int = 0
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    protocol_errors: Counter[str] = field(default_factory=Counter)  # bad frames from peers, by reason
-
-
-class _Signal:
-    """Wake every waiter when something changed (a chunk stored, a version announced)."""
-
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-
-    def notify(self) -> None:
-        self._event.set()
-        self._event = asyncio.Event()
-
-    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not predicate():
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            try:
-                await asyncio.wait_for(self._event.wait(), remaining)
-            except asyncio.TimeoutError:
-                return predicate()
-        return True
-
-
-class _Version:
-    """One payload version this node holds, is receiving, or only knows the announce of."""
-
-    def __init__(self, announce: PolicyAnnounce) -> None:
-        self.announce = announce  # always from the owner: its gossip signature, its own stream, or ourselves
-        self.payload: bytes | None = None
-        self.receiver: Receiver | None = None
-        self.queue_when_done = False  # received through a relay plan (fetch returns its result instead)
-        self.error: str = ""
-        self.changed = _Signal()
-        self.done: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self.pulls: dict[str, set[asyncio.Task[None]]] = {}
-        self.streams: dict[str, set[Stream]] = {}
-
-    def chunk(self, k: int) -> bytes | None:
-        if self.payload is not None:
-            return self.payload[slice(*chunk_span(self.announce.size, self.announce.chunk_count, k))]
-        return self.receiver.chunk(k) if self.receiver is not None else None
-
-    def length(self, k: int) -> int:
-        start, stop = chunk_span(self.announce.size, self.announce.chunk_count, k)
-        return stop - start
 
 
 class PolicyBroadcaster:
@@ -185,25 +84,24 @@ class PolicyBroadcaster:
         self.completed: asyncio.Queue[tuple[PolicyAnnounce, bytes]] = asyncio.Queue()
         self._replay = ReplayGuard(self.limits.max_age_s)
         self._accept = AcceptPolicy(tasks=frozenset(), max_index=1)  # announces carry no task references
-        self._versions: dict[Key, _Version] = {}
-        self._announced = _Signal()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskSet()
+        self._store = VersionStore(keep, self._tasks.spawn)
+        self._versions = self._store.versions  # the same dict (tests reach in to forget what gossip delivered)
+        io = StreamIO(self.limits, stall_s, self.shaper, self.stats)
+        self._server = ChunkServer(self._store, io, self.stats, announce_wait_s)
+        self._puller = ChunkPuller(transport, io, self.limits, self.stats, self._tasks, self._deliver)
 
     # ------------------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        await self.transport.serve_stream(PROTOCOL_ID, self._serve)
+        await self.transport.serve_stream(PROTOCOL_ID, self._server.serve)
         self.transport.set_validator(TOPIC_POLICY, self._validate)
         await self.transport.subscribe(TOPIC_POLICY, self._on_delivery)
 
     async def stop(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.cancel_all()
         for version in self._versions.values():
-            await self._close_streams(version)
-            if not version.done.done():
-                version.done.set_exception(BroadcastError("broadcaster stopped"))
-                version.done.exception()  # retrieved: nobody may be waiting on it
+            await version.close_streams()
+            version.fail_done(BroadcastError("broadcaster stopped"))
 
     # ---------------------------------------------------------------------------------------------- source side
     async def publish(self, owner: str, version: int, base_version: int, encoding: str, payload: bytes,
@@ -231,10 +129,10 @@ class PolicyBroadcaster:
             decode(data, self.limits)  # what receivers will check: fail here, not silently on every receiver
         except WireError as err:
             raise BroadcastError(f"announce for {owner} v{version} is not valid: {err}") from err
-        held = self._remember(announce)
+        held = self._store.remember(announce)
         held.payload = bytes(payload)
         held.done.set_result(held.payload)
-        self._announced.notify()
+        self._store.announced.notify()
         await self.transport.publish(TOPIC_POLICY, data)
         self.stats.published += 1
         return announce
@@ -255,11 +153,11 @@ class PolicyBroadcaster:
 
     def on_announce(self, announce: PolicyAnnounce) -> None:
         """An owner-signed announce (from gossip): remember it; join its relay plan if it lists us."""
-        key = _key(announce)
+        key = key_of(announce)
         if key in self._versions or (self.follows is not None and announce.owner not in self.follows):
             return
-        held = self._remember(announce)
-        self._announced.notify()
+        held = self._store.remember(announce)
+        self._store.announced.notify()
         if self._versions.get(key) is not held:
             return  # older than every version we keep
         if self.transport.peer_id not in announce.receivers or not announce.chunk_sha256:
@@ -269,9 +167,9 @@ class PolicyBroadcaster:
         except ScheduleError as exc:  # e.g. a newer peer's schedule: we do not relay, our children fall back
             log.warning("announce %s v%d: %s", announce.owner, announce.version, exc)
             return
-        held.receiver = Receiver.in_plan(plan, self.transport.peer_id, announce.chunk_sha256, announce.sha256)
+        receiver = Receiver.in_plan(plan, self.transport.peer_id, announce.chunk_sha256, announce.sha256)
         held.queue_when_done = True
-        self._apply(held, held.receiver.start())
+        self._puller.start(held, receiver)
 
     async def fetch(self, owner: str, version: int, from_peers: Sequence[str],
                     base_version: int | None = None) -> tuple[PolicyAnnounce, bytes]:
@@ -282,286 +180,39 @@ class PolicyBroadcaster:
         from_peers). Raises BroadcastError if none is, or if the payload cannot be completed (TransportError if
         the owner cannot be reached for its announce)."""
         base = version if base_version is None else base_version
-        held = self._versions.get((owner, version, base))
+        held: HeldVersion | None = self._versions.get((owner, version, base))
         if held is None or held.error:  # unknown, or an earlier attempt failed: start afresh
             announce = held.announce if held is not None else \
-                await self._trusted_announce(owner, version, base, from_peers)
-            held = self._remember(announce)
+                await self._puller.trusted_announce(owner, version, base, from_peers)
+            held = self._store.remember(announce)
         if held.payload is None and held.receiver is None:
             peers = [p for p in dict.fromkeys(from_peers) if p != self.transport.peer_id]
             if not peers or not held.announce.chunk_sha256:
                 raise BroadcastError(f"{owner} v{version}: no peers to fetch from, or no chunk digests announced")
-            held.receiver = Receiver.from_holders(peers, held.announce.chunk_sha256, held.announce.sha256)
-            self._apply(held, held.receiver.start())
+            self._puller.start(held, Receiver.from_holders(peers, held.announce.chunk_sha256, held.announce.sha256))
         return held.announce, await asyncio.shield(held.done)
 
     async def catalog(self, peer: str, owner: str) -> list[PolicyAnnounce]:
         """The versions of `owner` that `peer` holds (complete), oldest first. Untrusted unless peer is the owner."""
-        stream = await self.transport.open_stream(peer, PROTOCOL_ID)
-        out: list[PolicyAnnounce] = []
-        finished = False
-        try:
-            await stream.write(encode_frame(AnnounceRequest(owner)))
-            await stream.close()
-            while len(out) < MAX_CATALOG:
-                frame = await self._read_frame(stream, decode_response, eof_ok=True)
-                if frame is None:
-                    finished = True
-                    break
-                if isinstance(frame, ErrorFrame):
-                    raise BroadcastError(f"{peer} refused the catalog request: {frame.reason}")
-                if not isinstance(frame, AnnounceFrame):
-                    raise BroadcastError(f"{peer} answered a catalog request with {type(frame).__name__}")
-                msg = decode(frame.data, self.limits)
-                if isinstance(msg, PolicyAnnounce) and msg.owner == owner:
-                    out.append(msg)
-        except WireError as err:
-            self.stats.protocol_errors[err.reason] += 1
-            raise BroadcastError(f"{peer} sent a bad catalog answer: {err}") from err
-        finally:
-            if not finished:
-                await _reset_quietly(stream)
-        return out
+        return await self._puller.catalog(peer, owner)
 
     def held(self, owner: str) -> list[PolicyAnnounce]:
         """Announces of `owner`'s versions this node holds complete, oldest first."""
-        return [v.announce for (o, _, _), v in sorted(self._versions.items(), key=lambda kv: kv[0])
-                if o == owner and v.payload is not None]
+        return self._store.held(owner)
 
     def payload(self, owner: str, version: int, base_version: int) -> bytes | None:
-        held = self._versions.get((owner, version, base_version))
-        return held.payload if held is not None else None
+        return self._store.payload((owner, version, base_version))
 
     def progress(self, owner: str, version: int, base_version: int) -> tuple[int, int] | None:
         """(chunks held, chunk count) of a payload this node knows, else None."""
-        held = self._versions.get((owner, version, base_version))
-        if held is None:
-            return None
-        count = held.announce.chunk_count
-        if held.payload is not None:
-            return count, count
-        return (count - held.receiver.missing if held.receiver is not None else 0), count
+        return self._store.progress((owner, version, base_version))
 
     # ------------------------------------------------------------------------------------------------ internals
-    def _remember(self, announce: PolicyAnnounce) -> _Version:
-        """Hold a version; past `keep` versions of one owner the oldest is forgotten (its pulls cancelled)."""
-        held = _Version(announce)
-        self._versions[_key(announce)] = held
-        mine = sorted(k for k in self._versions if k[0] == announce.owner)
-        for key in mine[:-self.keep]:
-            old = self._versions.pop(key)
-            self._spawn(self._close_streams(old))
-            if not old.done.done():
-                old.done.set_exception(BroadcastError(f"{key[0]} v{key[1]} (base {key[2]}) evicted by newer versions"))
-                old.done.exception()
-            old.error = old.error or "evicted"
-            old.changed.notify()
-        return held
-
-    def _apply(self, held: _Version, actions: list[Action]) -> None:
-        """Carry out what the relay state machine asks for."""
-        for action in actions:
-            if isinstance(action, Request):
-                self._spawn(self._pull(held, action.peer, action.chunks), held.pulls.setdefault(action.peer, set()))
-            elif isinstance(action, Cancel):
-                current = asyncio.current_task()
-                for task in held.pulls.pop(action.peer, set()):
-                    if task is not current:
-                        task.cancel()
-            elif isinstance(action, Stored):
-                held.changed.notify()
-            elif isinstance(action, Complete):
-                self._complete(held)
-            elif isinstance(action, Failed):
-                self._fail(held, action.reason)
-
-    def _complete(self, held: _Version) -> None:
-        assert held.receiver is not None
-        held.payload = held.receiver.payload()
-        self._count_receiver(held.receiver)
-        held.receiver = None  # the payload now serves every chunk; drop the per-chunk copies
-        self.stats.completed += 1
-        held.done.set_result(held.payload)
-        held.changed.notify()
-        if not held.queue_when_done:
-            return
-        item = (held.announce, held.payload)
+    def _deliver(self, announce: PolicyAnnounce, payload: bytes) -> None:
+        """A payload received through a relay plan: to `completed` (the newest `keep` unread) and `on_payload`."""
+        item = (announce, payload)
         if self.completed.qsize() >= self.keep:  # nobody reads: keep the newest, like the version store
             self.completed.get_nowait()
         self.completed.put_nowait(item)
         if self.on_payload is not None:
             self.on_payload(*item)
-
-    def _fail(self, held: _Version, reason: str) -> None:
-        log.warning("policy %s v%d failed: %s", held.announce.owner, held.announce.version, reason)
-        self.stats.failed += 1
-        if held.receiver is not None:
-            self._count_receiver(held.receiver)
-        held.error = reason
-        held.receiver = None
-        if not held.done.done():
-            held.done.set_exception(BroadcastError(f"{held.announce.owner} v{held.announce.version}: {reason}"))
-            held.done.exception()
-        held.changed.notify()
-        self._spawn(self._close_streams(held))
-
-    def _count_receiver(self, receiver: Receiver) -> None:
-        self.stats.bad_chunks += receiver.stats.bad_chunks
-        self.stats.peer_failures += receiver.stats.failed_peers
-        self.stats.reassigned += receiver.stats.reassigned
-
-    async def _pull(self, held: _Version, peer: str, chunks: tuple[int, ...]) -> None:
-        """Pull `chunks` from `peer` in order, feeding each to the receiver as it arrives."""
-        receiver = held.receiver
-        announce = held.announce
-        stream: Stream | None = None
-        finished = False
-        try:
-            stream = await self.transport.open_stream(peer, PROTOCOL_ID)
-            held.streams.setdefault(peer, set()).add(stream)
-            await stream.write(encode_frame(ChunkRequest(announce.owner, announce.version, announce.base_version,
-                                                         chunks)))
-            await stream.close()
-            for k in chunks:
-                frame = await self._read_frame(stream, decode_response)
-                if isinstance(frame, ErrorFrame):
-                    raise _PeerFailed(f"refused: {frame.reason}")
-                if not isinstance(frame, ChunkHeader) or frame.chunk != k:
-                    raise WireError("unexpected_frame", Verdict.REJECT, f"expected chunk {k}, got {frame}")
-                data = await self._read_chunk(stream, held.length(k))
-                if receiver is not held.receiver or receiver is None:
-                    return  # the version completed, failed or was evicted meanwhile
-                self._apply(held, receiver.on_chunk(peer, k, data))
-                if peer in receiver.dead or receiver.state != "running":
-                    return
-            finished = await self._read_frame(stream, decode_response, eof_ok=True) is None  # the server's close
-        except (TransportError, WireError, _PeerFailed, asyncio.TimeoutError) as exc:
-            if isinstance(exc, WireError):
-                self.stats.protocol_errors[exc.reason] += 1
-            if receiver is not None and receiver is held.receiver and receiver.state == "running":
-                log.info("pull of %s v%d from %s failed: %s", announce.owner, announce.version, peer,
-                         exc or type(exc).__name__)
-                self._apply(held, receiver.on_peer_failed(peer))
-        finally:
-            if stream is not None:
-                held.streams.get(peer, set()).discard(stream)
-                if not finished:
-                    await _reset_quietly(stream)
-
-    async def _serve(self, stream: Stream) -> None:
-        """One incoming request: chunks of a version (each sent as soon as we hold it) or our catalog."""
-        try:
-            request = await self._read_frame(stream, decode_request)
-            if await asyncio.wait_for(stream.read(1), self.stall_s) != b"":
-                raise WireError("bad_frame", Verdict.REJECT, "data after the request (half-close after it)")
-            if isinstance(request, AnnounceRequest):
-                for announce in self.held(request.owner):
-                    await stream.write(encode_frame(AnnounceFrame(encode(announce))))
-            else:
-                await self._serve_chunks(stream, request)
-            await stream.close()
-        except WireError as err:
-            self.stats.protocol_errors[err.reason] += 1
-            log.info("bad chunk-stream request from %s: %s", stream.remote_peer, err)
-            try:
-                await stream.write(encode_frame(ErrorFrame(f"{err.reason}: {err.detail}")))
-                await stream.close()
-            except TransportError:
-                pass
-        except asyncio.TimeoutError:
-            await _reset_quietly(stream)
-
-    async def _serve_chunks(self, stream: Stream, request: ChunkRequest) -> None:
-        key = (request.owner, request.version, request.base_version)
-        known = await self._announced.wait_until(lambda: key in self._versions, self.announce_wait_s)
-        held = self._versions.get(key)
-        if not known or held is None:
-            await stream.write(encode_frame(ErrorFrame(f"unknown_version: {request.owner} v{request.version}")))
-            return
-        if request.chunks[-1] >= held.announce.chunk_count:
-            raise WireError("bad_index", Verdict.REJECT, f"chunk {request.chunks[-1]} of {held.announce.chunk_count}")
-        for k in request.chunks:
-            ok = await held.changed.wait_until(lambda k=k: held.chunk(k) is not None or bool(held.error)  # type: ignore[misc]
-                                               or (held.payload is None and held.receiver is None), self.stall_s)
-            data = held.chunk(k)
-            if not ok or data is None:  # we failed, were evicted, or do not relay this version at all
-                await stream.write(encode_frame(ErrorFrame(f"not_held: chunk {k} ({held.error or 'not relaying'})")))
-                return
-            await stream.write(encode_frame(ChunkHeader(k)))
-            for start in range(0, len(data), PIECE_BYTES):
-                piece = data[start:start + PIECE_BYTES]
-                await self.shaper.up(len(piece))
-                await stream.write(piece)
-            self.stats.served_chunks += 1
-            self.stats.bytes_sent += len(data)
-
-    async def _read_frame(self, stream: Stream, decoder: Callable[[bytes, Limits], Any], eof_ok: bool = False) -> Any:
-        """One frame, bounded in size before reading its body and in time by stall_s per read.
-        With eof_ok, a clean end of stream before the frame returns None."""
-        prefix = await asyncio.wait_for(stream.read(LENGTH_BYTES), self.stall_s)
-        if not prefix and eof_ok:
-            return None
-        if len(prefix) < LENGTH_BYTES:
-            prefix += await self._read_exactly(stream, LENGTH_BYTES - len(prefix))
-        body = await self._read_exactly(stream, frame_length(prefix, self.limits))
-        return decoder(body, self.limits)
-
-    async def _read_exactly(self, stream: Stream, n: int) -> bytes:
-        parts: list[bytes] = []
-        got = 0
-        while got < n:
-            part = await asyncio.wait_for(stream.read(n - got), self.stall_s)
-            if not part:
-                raise TransportError(f"stream ended after {got} of {n} bytes")
-            parts.append(part)
-            got += len(part)
-        return b"".join(parts)
-
-    async def _read_chunk(self, stream: Stream, n: int) -> bytes:
-        parts: list[bytes] = []
-        got = 0
-        while got < n:
-            part = await asyncio.wait_for(stream.read(min(PIECE_BYTES, n - got)), self.stall_s)
-            if not part:
-                raise TransportError(f"stream ended inside a chunk ({got} of {n} bytes)")
-            await self.shaper.down(len(part))
-            parts.append(part)
-            got += len(part)
-        self.stats.bytes_received += n
-        return b"".join(parts)
-
-    async def _trusted_announce(self, owner: str, version: int, base_version: int,
-                                from_peers: Sequence[str]) -> PolicyAnnounce:
-        source = policy_owner(owner)
-        if source in from_peers:
-            for announce in await self.catalog(source, owner):
-                if (announce.version, announce.base_version) == (version, base_version):
-                    return announce
-            raise BroadcastError(f"the owner {source} does not hold {owner} v{version} (base {base_version})")
-        raise BroadcastError(f"no trusted announce for {owner} v{version}: it was not seen on gossip and the owner "
-                             f"is not among the peers to fetch from")
-
-    async def _close_streams(self, held: _Version) -> None:
-        for tasks in held.pulls.values():
-            for task in tasks:
-                if task is not asyncio.current_task():
-                    task.cancel()
-        for streams in held.streams.values():
-            for stream in list(streams):
-                await _reset_quietly(stream)
-
-    def _spawn(self, coro: Any, group: set[asyncio.Task[Any]] | None = None) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        if group is not None:
-            group.add(task)
-            task.add_done_callback(group.discard)
-
-
-async def _reset_quietly(stream: Stream) -> None:
-    try:
-        await stream.reset()
-    except TransportError:
-        pass
-

@@ -31,6 +31,8 @@ from typing import ClassVar
 
 import torch
 
+from swarm_node import variants
+
 State = dict[str, torch.Tensor]
 Shape = tuple[int, ...]
 
@@ -291,11 +293,9 @@ def _blocks(n: int) -> int:
     return (n + TOPK_BLOCK - 1) // TOPK_BLOCK
 
 
-CODECS: dict[str, Callable[..., Codec]] = {
-    FullCodec.name: FullCodec,
-    DenseBF16Codec.name: DenseBF16Codec,
-    TopKCodec.name: TopKCodec,
-}
+CODECS: variants.Registry[Callable[..., Codec]] = variants.Registry("echo.encoding", variants.CODECS)
+for _codec in (FullCodec, DenseBF16Codec, TopKCodec):
+    CODECS.add(_codec.name, _codec)
 
 
 def make_codec(encoding: str, **options: object) -> Codec:

@@ -10,16 +10,12 @@ from collections.abc import Callable
 
 import torch
 
+from swarm_node import variants
+
 AdvantageFn = Callable[[torch.Tensor], torch.Tensor]
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {}
+ADVANTAGE_ESTIMATORS: variants.Registry[AdvantageFn] = variants.Registry("advantage", variants.ADVANTAGES)
+register = ADVANTAGE_ESTIMATORS.register
 EPS = 1e-6
-
-
-def register(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    def wrap(fn: AdvantageFn) -> AdvantageFn:
-        ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
-    return wrap
 
 
 def _no_signal(rewards: torch.Tensor) -> bool:

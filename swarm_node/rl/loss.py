@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from swarm_node import variants
+
 
 @dataclass(frozen=True)
 class LossInputs:
@@ -53,14 +55,8 @@ def truncated_is_weights(proximal_logp: torch.Tensor, behaviour_logp: torch.Tens
 
 
 LossFn = Callable[[LossInputs, LossConfig], LossOutput]
-LOSSES: dict[str, LossFn] = {}
-
-
-def register(name: str) -> Callable[[LossFn], LossFn]:
-    def wrap(fn: LossFn) -> LossFn:
-        LOSSES[name] = fn
-        return fn
-    return wrap
+LOSSES: variants.Registry[LossFn] = variants.Registry("loss", variants.LOSSES)
+register = LOSSES.register
 
 
 @register("grpo")

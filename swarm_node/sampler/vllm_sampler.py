@@ -2,51 +2,13 @@
 
 Contract (as `base.Sampler`): `generate(prompts, n, params)` samples `n` completions per prompt from token ids and
 returns their token ids (ending with EOS when the model stopped), text (without EOS), the processed log-prob of
-each sampled token and the policy version; `load_weights(state_dict, version)` installs new weights in the
-running engine. Greedy output equals the transformers sampler's token for token (fp32), before and after weight
-updates; prompts that do not fit the context raise `PromptTooLongError` before reaching the engine.
-
-Log-probs. The engine runs with `logprobs_mode="processed_logprobs"`: the log-softmax of the logits after
-temperature and top-p, i.e. of the distribution each token was drawn from, the definition of
-`rl.logprobs.processed_log_softmax` that the HF sampler and the trainer use (vLLM's default, raw log-probs,
-ignores temperature and top-p). Top-k is never applied. Greedy requests (temperature 0) get the raw log-softmax.
-
-Process model: in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), chosen over the engine's own process because
-  - a weight update is a function call that copies the trainer's tensors into the engine's parameters, with no
-    serialisation of the state dict across processes (the update happens after every policy step);
-  - on a 2-core machine a separate engine process (plus its worker) competes with the trainer for the same
-    cores and its OpenMP binding pins them; in-process, sampling and training take turns on one thread pool;
-  - no spawn start method, so the engine can be created anywhere (CLI, tests, simulations) without an
-    `if __name__ == "__main__":` guard.
-  The cost: sampling holds the calling Python thread, so the node's event loop must call `generate` from a
-  worker thread when it overlaps sampling with networking. The engine is not thread-safe: `generate` and
-  `load_weights` take one lock, so a weight update from the trainer's thread waits for the batch in flight.
-
-Environment variables, set by this module before it imports vllm (so import it before anything else imports
-vllm; vLLM reads them lazily and caches them once the first engine has started):
-  VLLM_ENABLE_V1_MULTIPROCESSING=0   forced: the in-process engine described above.
-  VLLM_LOGGING_LEVEL=ERROR           default only (setdefault): vLLM's INFO and WARNING lines are, with this
-                                     setup, all expected (eager mode, no tokenizer in the engine, no tcmalloc
-                                     preloaded, the rotary cache "not loaded" on reload); set WARNING to see them.
-  VLLM_CPU_KVCACHE_SPACE             must be unset: it overrides our derived KV cache size (GiB).
-  VLLM_CPU_OMP_THREADS_BIND          has no effect in-process (it binds the threads of a separate worker
-                                     process only); thread counts are set with torch, see below.
-
-Threads: `SamplerSettings.threads` (default: every core this process may use, `os.sched_getaffinity`) is the
-torch intra-op / OpenMP thread count while the sampler generates or loads weights; the caller's count is restored
-afterwards, so the trainer keeps its own setting. In the sequential loop sampling and training take turns, so each
-may use all cores; networking is I/O-bound and needs no reserved core. When sampling overlaps training, give each
-half the cores. vLLM's CPU worker replaces `torch.set_num_threads` by a no-op (meant for its own bound worker
-process); in-process that would silently freeze the trainer's thread count, so the engine start restores it.
-OMP_WAIT_POLICY=PASSIVE should be set by the entry point before torch is imported (OpenMP reads it once, at load):
-with the default spin-waiting, 2 threads on a 2-core machine whose cores other processes also use ran 3-5x slower
-than 1 thread (measured: 22.6M-param model, 214-642 vs ~1,100 tok/s); with PASSIVE, 2 threads matched 1 thread.
-
-Memory (small machines): `max_model_len` defaults to the model's `max_position_embeddings`; `max_num_seqs` to
-256 concurrent sequences; the KV cache to what those need at full length (2 x layers x kv_heads x head_dim x
-dtype bytes per token), capped at a quarter of the memory available at start and never below one full-length
-sequence. Each is overridable in `SamplerSettings` (`kv_cache_gb` sets the cache exactly). KV blocks are 32 tokens
-on CPU, so the n samples of a prompt share its prefill through vLLM's prefix cache.
+each sampled token (temperature and top-p applied, as the trainer computes them) and the policy version;
+`load_weights(state_dict, version)` installs new weights in the running engine. Greedy output equals the
+transformers sampler's token for token (fp32); prompts that do not fit the context raise `PromptTooLongError`.
+The engine runs in-process and is not thread-safe: `generate` and `load_weights` take one lock. Importing this
+module sets VLLM_ENABLE_V1_MULTIPROCESSING=0 (and VLLM_LOGGING_LEVEL=ERROR by default), so import it before
+anything else imports vllm. Design notes (log-probs, process model, environment, threads, memory):
+docs/vllm_sampler.md.
 """
 
 from __future__ import annotations

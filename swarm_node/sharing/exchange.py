@@ -6,7 +6,7 @@ Contract:
   rejected or ignored messages are queued as drops with their reason (the node counts them per sender).
 - `publish(groups)` (sync, from the node loop) queues our groups; `await flush()` sends them as RolloutBatch
   messages of at most `max_groups_per_message` groups each. `drain()` (sync) returns and clears what arrived.
-- `swarm_node.peer.BackgroundExchange` adapts it for a node loop running in another thread (`swarm-node join`).
+- `swarm_node.roles.wiring.BackgroundExchange` adapts it for a node loop running in another thread (`swarm-node join`).
 Imports only the transport interface, never an implementation.
 """
 

@@ -1,4 +1,4 @@
-"""Experience pool: bounded store of re-scored external rollout groups, and registered selection functions.
+"""Experience pool: bounded store of re-scored external rollout groups.
 
 Contract: pure logic, no I/O, no clock. Entries arrive already re-scored by `sharing` (only groups with signal).
 - `add` refuses a content-hash duplicate ("duplicate": also of a group seen earlier and since evicted or used);
@@ -6,7 +6,8 @@ Contract: pure logic, no I/O, no clock. Entries arrive already re-scored by `sha
   own share of the pool; a full pool loses its oldest entry ("pool_full").
 - `expire(step)` drops entries older than `max_age` of OUR training steps since they were received ("too_old"):
   other peers' versions and clocks are not comparable to ours.
-- `take(count, ...)` removes and returns up to `count` entries chosen by a selection function from `SELECTIONS`,
+- `take(count, ...)` removes and returns up to `count` entries chosen by a selection function from
+  `selection.SELECTIONS`,
   with at most `per_peer_batch_cap` entries (0: no cap) from any one sender. A group is trained on at most once.
 Every drop is returned as (sender, reason) so the node can count it per peer.
 """
@@ -15,76 +16,11 @@ from __future__ import annotations
 
 import random
 from collections import Counter, OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
 
-from swarm_node.types import ScoredGroup
+from swarm_node.sharing.selection import SELECTIONS
+from swarm_node.types import PoolEntry
 
 SEEN_KEYS = 65_536  # content hashes remembered for de-duplication beyond the pool's own entries
-
-
-@dataclass(frozen=True)
-class PoolEntry:
-    group: ScoredGroup
-    sender: str
-    key: bytes  # content hash (sharing.content_key)
-    received_step: int  # our training step when it arrived
-    retokenized: bool = False  # sender used another tokenizer: its log-probs do not apply to our token ids
-
-
-# fn(entries, count, rng, per_peer_cap) -> indices into entries, in training order.
-SelectFn = Callable[[list[PoolEntry], int, random.Random, int], list[int]]
-SELECTIONS: dict[str, SelectFn] = {}
-
-
-def register(name: str) -> Callable[[SelectFn], SelectFn]:
-    def wrap(fn: SelectFn) -> SelectFn:
-        SELECTIONS[name] = fn
-        return fn
-    return wrap
-
-
-def _take_in_order(entries: list[PoolEntry], order: list[int], count: int, per_peer_cap: int) -> list[int]:
-    """The first `count` indices of `order`, skipping senders that already have `per_peer_cap` picks."""
-    picked: list[int] = []
-    per_peer: Counter[str] = Counter()
-    for i in order:
-        if len(picked) == count:
-            break
-        sender = entries[i].sender
-        if per_peer_cap and per_peer[sender] >= per_peer_cap:
-            continue
-        per_peer[sender] += 1
-        picked.append(i)
-    return picked
-
-
-@register("uniform")
-def select_uniform(entries: list[PoolEntry], count: int, rng: random.Random, per_peer_cap: int) -> list[int]:
-    """SAPO: a uniform random sample of the pool."""
-    order = list(range(len(entries)))
-    rng.shuffle(order)
-    return _take_in_order(entries, order, count, per_peer_cap)
-
-
-@register("freshest")
-def select_freshest(entries: list[PoolEntry], count: int, rng: random.Random, per_peer_cap: int) -> list[int]:
-    """Most recently received first (least stale relative to our policy); ties broken at random."""
-    keys = [rng.random() for _ in entries]
-    order = sorted(range(len(entries)), key=lambda i: (-entries[i].received_step, keys[i]))
-    return _take_in_order(entries, order, count, per_peer_cap)
-
-
-@register("variance")
-def select_variance(entries: list[PoolEntry], count: int, rng: random.Random, per_peer_cap: int) -> list[int]:
-    """Highest reward variance first (most learning signal per group, after our own re-scoring); ties random."""
-    def variance(e: PoolEntry) -> float:
-        r = e.group.rewards
-        mean = sum(r) / len(r)
-        return sum((x - mean) ** 2 for x in r) / len(r)
-    keys = [rng.random() for _ in entries]
-    order = sorted(range(len(entries)), key=lambda i: (-variance(entries[i]), keys[i]))
-    return _take_in_order(entries, order, count, per_peer_cap)
 
 
 class ExperiencePool:

@@ -1,12 +1,31 @@
 """Re-scoring a received wire group: never trust the sender.
 
 Contract: `accept_external(wire, sender, ctx, now)` checks attribution, sanity-checks created_at, allows only our
-own task (dataset, options, seed), regenerates question and answer from the task reference and RE-SCORES every
-completion with our verifier. With our tokenizer hash the token ids are used as they are and the text we score is
-OUR decoding of those ids (the sender's text is ignored); with another tokenizer the sender's text is re-tokenized
-and the group is marked `retokenized`. A group whose re-scored advantages are all zero is dropped. The outcome says
-whether the sender's claimed rewards were wrong (`forged_reward`), which the node counts against the sender even
-when the group is usable. Pure: no I/O.
+own task (dataset, options, seed), checks the group against OUR bounds (below), regenerates question and answer
+from the task reference and RE-SCORES every completion with our verifier. With our tokenizer hash the token ids are
+used as they are and the text we score is OUR decoding of those ids (the sender's text is ignored); with another
+tokenizer the sender's text is re-tokenized and the group is marked `retokenized`. A group whose re-scored
+advantages are all zero is dropped. The outcome says whether the sender's claimed rewards were wrong
+(`forged_reward`), which the node counts against the sender even when the group is usable. Pure: no I/O.
+
+Bounds (`ctx.bounds`, a `CompletionBounds` built from our own configuration): whatever a peer sends may cost us
+only what one of our own groups costs. They are checked before any id is decoded, any completion re-scored or
+anything reaches the trainer; one completion over a bound drops the whole group with a counted reason:
+- "group_size": the group must hold exactly our run.group_size completions. Policy: a peer running another group
+  size is another configuration (GRPO normalises advantages within the group, and the trainer's memory and the
+  re-scoring work are sized for our G), so all its groups are dropped, counted; smaller groups are not padded
+  and larger ones are not truncated.
+- "over_length": a completion has at most `max_completion_tokens` ids, EOS included; our samplers (HF generate,
+  vLLM) count the EOS among the sampler.max_new_tokens new tokens, so this is exactly what we sample ourselves.
+  A re-tokenized text is checked after re-tokenization, with the EOS we append, against the same bound. Policy: a
+  peer with a larger max_new_tokens is partly incompatible; its completions longer than ours drop their groups
+  (counted under over_length), its shorter ones are used.
+- "over_context": prompt (our own tokenization of the regenerated prompt) + completion <= `max_context`, the
+  model's max positions.
+- "token_out_of_vocab": every id < `vocab_size` (and < len(tokenizer)), for the sender's ids and for re-tokenized
+  ones alike.
+The cost of re-tokenizing (another tokenizer's group) is bounded by the wire decoder's text limit per completion
+times group_size.
 """
 
 from __future__ import annotations
@@ -28,10 +47,27 @@ REWARD_TOLERANCE = 1e-6  # a claimed reward further than this from ours counts a
 
 
 @dataclass(frozen=True)
+class CompletionBounds:
+    """Our own limits on a received group (see the module contract); all positive ints."""
+
+    max_completion_tokens: int  # ids per completion, EOS included: our sampler.max_new_tokens
+    max_context: int  # prompt + completion ids: the model's max_position_embeddings
+    vocab_size: int  # every id below this: the model's vocab_size (embedding rows)
+    group_size: int  # completions per group, exactly: our run.group_size
+
+    def __post_init__(self) -> None:
+        for name in ("max_completion_tokens", "max_context", "vocab_size", "group_size"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"CompletionBounds.{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
 class ShareContext:
     tokenizer: PreTrainedTokenizerBase
     tokenizer_hash: str
     task_source: tasks.TaskSource
+    bounds: CompletionBounds
     advantage: str = "grpo"
     max_clock_skew_s: float = 30.0
     max_age_s: float = 600.0
@@ -55,6 +91,15 @@ def _valid_logprobs(lps: tuple[float, ...], n: int) -> bool:
     return len(lps) == n and all(math.isfinite(x) and x <= 0.0 for x in lps)
 
 
+def _ids_reason(ids: tuple[int, ...] | list[int], vocab: int, bounds: CompletionBounds) -> str:
+    """The drop reason for one completion's ids, or "" (length first: cheap, and bounds the vocabulary scan)."""
+    if len(ids) > bounds.max_completion_tokens:
+        return "over_length"
+    if any(t < 0 or t >= vocab for t in ids):
+        return "token_out_of_vocab"
+    return ""
+
+
 def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: float,
                     delegates: Mapping[str, frozenset[str]] | None = None, keep_no_signal: bool = False) -> Outcome:
     """Re-score a received group with our own verifier; an Outcome with the usable group or a drop reason.
@@ -73,30 +118,42 @@ def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: flo
         return Outcome(None, "task_not_allowed")
     if not wire.completions:
         return Outcome(None, "empty_group")
+    bounds = ctx.bounds
+    if len(wire.completions) != bounds.group_size:
+        return Outcome(None, "group_size")
     tok = ctx.tokenizer
+    vocab = min(len(tok), bounds.vocab_size)
     same_tokenizer = wire.tokenizer_hash == ctx.tokenizer_hash
     eos = tok.eos_token_id
-    completions: list[Completion] = []
+    # Every bound is checked before anything is decoded or scored: first the ids alone...
+    token_ids: list[list[int]] = []
     for c in wire.completions:
+        ids = list(c.token_ids) if same_tokenizer else tok.encode(c.text) + [eos]
+        reason = _ids_reason(ids, vocab, bounds)
+        if reason:
+            return Outcome(None, reason)
+        if same_tokenizer and not _valid_logprobs(c.logprobs, len(ids)):
+            return Outcome(None, "bad_logprob")
+        token_ids.append(ids)
+    # ...then the context, against our own tokenization of the prompt we regenerate.
+    inst = tasks.instance(ref)
+    prompt_ids = tok.encode(inst.prompt)
+    if len(prompt_ids) + max(len(ids) for ids in token_ids) > bounds.max_context:
+        return Outcome(None, "over_context")
+    completions: list[Completion] = []
+    for c, ids in zip(wire.completions, token_ids, strict=True):
         if same_tokenizer:
-            if any(t >= len(tok) for t in c.token_ids):
-                return Outcome(None, "token_out_of_vocab")
-            if not _valid_logprobs(c.logprobs, len(c.token_ids)):
-                return Outcome(None, "bad_logprob")
-            ids = list(c.token_ids)
             text = tok.decode([t for t in ids if t != eos], skip_special_tokens=True)
             completions.append(Completion(ids, text, list(c.logprobs), wire.policy_version))
         else:
-            ids = tok.encode(c.text) + [eos]
             completions.append(Completion(ids, c.text, [], wire.policy_version))
-    inst = tasks.instance(ref)
     rewards = [ctx.task_source.reward(inst, c.text) for c in completions]
     if not all(math.isfinite(r) for r in rewards):
         return Outcome(None, "non_finite_reward")
     forged = any(abs(c.claimed_reward - r) > REWARD_TOLERANCE for c, r in zip(wire.completions, rewards,
                                                                                strict=True))
     adv = ADVANTAGE_ESTIMATORS[ctx.advantage](torch.tensor(rewards, dtype=torch.float64)).tolist()
-    group = ScoredGroup(inst, tok.encode(inst.prompt), completions, rewards, adv, source=sender)
+    group = ScoredGroup(inst, prompt_ids, completions, rewards, adv, source=sender)
     if not group.has_signal and not keep_no_signal:
         return Outcome(None, "zero_advantage", forged)
     return Outcome(External(group, content_key(ref, [c.token_ids for c in completions]), not same_tokenizer),

@@ -1,1 +1,9 @@
-"""TODO map."""
+"""Turning scored rollouts into policy updates, and measuring the policy.
+
+- `scoring.py`: our verifier's rewards and group-relative advantages for a group; groups into `TrainSample`s.
+- `batching.py`: samples into padded tensors, and minibatches that keep each group whole.
+- `trainer.py`: the GRPO `Trainer` (clipped surrogate, truncated importance weights for off-policy rows).
+- `staleness.py`: the version-lag bound S (drop reasons, the rollout buffer, may-generate).
+- `overlap.py`: generation overlapped with training (ECHO-2), within S.
+- `evaluate.py`: greedy accuracy and sampled reward on held-out problems.
+"""

@@ -1,11 +1,18 @@
-"""Training samples into tensors: right-padded batches, and minibatches that keep each group whole.
+"""Training samples into tensors: right-padded batches, minibatches that keep each group whole, and micro-batches
+under a token budget.
 
+A minibatch (one optimizer step) is collated as micro-batches: `microbatch_plan` sorts its rows by length and
+cuts them into micro-batches whose padded size (rows x longest row) stays within a token budget, and never pads a
+row to more than twice its length, so one long row is padded alone instead of multiplying the memory (and the
+compute) of the whole minibatch. A row longer than the budget is a micro-batch of its own (the share bounds cap a
+row at the model's context).
 Shapes: N sequences, L positions. Pure tensor code: no model, no optimizer.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -58,3 +65,27 @@ def group_minibatches(samples: list[TrainSample], minibatches: int, rng: random.
     keys = list(by_prompt)
     rng.shuffle(keys)
     return [[i for key in keys[m::minibatches] for i in by_prompt[key]] for m in range(minibatches)]
+
+
+def sample_length(sample: TrainSample) -> int:
+    """Positions the sample occupies in a batch: prompt + completion."""
+    return len(sample.prompt_ids) + len(sample.completion_ids)
+
+
+def microbatch_plan(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Row indices per micro-batch: every index exactly once, rows sorted longest first (ties in index order) and
+    cut greedily so that each micro-batch's padded size, rows x its longest row, is <= max_tokens; a row longer
+    than max_tokens alone makes a micro-batch. Rows are also bucketed by length: a micro-batch only takes rows
+    longer than half its longest, so padding at most doubles any row and the padded total stays under twice the
+    real tokens. So no micro-batch allocates more than max(max_tokens, longest row) positions."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    plan: list[list[int]] = []
+    width = 0
+    for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
+        if plan and (len(plan[-1]) + 1) * width <= max_tokens and 2 * lengths[i] > width:
+            plan[-1].append(i)
+        else:
+            plan.append([i])
+            width = max(lengths[i], 1)  # the first row of a micro-batch is its longest
+    return plan

@@ -4,6 +4,11 @@ Contract: `train_step(samples)` splits the samples into `minibatches` optimizer 
 are the sampler's behaviour log-probs (so the clip acts on real policy change); off-policy samples (a stale
 rollout, lag > 0) take the ratio against the proximal policy and carry the weight min(pi_proximal/mu, is_cap).
 A minibatch whose loss or gradient is non-finite is skipped (counted) and never reaches the parameters.
+Memory is bounded by construction: each minibatch runs forward/backward in micro-batches (`microbatch_plan`) of at
+most `microbatch_tokens` padded positions (or one row), and their gradients accumulate into exactly the gradient of
+the whole minibatch's loss: every registered loss is a token mean over the minibatch (rl/loss.py), so micro-batch k
+with m_k of the minibatch's M completion tokens contributes its own token-mean loss times m_k / M. The reported
+statistics (clip fraction, KL, entropy) are token means weighted the same way.
 Shapes: N sequences, L positions.
 """
 
@@ -20,7 +25,13 @@ from transformers import PreTrainedModel
 from swarm_node.config import SamplerConfig, TrainConfig
 from swarm_node.rl.logprobs import entropy_from_log_probs, processed_log_softmax
 from swarm_node.rl.loss import LOSSES, LossConfig, LossInputs, kl_k3, masked_mean, truncated_is_weights
-from swarm_node.train.batching import Batch, collate, group_minibatches
+from swarm_node.train.batching import (
+    Batch,
+    collate,
+    group_minibatches,
+    microbatch_plan,
+    sample_length,
+)
 from swarm_node.types import TrainSample
 
 
@@ -36,10 +47,21 @@ class StepStats:
     tokens: int = 0
 
 
+@dataclass
+class _MicroLoss:
+    loss: torch.Tensor  # scalar: the micro-batch's token-mean loss, with its graph
+    clip_frac: float
+    kl: float
+    entropy: float
+
+
 class Trainer:
     def __init__(self, model: PreTrainedModel, train: TrainConfig, sampling: SamplerConfig, pad_id: int,
                  seed: int = 0) -> None:
+        if train.microbatch_tokens < 1:
+            raise ValueError(f"train.microbatch_tokens must be positive, got {train.microbatch_tokens}")
         self.model = model
+        self.microbatch_tokens = train.microbatch_tokens  # padded positions per forward/backward (the contract)
         self.cfg = train
         self.temperature = sampling.temperature
         self.top_p = sampling.top_p
@@ -68,6 +90,11 @@ class Trainer:
         token_lp = log_probs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
         return token_lp, entropy_from_log_probs(log_probs.detach())
 
+    def microbatches(self, samples: list[TrainSample]) -> list[Batch]:
+        """The samples as collated micro-batches under the token budget (see `microbatch_plan`)."""
+        plan = microbatch_plan([sample_length(s) for s in samples], self.microbatch_tokens)
+        return [collate([samples[i] for i in rows], self.pad_id) for rows in plan]
+
     def train_step(self, samples: list[TrainSample]) -> StepStats:
         stats = StepStats()
         if not samples:
@@ -76,15 +103,15 @@ class Trainer:
         self.model.train()
         totals = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0}
         for chunk in (c for c in chunks if c):
-            batch = collate([samples[i] for i in chunk], self.pad_id)
+            batches = self.microbatches([samples[i] for i in chunk])
             stats.minibatches += 1
-            result = self._minibatch(batch)
+            result = self._minibatch(batches)
             if result is None:
                 stats.skipped_minibatches += 1
                 continue
             for k, v in result.items():
                 totals[k] += v
-            stats.tokens += int(batch.mask.sum())
+            stats.tokens += int(sum(float(b.mask.sum()) for b in batches))
         self.model.eval()
         done = stats.minibatches - stats.skipped_minibatches
         self.skipped_total += stats.skipped_minibatches
@@ -93,7 +120,44 @@ class Trainer:
                 setattr(stats, k, v / done)
         return stats
 
-    def _minibatch(self, batch: Batch) -> dict[str, float] | None:
+    def accumulate(self, batches: list[Batch]) -> dict[str, float] | None:
+        """Backward of one minibatch's loss, given as micro-batches: gradients accumulate in the parameters' .grad
+        (zeroed first). The loss and statistics of the whole minibatch, or None (gradients zeroed) when a
+        micro-batch's loss is non-finite."""
+        self.optimizer.zero_grad(set_to_none=True)
+        total = sum(float(b.mask.sum()) for b in batches)
+        sums = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "entropy": 0.0}
+        for batch in batches:
+            # masked_mean divides by max(tokens, 1): the same clamp on the whole minibatch keeps a minibatch
+            # without completion tokens at loss 0, as when it was one batch.
+            weight = float(batch.mask.sum()) / max(total, 1.0)
+            part = self._micro_loss(batch)
+            loss = part.loss * weight
+            if not torch.isfinite(loss):
+                self.optimizer.zero_grad(set_to_none=True)
+                return None
+            loss.backward()
+            sums["loss"] += float(loss.detach())
+            sums["clip_frac"] += part.clip_frac * weight
+            sums["kl"] += part.kl * weight
+            sums["entropy"] += part.entropy * weight
+        return sums
+
+    def _minibatch(self, batches: list[Batch]) -> dict[str, float] | None:
+        result = self.accumulate(batches)
+        if result is None:
+            return None
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm))
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        self._set_lr()
+        self.optimizer.step()
+        self.optimizer_steps += 1
+        return {**result, "grad_norm": grad_norm}
+
+    def _micro_loss(self, batch: Batch) -> _MicroLoss:
+        """One micro-batch's token-mean loss and statistics."""
         logp, entropy = self.token_log_probs(self.model, batch)
         old_logp, is_weights = batch.behaviour, None
         if bool(batch.off_policy.any()):
@@ -111,18 +175,6 @@ class Trainer:
                 ref_logp, _ = self.token_log_probs(self.ref_model, batch)
         out = self.loss_fn(LossInputs(logp, old_logp, batch.advantages, batch.mask, is_weights, ref_logp),
                            self.loss_cfg)
-        self.optimizer.zero_grad(set_to_none=True)
-        if not torch.isfinite(out.loss):
-            return None
-        out.loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm))
-        if not math.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            return None
-        self._set_lr()
-        self.optimizer.step()
-        self.optimizer_steps += 1
         drift = out.kl if self.ref_model is not None else float(masked_mean(
             kl_k3(logp.detach(), batch.behaviour), batch.mask))
-        return {"loss": float(out.loss.detach()), "clip_frac": out.clip_frac, "kl": drift,
-                "entropy": float(masked_mean(entropy, batch.mask)), "grad_norm": grad_norm}
+        return _MicroLoss(out.loss, out.clip_frac, drift, float(masked_mean(entropy, batch.mask)))

@@ -1,5 +1,16 @@
-"""Transports: the interface (`base`), an in-memory implementation (`memory`) and py-libp2p (`libp2p_transport`,
-whose network host runs in `libp2p_host`). Importing this package loads neither trio nor libp2p."""
+"""Transports: moving bytes between peers, behind one interface. Importing this package loads neither trio nor
+libp2p.
+
+- `base.py`: the `Transport` interface (publish/subscribe with validators, streams, peers) and its value types.
+- `memory.py`: the in-memory transport for tests and simulations (a hub with latency, bandwidth and loss).
+- `libp2p_transport.py`: `LibP2PTransport`, py-libp2p in a supervised child process, driven over IPC.
+- `libp2p_launch.py`: starting the host process (or thread); `libp2p_session.py`: the IPC session and its streams.
+- `libp2p_ipc.py`: the IPC frame format; `libp2p_host.py`: the host itself (trio, runs in the child);
+  `libp2p_guards.py`: guards around py-libp2p's remote crashes.
+- `connectivity.py`: bootstrap keeping, peer exchange, reachability (dial-back).
+- `background.py`: a transport on its own event-loop thread, for a synchronous node loop.
+- `supervisor.py`: restart back-off; `shaping.py`: app-level bandwidth shaping (rate limiters).
+"""
 
 from swarm_node.transport.base import (
            Delivery,

@@ -19,7 +19,8 @@ from swarm_node.identity import generate
 from swarm_node.transport.base import Delivery, TransportError
 from swarm_node.transport.connectivity import start_network
 from swarm_node.transport.libp2p_ipc import HostSettings
-from swarm_node.transport.libp2p_transport import LibP2PConfig, LibP2PTransport
+from swarm_node.transport.libp2p_launch import LibP2PConfig
+from swarm_node.transport.libp2p_transport import LibP2PTransport
 from swarm_node.transport.supervisor import Backoff
 from tests.libp2p_helpers.rollouts import TOPIC, group_ids, protocol_validator, rollout_batch
 

@@ -1,0 +1,232 @@
+"""Per-message bodies of the wire envelope: the canonical map of each message type, and its exact schema check.
+
+Contract: `body_obj(msg)` is the canonical body map of a message (keys in the documented order, token ids and
+log-probs as little-endian uint32 / float32 blobs, chunk digests as one blob); it raises WireError("bad_blob" /
+"unencodable") for what cannot be represented and lets TypeError/ValueError/OverflowError through for the codec to
+turn into "unencodable". `BODY_DECODERS[cls](body, limits)` checks a decoded body map against the schema (key sets,
+types, ranges, vocabulary, finite non-positive log-probs, duplicates) and builds the message, raising WireError and
+nothing else. The envelope, msgpack bounds and freshness are `protocol.codec`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from protocol.errors import reject
+from protocol.fields import (
+    expect_bin,
+    expect_float,
+    expect_int,
+    expect_list,
+    expect_map,
+    expect_peer_id,
+    expect_policy_id,
+    expect_str,
+    expect_timestamp,
+)
+from protocol.limits import Limits
+from protocol.messages import (
+    GROUP_ID_BYTES,
+    ROLES,
+    SHA256_BYTES,
+    WORKER_ACTIONS,
+    CompletionWire,
+    Message,
+    PolicyAnnounce,
+    RolloutBatch,
+    RolloutGroup,
+    Status,
+    TaskRefWire,
+    WorkerControl,
+    policy_owner,
+)
+
+_TOKEN_DTYPE = np.dtype("<u4")
+_LOGPROB_DTYPE = np.dtype("<f4")
+
+GROUP_KEYS = ("id", "policy", "version", "task", "completions", "tokenizer", "family", "created_at")
+TASK_KEYS = ("dataset", "config", "seed", "index")
+COMPLETION_KEYS = ("tokens", "text", "logprobs", "reward")
+ANNOUNCE_KEYS = ("owner", "version", "base_version", "size", "sha256", "chunks", "encoding", "created_at",
+                 "chunk_sha256", "state", "schedule", "receivers")
+STATUS_KEYS = ("role", "capabilities", "throughput", "policy_version", "follows", "created_at")
+CONTROL_KEYS = ("target", "action", "created_at")
+
+
+# ---------------------------------------------------------------------------------------------------- encode
+
+def _task_obj(t: TaskRefWire) -> dict[str, Any]:
+    return {"dataset": t.dataset, "config": t.config, "seed": t.seed, "index": t.index}
+
+
+def _completion_obj(c: CompletionWire) -> dict[str, Any]:
+    if len(c.token_ids) != len(c.logprobs):
+        raise reject("bad_blob", f"{len(c.token_ids)} token ids but {len(c.logprobs)} log-probs")
+    return {"tokens": np.asarray(c.token_ids, dtype=_TOKEN_DTYPE).tobytes(), "text": c.text,
+            "logprobs": np.asarray(c.logprobs, dtype=_LOGPROB_DTYPE).tobytes(), "reward": float(c.claimed_reward)}
+
+
+def group_obj(g: RolloutGroup) -> dict[str, Any]:
+    return {"id": bytes(g.group_id), "policy": g.policy_id, "version": g.policy_version, "task": _task_obj(g.task),
+            "completions": [_completion_obj(c) for c in g.completions], "tokenizer": g.tokenizer_hash,
+            "family": g.model_family, "created_at": float(g.created_at)}
+
+
+def _announce_obj(a: PolicyAnnounce) -> dict[str, Any]:
+    # Chunk digests travel as one blob: one bin instead of an array of chunk_count objects to parse.
+    if any(len(d) != SHA256_BYTES for d in a.chunk_sha256):
+        raise reject("unencodable", f"chunk_sha256: every digest must be {SHA256_BYTES} bytes")
+    return {"owner": a.owner, "version": a.version, "base_version": a.base_version, "size": a.size,
+            "sha256": bytes(a.sha256), "chunks": a.chunk_count, "encoding": a.encoding,
+            "created_at": float(a.created_at), "chunk_sha256": b"".join(bytes(d) for d in a.chunk_sha256),
+            "state": a.state_sha256, "schedule": a.schedule, "receivers": list(a.receivers)}
+
+
+def _status_obj(s: Status) -> dict[str, Any]:
+    return {"role": s.role, "capabilities": list(s.capabilities), "throughput": float(s.throughput),
+            "policy_version": s.policy_version, "follows": s.follows, "created_at": float(s.created_at)}
+
+
+def _control_obj(c: WorkerControl) -> dict[str, Any]:
+    return {"target": c.target, "action": c.action, "created_at": float(c.created_at)}
+
+
+def _rollouts_obj(b: RolloutBatch) -> dict[str, Any]:
+    return {"groups": [group_obj(g) for g in b.groups]}
+
+
+_BODY_ENCODERS: dict[type, Callable[[Any], dict[str, Any]]] = {
+    RolloutBatch: _rollouts_obj, PolicyAnnounce: _announce_obj, Status: _status_obj, WorkerControl: _control_obj,
+}
+
+
+def body_obj(msg: Message) -> dict[str, Any]:
+    return _BODY_ENCODERS[type(msg)](msg)
+
+
+# ---------------------------------------------------------------------------------------------------- decode
+
+
+def _task(obj: Any, where: str, limits: Limits) -> TaskRefWire:
+    f = expect_map(obj, TASK_KEYS, where)
+    return TaskRefWire(dataset=expect_str(f["dataset"], f"{where}.dataset", limits.max_name_chars),
+                       config=expect_str(f["config"], f"{where}.config", limits.max_config_chars, "config_too_long"),
+                       seed=expect_int(f["seed"], f"{where}.seed"), index=expect_int(f["index"], f"{where}.index"))
+
+
+def _completion(obj: Any, where: str, limits: Limits) -> CompletionWire:
+    f = expect_map(obj, COMPLETION_KEYS, where)
+    tokens, logprobs = expect_bin(f["tokens"], f"{where}.tokens"), expect_bin(f["logprobs"], f"{where}.logprobs")
+    if len(tokens) % 4:
+        raise reject("bad_blob", f"{where}.tokens: {len(tokens)} bytes is not a multiple of 4")
+    if len(tokens) // 4 > limits.max_tokens_per_completion:
+        raise reject("too_many_tokens", f"{where}: {len(tokens) // 4} > {limits.max_tokens_per_completion}")
+    if len(logprobs) != len(tokens):
+        raise reject("bad_blob", f"{where}: {len(tokens)} token bytes but {len(logprobs)} log-prob bytes")
+    text = expect_str(f["text"], f"{where}.text", limits.max_text_chars, reason="text_too_long")
+    reward = expect_float(f["reward"], f"{where}.reward")
+    ids = np.frombuffer(tokens, dtype=_TOKEN_DTYPE)
+    if ids.size and int(ids.max()) >= limits.vocab_size:
+        raise reject("token_out_of_vocab", f"{where}: token id {int(ids.max())} >= vocab {limits.vocab_size}")
+    lps = np.frombuffer(logprobs, dtype=_LOGPROB_DTYPE)
+    # A log-probability is finite and <= 0; NaN fails the comparison as well.
+    if lps.size and not (np.isfinite(lps).all() and (lps <= 0).all()):
+        raise reject("bad_logprob", f"{where}: log-probs must be finite and <= 0")
+    return CompletionWire(token_ids=tuple(ids.tolist()), text=text, logprobs=tuple(lps.tolist()),
+                          claimed_reward=reward)
+
+
+def _group(obj: Any, where: str, limits: Limits) -> RolloutGroup:
+    f = expect_map(obj, GROUP_KEYS, where)
+    group_id = expect_bin(f["id"], f"{where}.id")
+    if len(group_id) != GROUP_ID_BYTES:
+        raise reject("bad_schema", f"{where}.id: {len(group_id)} bytes, expected {GROUP_ID_BYTES}")
+    completions = expect_list(f["completions"], f"{where}.completions", limits.max_completions_per_group,
+                        "too_many_completions")
+    return RolloutGroup(
+        group_id=group_id, policy_id=expect_policy_id(f["policy"], f"{where}.policy", limits),
+        policy_version=expect_int(f["version"], f"{where}.version"), task=_task(f["task"], f"{where}.task", limits),
+        completions=tuple(_completion(c, f"{where}.completions[{i}]", limits) for i, c in enumerate(completions)),
+        tokenizer_hash=expect_str(f["tokenizer"], f"{where}.tokenizer", limits.max_name_chars),
+        model_family=expect_str(f["family"], f"{where}.family", limits.max_name_chars),
+        created_at=expect_timestamp(f["created_at"], f"{where}.created_at"))
+
+
+def _rollouts(obj: Any, limits: Limits) -> RolloutBatch:
+    f = expect_map(obj, ("groups",), "body")
+    groups = expect_list(f["groups"], "body.groups", limits.max_groups_per_message, "too_many_groups")
+    decoded = tuple(_group(g, f"groups[{i}]", limits) for i, g in enumerate(groups))
+    if len({g.group_id for g in decoded}) != len(decoded):
+        raise reject("duplicate_group", "two groups in one message share a group id")
+    return RolloutBatch(groups=decoded)
+
+
+def _announce(obj: Any, limits: Limits) -> PolicyAnnounce:
+    f = expect_map(obj, ANNOUNCE_KEYS, "body")
+    version = expect_int(f["version"], "version")
+    size = expect_int(f["size"], "size", 1, limits.max_policy_bytes)
+    digest = expect_bin(f["sha256"], "sha256")
+    if len(digest) != SHA256_BYTES:
+        raise reject("bad_schema", f"sha256: {len(digest)} bytes, expected {SHA256_BYTES}")
+    encoding = expect_str(f["encoding"], "encoding", limits.max_name_chars)
+    if not encoding:
+        raise reject("bad_schema", "encoding: empty")
+    owner = expect_policy_id(f["owner"], "owner", limits)
+    chunks = expect_int(f["chunks"], "chunks", 1, min(limits.max_chunks, size))
+    blob = expect_bin(f["chunk_sha256"], "chunk_sha256")
+    if len(blob) not in (0, SHA256_BYTES * chunks):
+        raise reject("bad_schema", f"chunk_sha256: {len(blob)} bytes, expected 0 or {SHA256_BYTES} x {chunks}")
+    # The largest chunk of the even split; a relay buffers whole chunks, so it is bounded when chunks are listed.
+    if blob and -(-size // chunks) > limits.max_chunk_bytes:
+        raise reject("out_of_range", f"chunk of {-(-size // chunks)} bytes > {limits.max_chunk_bytes}")
+    state = expect_str(f["state"], "state", limits.max_name_chars)
+    schedule = expect_str(f["schedule"], "schedule", limits.max_name_chars)
+    raw_receivers = expect_list(f["receivers"], "receivers", limits.max_receivers, "too_many_receivers", min_len=0)
+    receivers = tuple(expect_peer_id(r, f"receivers[{i}]", limits) for i, r in enumerate(raw_receivers))
+    if len(set(receivers)) != len(receivers):
+        raise reject("duplicate_receiver", "a peer id appears twice in receivers")
+    if policy_owner(owner) in receivers:
+        raise reject("bad_schema", "receivers: the owner is the source, not a receiver")
+    # A relay plan needs a schedule and per-chunk digests (relays verify each chunk before forwarding it).
+    if receivers and not (schedule and blob):
+        raise reject("bad_schema", "receivers need a schedule and chunk_sha256")
+    return PolicyAnnounce(owner=owner, version=version,
+                          base_version=expect_int(f["base_version"], "base_version", 0, version), size=size,
+                          sha256=digest, chunk_count=chunks, encoding=encoding,
+                          created_at=expect_timestamp(f["created_at"], "created_at"),
+                          chunk_sha256=tuple(blob[i:i + SHA256_BYTES] for i in range(0, len(blob), SHA256_BYTES)),
+                          state_sha256=state, schedule=schedule, receivers=receivers)
+
+
+def _status(obj: Any, limits: Limits) -> Status:
+    f = expect_map(obj, STATUS_KEYS, "body")
+    role = expect_str(f["role"], "role", limits.max_name_chars)
+    if role not in ROLES:
+        raise reject("bad_schema", f"role: {role[:40]!r} not in {ROLES}")
+    caps = expect_list(f["capabilities"], "capabilities", limits.max_capabilities, "too_many_capabilities", min_len=0)
+    throughput = expect_float(f["throughput"], "throughput")
+    if throughput < 0:
+        raise reject("out_of_range", f"throughput: {throughput} < 0")
+    follows = f["follows"]
+    follows = expect_policy_id(follows, "follows", limits) if follows != "" else ""
+    capabilities = tuple(expect_str(c, f"capabilities[{i}]", limits.max_name_chars) for i, c in enumerate(caps))
+    return Status(role=role, capabilities=capabilities,
+                  throughput=throughput, policy_version=expect_int(f["policy_version"], "policy_version"),
+                  follows=follows, created_at=expect_timestamp(f["created_at"], "created_at"))
+
+
+def _control(obj: Any, limits: Limits) -> WorkerControl:
+    f = expect_map(obj, CONTROL_KEYS, "body")
+    action = expect_str(f["action"], "action", limits.max_name_chars)
+    if action not in WORKER_ACTIONS:
+        raise reject("bad_schema", f"action: {action[:40]!r} not in {WORKER_ACTIONS}")
+    return WorkerControl(target=expect_peer_id(f["target"], "target", limits), action=action,
+                         created_at=expect_timestamp(f["created_at"], "created_at"))
+
+
+BODY_DECODERS: dict[type, Callable[[Any, Limits], Message]] = {
+    RolloutBatch: _rollouts, PolicyAnnounce: _announce, Status: _status, WorkerControl: _control,
+}

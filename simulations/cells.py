@@ -1,0 +1,158 @@
+"""A simulation cell's parts shared by its transports: the nodes, their samplers, rows, the status servers.
+
+Contract: `build_nodes` sets up one `Node` per scenario node with its (not yet started) transport and a rollout
+exchange with the node's wire limits; `CellSamplers` is each node's sampler or one shared LoRA engine
+(`shared_engine`) that batches a round's drafts; `row` is a node's metrics.csv row for one step;
+`cumulative_rewards` sums per-node rewards; `start_status_servers` serves node i's status on STATUS_HOST:P+i.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from simulations.scenario import Scenario, Variant
+from swarm_node.errors import UserError
+from swarm_node.model.default_model import ensure_default_model, load_tokenizer
+from swarm_node.node.build import sampler_settings
+from swarm_node.node.core import Node, NodeEvents
+from swarm_node.sampler.base import Sampler
+from swarm_node.sharing.exchange import TransportExchange, accept_policy_for
+from swarm_node.status.stats import NodeStats
+from swarm_node.transport.base import Transport
+from swarm_node.types import Draft, SkippedStep
+
+if TYPE_CHECKING:
+    from swarm_node.sampler.shared_lora import SharedLoRAEngine
+
+RoundFn = Callable[[str, int, int, int, float | None], None]  # variant, seed, round done, rounds, mean reward
+LogFn = Callable[[str], None]
+STATUS_HOST = "127.0.0.1"
+
+
+@dataclass
+class SimNode:
+    index: int
+    node: Node
+    transport: Transport
+    exchange: TransportExchange
+    join: float
+    leave: float
+    up: bool = False
+
+
+def peer_name(index: int) -> str:
+    return f"node{index}"  # policy ids must be alphanumeric (WIRE.md)
+
+
+def cell_dir(run_dir: Path, variant: str, seed: int) -> Path:
+    return run_dir / variant.replace("/", "-") / f"seed{seed}"
+
+
+TransportFor = Callable[[int], Transport]  # node index -> its (not yet started) transport
+
+
+class CellSamplers:
+    """What the nodes of a cell sample with: each its own sampler (built by the node), or one shared LoRA engine
+    that runs the generate calls of a round's nodes as one batch."""
+
+    def __init__(self, engine: SharedLoRAEngine | None = None) -> None:
+        self.engine = engine
+
+    def for_node(self, index: int) -> Sampler | None:
+        return self.engine.sampler(peer_name(index)) if self.engine is not None else None
+
+    def sample_all(self, nodes: list[SimNode]) -> dict[int, Draft | SkippedStep]:
+        """Every node's `sample_and_share`, by node index."""
+        if self.engine is None or not self.engine.batches_policies or len(nodes) < 2:
+            return {n.index: n.node.sample_and_share() for n in nodes}
+        with self.engine.gather(len(nodes)) as leave, ThreadPoolExecutor(len(nodes), "sim-sample") as pool:
+            def one(n: SimNode) -> Draft | SkippedStep:
+                try:
+                    return n.node.sample_and_share()
+                finally:
+                    leave()
+
+            futures = {n.index: pool.submit(one, n) for n in nodes}
+            return {i: f.result() for i, f in futures.items()}
+
+
+def build_nodes(scn: Scenario, variant: Variant, seed: int, root: Path, stats: list[NodeStats],
+                transport_for: TransportFor, samplers: CellSamplers,
+                exchange_cls: type[TransportExchange] = TransportExchange) -> list[SimNode]:
+    nodes = []
+    for i in range(scn.nodes):
+        spec = scn.node_spec(i)
+        cfg = scn.node_config(variant, i, seed, root / peer_name(i))
+        node = Node(cfg, stats[i], events=NodeEvents(log=lambda _m: None),
+                    model_dir=Path(spec.model) if spec.model else None, sampler=samplers.for_node(i))
+        node.setup()
+        transport = transport_for(i)
+        stats[i].update(peer_id=transport.peer_id, total_steps=scn.rounds, phase="training")
+        exchange = exchange_cls(transport, node.wire_limits(),
+                                accept_policy_for(node.task_source))
+        node.exchange = exchange
+        leave = float(spec.leave_round) if spec.leave_round else float("inf")
+        nodes.append(SimNode(i, node, transport, exchange, float(spec.join_round), leave))
+    return nodes
+
+
+
+def row(variant: str, seed: int, n: SimNode, rnd: int, t: float, m: dict[str, Any]) -> dict[str, Any]:
+    dropped = m.get("external_dropped") or {}
+    return {"variant": variant, "seed": seed, "node": n.index, "round": rnd, "time_s": round(t, 6),
+            "reward_mean": m.get("reward_mean"), "accuracy": m.get("accuracy"), "groups_used": m.get("groups_used"),
+            "external_used": m.get("external_used"), "external_reward_mean": m.get("external_reward_mean"),
+            "pool_size": m.get("pool_size"), "received": m.get("received"), "dropped": sum(dropped.values()),
+            "loss": m.get("loss"), "step_s": m.get("step_s")}
+
+
+
+def cumulative_rewards(rows: list[dict[str, Any]], nodes: int) -> list[float]:
+    """Per node: sum over its rounds of the mean reward per local completion."""
+    totals = [0.0] * nodes
+    for r in rows:
+        if r["reward_mean"] is not None:
+            totals[int(r["node"])] += float(r["reward_mean"])
+    return totals
+
+
+
+def shared_engine(scn: Scenario, variant: Variant, root: Path, log: LogFn) -> SharedLoRAEngine | None:
+    """The cell's shared LoRA engine when the scenario asks for one (scenario.check_shared_lora held)."""
+    if scn.sampler != "shared-lora":
+        return None
+    try:  # vLLM only when asked for
+        from swarm_node.sampler.shared_lora import SharedLoRAEngine
+    except (ImportError, RuntimeError, OSError) as exc:
+        raise UserError(f"simulation.sampler 'shared-lora' needs vLLM, which does not import: {exc}") from exc
+    cfg = scn.node_config(variant, 0, 0, root)
+    model = scn.base_model(variant, 0)
+    model_dir = Path(model) if model else ensure_default_model()
+    engine = SharedLoRAEngine(model_dir, load_tokenizer(model_dir), sampler_settings(cfg.sampler),
+                              scn.nodes, cfg.train.lora_rank, cfg.train.lora_alpha, root / "adapters")
+    log(f"sampler: {engine.summary()}")
+    return engine
+
+
+
+def start_status_servers(scn: Scenario, stats: list[NodeStats], log: LogFn) -> list[Any]:
+    """Node i's status API on STATUS_HOST:status_port+i (none when status_port is 0)."""
+    if not scn.status_port:
+        return []
+    from swarm_node.status.server import StatusServer  # aiohttp, only when asked for
+
+    servers: list[StatusServer] = []
+    try:
+        for i, node_stats in enumerate(stats):
+            server = StatusServer(node_stats, host=STATUS_HOST, port=scn.status_port + i)
+            log(f"status {peer_name(i)}: {server.start()}")
+            servers.append(server)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers

@@ -1,0 +1,111 @@
+"""Rollout sources: what drives the node loop `for item in source: train_on(item)`.
+
+Contract: a `RolloutSource` is an iterable of `Draft` (groups to train on) or `SkippedStep` (a step that produced
+nothing, with its reason); it never ends by itself (the node stops at `run.steps`). Besides iterating:
+- `direct_weights`: True when the node loads each new policy straight into its sampler (sequential generation);
+  False when it leaves it in `LatestWeights` (the sampler is in use on another thread, or idle until an eval).
+- `paused()`: a context in which nobody else uses the sampler (the node evaluates inside it).
+- `trained(metrics)`: told after each step trained on one of its drafts, before the step is recorded (an
+  ECHO-2 learner publishes its update here and adds the fields it wants in the metrics).
+- `close()`: stop whatever runs in the background; the sampler is then the node's again.
+Sources here: `SequentialSource` (sample, then train, in turn) and `OverlappedSource` (a generator thread
+bounded by S, train/overlap.py). The ECHO-2 learner's buffer is one too (roles/learner.py). No node import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from swarm_node.train.overlap import OverlappedGenerator
+from swarm_node.train.staleness import drop_reason
+from swarm_node.types import Draft, SkippedStep
+
+Item = Draft | SkippedStep
+
+
+class RolloutSource(Protocol):
+    direct_weights: bool
+
+    def __iter__(self) -> Iterator[Item]: ...
+
+    def paused(self) -> AbstractContextManager[object]: ...
+
+    def trained(self, metrics: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class BaseSource:
+    """Defaults for a source whose drafts need nothing after training and that holds no thread."""
+
+    direct_weights = False
+
+    def __iter__(self) -> Iterator[Item]:
+        raise NotImplementedError
+
+    def paused(self) -> AbstractContextManager[object]:
+        return contextlib.nullcontext()
+
+    def trained(self, metrics: dict[str, Any]) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class SequentialSource(BaseSource):
+    """Each step drafts on the calling thread; the sampler gets each new policy at once."""
+
+    direct_weights = True
+
+    def __init__(self, draft: Callable[[], Item]) -> None:
+        self.draft = draft
+
+    def __iter__(self) -> Iterator[Item]:
+        while True:
+            yield self.draft()
+
+
+class OverlappedSource(BaseSource):
+    """Drafts come from an `OverlappedGenerator` thread; a draft's permit returns when the loop asks for the next
+    one (it has been trained on) or the source closes. A draft beyond the bound S at the current version (cannot
+    happen with the generator's permits; the bound is enforced anyway) is counted as dropped, never yielded."""
+
+    def __init__(self, generator: OverlappedGenerator[Item], max_staleness: int, version: Callable[[], int],
+                 count: Callable[[str, str, int], None], sync: Callable[[], None] = lambda: None) -> None:
+        self.generator = generator
+        self.max_staleness = max_staleness
+        self.version = version
+        self.count = count
+        self.sync = sync  # after stopping: the newest policy into the sampler
+
+    @classmethod
+    def start(cls, produce: Callable[[], Item], max_staleness: int, version: Callable[[], int],
+              count: Callable[[str, str, int], None], sync: Callable[[], None]) -> OverlappedSource:
+        generator: OverlappedGenerator[Item] = OverlappedGenerator(produce, max_staleness)
+        generator.start()
+        return cls(generator, max_staleness, version, count, sync)
+
+    def __iter__(self) -> Iterator[Item]:
+        while True:
+            item = self.generator.get()
+            try:
+                if isinstance(item, Draft):
+                    reason = drop_reason(self.version(), item.version, self.max_staleness)
+                    if reason is not None:
+                        self.count("dropped", reason, len(item.groups))
+                        continue
+                yield item
+            finally:
+                self.generator.done()
+
+    def paused(self) -> AbstractContextManager[object]:
+        return self.generator.lock
+
+    def close(self) -> None:
+        self.generator.stop()
+        with self.generator.lock:  # a batch still being generated finishes first
+            self.sync()

@@ -1,0 +1,117 @@
+"""What every `swarm-node join` role shares: the libp2p start, the node it runs, and the channels over them.
+
+- `start_libp2p(cfg, stats, events)`: identity, the libp2p host on its own loop thread (`BackgroundTransport`),
+  our printed address, the bootstrap keeper; the network starts before the model loads.
+- `joined(cfg, stats, events)`: a context giving (node set up, net, our peer id); it closes both.
+- `open_exchange(net, node, policy)`: the rollout exchange with the node's wire limits (token ids bounded by its
+  vocabulary: the one place limits are built for every role), started. `BackgroundExchange` adapts it for the
+  node loop's thread (publish queues and flushes on the loop; a failure is counted, training goes on).
+- `start_inbox(net, topic, limits, policy)`: a validated queue for a role's small messages (status, control).
+- `gossip_validator(topic, limits, policy)`: `protocol.validation.validate_gossip` as a transport validator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from protocol.limits import Limits
+from protocol.messages import RolloutGroup
+from protocol.validation import AcceptPolicy, ReplayGuard, validate_gossip
+from swarm_node.config import NodeConfig
+from swarm_node.identity import IDENTITY_FILENAME, Identity, load_or_create
+from swarm_node.node.core import Node
+from swarm_node.node.run_files import NodeEvents, prepare_run_dir
+from swarm_node.sharing.exchange import Received, TransportExchange
+from swarm_node.status.stats import NodeStats
+from swarm_node.transport.background import BackgroundTransport
+from swarm_node.transport.base import TransportError, ValidationResult
+
+
+class BackgroundExchange:
+    """The node's `sharing.Exchange` for a transport running on a BackgroundTransport's loop thread."""
+
+    def __init__(self, exchange: TransportExchange, net: BackgroundTransport, events: NodeEvents,
+                 stats: NodeStats) -> None:
+        self.exchange = exchange
+        self.net = net
+        self.events = events
+        self.stats = stats
+
+    @property
+    def peer_id(self) -> str:
+        return self.exchange.peer_id
+
+    def publish(self, groups: list[RolloutGroup]) -> None:
+        self.exchange.publish(groups)
+        try:
+            self.net.call(lambda _transport: self.exchange.flush())
+        except (TransportError, TimeoutError) as exc:  # host restarting or overloaded: training goes on
+            self.stats.count("errors", "publish_failed")
+            self.events.log(f"warning: {len(groups)} group(s) not shared: {exc}")
+
+    def drain(self) -> list[Received]:
+        return self.exchange.drain()
+
+
+def start_libp2p(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> tuple[Identity, BackgroundTransport]:
+    """Identity, the libp2p host on its own thread, our printed address, and the bootstrap keeper, started."""
+    from swarm_node.transport.libp2p_ipc import HostSettings
+    from swarm_node.transport.libp2p_transport import LibP2PConfig, LibP2PTransport
+
+    run_dir = Path(cfg.run.run_dir)
+    prepare_run_dir(run_dir)
+    identity = load_or_create(Path(cfg.network.identity) if cfg.network.identity else run_dir / IDENTITY_FILENAME)
+    stats.update(peer_id=identity.peer_id, role=cfg.network.role)
+    stats.set_phase("connecting")
+    settings = HostSettings(listen=(cfg.network.listen,), announce=tuple(cfg.network.announce_addr))
+    net = BackgroundTransport(lambda: LibP2PTransport(identity, LibP2PConfig(host=settings)))
+    net.start()
+    try:
+        addrs = net.listen_addrs()
+        stats.update(listen_addrs=addrs)
+        events.log(f"peer id {identity.peer_id}")
+        for addr in addrs:
+            events.log(f"join this node with: --bootstrap {addr}")
+        net.start_network(list(cfg.network.bootstrap))
+    except BaseException:
+        net.stop()
+        raise
+    return identity, net
+
+
+@contextlib.contextmanager
+def joined(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> Iterator[tuple[Node, BackgroundTransport, str]]:
+    """The network first (our address is printed at once), then the node, set up; both closed on exit."""
+    identity, net = start_libp2p(cfg, stats, events)
+    node: Node | None = None
+    try:
+        node = Node(cfg, stats, events)
+        node.setup()
+        yield node, net, identity.peer_id
+    finally:
+        if node is not None:
+            node.close()
+        net.stop()
+
+
+def open_exchange(net: BackgroundTransport, node: Node, policy: AcceptPolicy) -> TransportExchange:
+    exchange = TransportExchange(net.transport, node.wire_limits(), policy)
+    net.call(lambda _transport: exchange.start())
+    return exchange
+
+
+def gossip_validator(topic: str, limits: Limits, policy: AcceptPolicy) -> Callable[[str, bytes], ValidationResult]:
+    replay = ReplayGuard(limits.max_age_s)
+
+    def validate(signer: str, data: bytes) -> ValidationResult:
+        result = validate_gossip(topic, data, signer, limits=limits, policy=policy, now=time.time(), replay=replay)
+        return ValidationResult.of(result.verdict)
+    return validate
+
+
+def start_inbox(net: BackgroundTransport, topic: str, limits: Limits, policy: AcceptPolicy) -> None:
+    net.set_validator(topic, gossip_validator(topic, limits, policy))
+    net.subscribe_queue(topic)

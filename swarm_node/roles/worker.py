@@ -1,0 +1,184 @@
+"""`swarm-node join --role worker`: an ECHO-2 worker following one learner on libp2p (wiring and I/O only).
+
+It heartbeats a Status (follows = the learner) every `echo.heartbeat_s`; applies the learner's updates in order
+as the broadcast completes them (a gap or a hash mismatch catches up: echo/catch_up.py decides which held update
+to fetch, and when the learner restarted its lineage); generates when `Worker.may_generate()` and the learner has
+not stopped it. `WorkerSource` is that loop as a rollout source; `run` publishes each draft it yields (tagged
+with the published version it sampled with, the node's tokenizer and model family) and records it as a step. It
+runs `run.steps` batches (or until Ctrl-C). A failed network call is counted and logged; the loop goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from protocol.codec import decode, encode
+from protocol.messages import TOPIC_CONTROL, TOPIC_STATUS, PolicyAnnounce, Status, WorkerControl
+from swarm_node.config import NodeConfig
+from swarm_node.echo.admission import COST_CAPABILITY
+from swarm_node.echo.catch_up import plan_catch_up
+from swarm_node.echo.worker import Worker
+from swarm_node.node.core import Node
+from swarm_node.node.run_files import METRICS_FILE, NodeEvents, RunSummary, StepLog
+from swarm_node.policy_sync.broadcast import BroadcastError, PolicyBroadcaster
+from swarm_node.policy_sync.delta import DeltaError, PolicyUpdate
+from swarm_node.roles.wiring import BackgroundExchange, joined, open_exchange, start_inbox
+from swarm_node.sharing.exchange import accept_policy_for
+from swarm_node.status.stats import NodeStats
+from swarm_node.transport.background import BackgroundTransport
+from swarm_node.transport.base import TransportError
+from swarm_node.types import Draft
+
+
+def worker_for(node: Node) -> Worker:
+    """The ECHO-2 worker of a set-up node (its config's bound and publish interval)."""
+    cfg = node.cfg
+    return Worker(node, kappa=cfg.echo.publish_every, max_staleness=cfg.train.max_staleness,
+                  keep=cfg.echo.keep_versions)
+
+
+def update_of(announce: PolicyAnnounce, payload: bytes) -> PolicyUpdate:
+    return PolicyUpdate(announce.version, announce.base_version, announce.encoding, payload, announce.sha256,
+                        announce.state_sha256)
+
+
+def draft_row(draft: Draft, step: int) -> dict[str, object]:
+    """A worker's metrics line for one generated batch."""
+    groups = draft.groups
+    rewards = [r for g in groups for r in g.rewards]
+    return {"step": step, "policy_version": draft.version, "reward_mean": sum(rewards) / len(rewards),
+            "accuracy": sum(g.accuracy for g in groups) / len(groups), "gen_s": draft.gen_s,
+            "tokens_per_s": draft.gen_tokens / draft.gen_s if draft.gen_s > 0 else 0.0, "time": time.time()}
+
+
+class WorkerSource:
+    """Batches generated for the learner, between heartbeats, policy updates, control messages and catch-ups."""
+
+    def __init__(self, cfg: NodeConfig, node: Node, net: BackgroundTransport, me: str, events: NodeEvents,
+                 stats: NodeStats) -> None:
+        self.cfg, self.node, self.net, self.me, self.events, self.stats = cfg, node, net, me, events, stats
+        self.learner_id = cfg.network.learner
+        self.worker = worker_for(node)
+        # Workers started with the same --seed would draw the same tasks and samples: salt both with the peer id.
+        node.salt(int.from_bytes(hashlib.sha256(me.encode()).digest()[:4], "little"))
+        self.limits = node.wire_limits()
+        policy = accept_policy_for(node.task_source)
+        self.exchange = open_exchange(net, node, policy)
+        echo = cfg.echo
+        self.broadcaster = PolicyBroadcaster(net.transport, limits=self.limits, chunk_bytes=echo.chunk_bytes,
+                                             schedule=echo.schedule, keep=echo.keep_versions,
+                                             follows=[self.learner_id])
+        start_inbox(net, TOPIC_CONTROL, self.limits, policy)
+        net.call(lambda _t: self.broadcaster.start())
+        self.active = True
+        self.last_heartbeat = 0.0
+        self.busy_s = 0.0
+        self.tokens = 0
+
+    def heartbeat(self) -> None:
+        now = time.time()
+        if now - self.last_heartbeat < self.cfg.echo.heartbeat_s:
+            return
+        self.last_heartbeat = now
+        rate = self.tokens / self.busy_s if self.busy_s > 0 else 0.0  # tokens/s while generating
+        caps = (f"sampler:{self.cfg.sampler.kind}", f"{COST_CAPABILITY}{self.cfg.echo.cost_per_hour:g}")
+        try:
+            self.net.publish(TOPIC_STATUS, encode(Status("worker", caps, rate, max(self.worker.version, 0),
+                                                         self.learner_id, now)))
+        except TransportError as exc:
+            self.events.log(f"warning: status not sent: {exc}")
+
+    def take_updates(self) -> None:
+        async def drain() -> list[tuple[PolicyAnnounce, bytes]]:
+            got = []
+            while not self.broadcaster.completed.empty():
+                got.append(self.broadcaster.completed.get_nowait())
+            return got
+
+        for announce, payload in sorted(self.net.call(lambda _t: drain()), key=lambda x: x[0].version):
+            if announce.version <= self.worker.version:
+                continue
+            try:
+                self.worker.apply(update_of(announce, payload))
+            except DeltaError as exc:
+                self.events.log(f"worker: update v{announce.version} not applicable ({exc}); catching up")
+                self.catch_up()
+        for delivery in self.net.drain(TOPIC_CONTROL):
+            msg = decode(delivery.data, self.limits)
+            if isinstance(msg, WorkerControl) and delivery.from_peer == self.learner_id and msg.target == self.me:
+                self.active = msg.action == "start"
+                self.events.log(f"worker: learner says {msg.action}")
+
+    def catch_up(self) -> None:
+        """Fetch what we missed from the learner until `plan_catch_up` says we hold its newest policy."""
+        learner, worker = self.learner_id, self.worker
+        try:
+            while True:
+                held = self.net.call(lambda _t: self.broadcaster.catalog(learner, learner))
+                plan = plan_catch_up(held, worker.version, worker.state_sha256())
+                if plan.reset:
+                    self.events.log("worker: the learner restarted its policy lineage; following it from a snapshot")
+                    worker.reset()
+                if plan.fetch is None:
+                    return
+                version, base = plan.fetch
+                announce, payload = self.net.call(lambda _t, v=version, b=base: self.broadcaster.fetch(
+                    learner, v, [learner], base_version=b))
+                worker.apply(update_of(announce, payload))
+        except (TransportError, BroadcastError, DeltaError, TimeoutError, asyncio.TimeoutError) as exc:
+            self.stats.count("errors", "catch_up_failed")
+            self.events.log(f"warning: could not catch up with the learner: {exc}")
+
+    def __iter__(self) -> Iterator[Draft]:
+        worker, heartbeat_s = self.worker, self.cfg.echo.heartbeat_s
+        self.catch_up()  # joining a learner that already trained: start from its current policy
+        waiting_since = time.monotonic()
+        while True:
+            self.heartbeat()
+            self.take_updates()
+            if not (self.active and worker.may_generate()):
+                if time.monotonic() - waiting_since > 2 * heartbeat_s:  # updates stopped reaching us
+                    before = worker.version
+                    self.catch_up()
+                    if worker.version == before and self.active:
+                        worker.forgiven += 1  # nothing newer exists: the learner waits for a batch it lost
+                    waiting_since = time.monotonic()
+                time.sleep(0.05)
+                continue
+            waiting_since = time.monotonic()
+            version = worker.version
+            started = time.monotonic()
+            groups, gen_s, tokens = worker.generate()
+            self.busy_s += gen_s
+            self.tokens += tokens
+            yield Draft(groups, gen_s, tokens, started, version)
+
+
+def publish_draft(node: Node, outbox: BackgroundExchange, learner_id: str, me: str, draft: Draft,
+                  batch: int) -> None:
+    """A worker's batch on the wire: the learner's policy id, the version sampled with, signed by us."""
+    outbox.publish(node.wire_groups(draft.groups, learner_id, draft.version, me, batch))
+
+
+def run(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> RunSummary:
+    with joined(cfg, stats, events) as (node, net, me):
+        source = WorkerSource(cfg, node, net, me, events, stats)
+        outbox = BackgroundExchange(source.exchange, net, events, stats)
+        events.log(f"worker: following learner {source.learner_id}")
+        stats.set_phase("sampling")
+        worker = source.worker
+        with StepLog(Path(cfg.run.run_dir) / METRICS_FILE, stats, events) as log:
+            try:
+                for draft in source:
+                    publish_draft(node, outbox, source.learner_id, me, draft, worker.batches)
+                    log.write(draft_row(draft, worker.batches))
+                    if worker.batches >= cfg.run.steps:
+                        break
+            except KeyboardInterrupt:
+                events.log("interrupted")
+                raise
+        return RunSummary(worker.batches, None, None, None, Path(cfg.run.run_dir), 0)

@@ -1,0 +1,61 @@
+"""The node loop `for item in source: train_on(item)`: exact steps, metrics lines and counts."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from swarm_node.config import load_config
+from swarm_node.node.core import Node, NodeEvents
+from swarm_node.node.sources import BaseSource, Item
+from swarm_node.types import Draft, SkippedStep
+
+
+class Scripted(BaseSource):
+    """Yields a skipped step, then drafts the node samples itself; records what the loop told it."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.seen: list[dict[str, Any]] = []
+        self.closed = False
+
+    def __iter__(self) -> Iterator[Item]:
+        yield SkippedStep("non-finite reward (test)")
+        while True:
+            groups, gen_s, tokens = self.node.generate_groups()
+            yield Draft(groups, gen_s, tokens, time.monotonic(), self.node.version)
+
+    def trained(self, metrics: dict[str, Any]) -> None:
+        metrics["seen_by_source"] = True
+        self.seen.append(dict(metrics))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_source_of_one_skipped_step_and_drafts(tiny_model_dir: Path, tmp_path: Path) -> None:
+    cfg = load_config(None, {"model.path": str(tiny_model_dir), "sampler.kind": "hf", "run.steps": 3,
+                             "run.prompts_per_step": 2, "run.group_size": 4, "run.eval_problems": 0,
+                             "run.checkpoint_every": 100, "run.run_dir": str(tmp_path / "run"), "train.threads": 1,
+                             "status.port": -1, "task.reward": "score"})
+    steps: list[dict[str, Any]] = []
+    node = Node(cfg, events=NodeEvents(log=lambda _m: None, on_step=steps.append))
+    node.setup()
+    source = Scripted(node)
+    try:
+        summary = node.run(source)
+    finally:
+        node.close()
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[0]["skipped"] == "non-finite reward (test)" and "reward_mean" not in rows[0]
+    assert all("reward_mean" in r and r["seen_by_source"] for r in rows[1:])
+    assert [m["step"] for m in source.seen] == [1, 2, 3] and source.closed
+    assert [m["step"] for m in steps] == [1, 2, 3]  # events.on_step once per step, with what was written
+    assert summary.steps == 3 and summary.skipped_steps == 1 and node.stats.errors["skipped_step"] == 1
+    assert [h["step"] for h in node.stats.history] == [1, 2, 3]
+    assert rows[1]["policy_version"] <= 1 and rows[2]["policy_version"] <= 2
+    assert (tmp_path / "run" / "checkpoints").is_dir()  # the last step checkpoints

@@ -1,0 +1,91 @@
+"""roles/: the ROLES registry, and the wiring every role shares (wire limits, published model family)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from protocol.messages import RolloutGroup
+from swarm_node import variants
+from swarm_node.config import load_config
+from swarm_node.node.core import Node, NodeEvents
+from swarm_node.node.run_files import RunSummary
+from swarm_node.status.stats import NodeStats
+from swarm_node.types import Draft
+
+
+def test_every_declared_role_is_registered() -> None:
+    from swarm_node.roles import ROLES
+
+    assert sorted(ROLES) == sorted(variants.ROLES)
+    with pytest.raises(KeyError, match="choose one of peer, learner, worker"):
+        ROLES["boss"]
+
+
+def _cfg(tiny_model_dir: Path, tmp_path: Path, **extra: object) -> Any:
+    return load_config(None, {"model.path": str(tiny_model_dir), "sampler.kind": "hf", "run.steps": 1,
+                              "run.prompts_per_step": 2, "run.group_size": 4, "run.eval_problems": 0,
+                              "run.run_dir": str(tmp_path / "run"), "train.threads": 1, "status.port": -1,
+                              "task.reward": "score", **extra})
+
+
+class FakeNet:
+    """A BackgroundTransport stand-in: nothing runs; coroutines handed to `call` are closed unawaited."""
+
+    def __init__(self) -> None:
+        self.transport = SimpleNamespace(peer_id="me")
+
+    def call(self, fn: Callable[[object], Awaitable[object]], timeout: float | None = 60.0) -> None:
+        coro = fn(self.transport)
+        getattr(coro, "close", lambda: None)()
+
+    def stop(self) -> None:
+        pass
+
+
+def test_sapo_join_path_bounds_token_ids_by_the_node_vocabulary(tiny_model_dir: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Drift (a): the SAPO join path built `Limits()` without the vocabulary the echo and simulation paths pass."""
+    from swarm_node.roles import ROLES, wiring
+
+    monkeypatch.setattr(wiring, "start_libp2p", lambda cfg, stats, events: (SimpleNamespace(peer_id="me"),
+                                                                             FakeNet()))
+    seen: dict[str, int | None] = {}
+
+    def run(self: Node, source: object = None) -> RunSummary:
+        seen["vocab_size"] = self.exchange.exchange.limits.vocab_size  # type: ignore[union-attr]
+        seen["ours"] = len(self.tokenizer)
+        return RunSummary(0, None, None, None, self.run_dir, 0)
+
+    monkeypatch.setattr(Node, "run", run)
+    ROLES["peer"](_cfg(tiny_model_dir, tmp_path), NodeStats(), NodeEvents(log=lambda _m: None))
+    assert seen["vocab_size"] == seen["ours"] and seen["ours"]
+
+
+def test_workers_publish_the_model_family_like_peers(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Drift (b): workers published rollout groups with family "" while peers published the model type."""
+    from swarm_node.roles.worker import publish_draft
+
+    node = Node(_cfg(tiny_model_dir, tmp_path), events=NodeEvents(log=lambda _m: None))
+    node.setup()
+    try:
+        groups, gen_s, tokens = node.generate_groups()
+        sent: list[RolloutGroup] = []
+        outbox = SimpleNamespace(publish=sent.extend)
+        publish_draft(node, outbox, "learner", "worker1", Draft(groups, gen_s, tokens, time.monotonic(), 3),  # type: ignore[arg-type]
+                      batch=1)
+        peer_sent: list[RolloutGroup] = []
+        node.exchange = SimpleNamespace(peer_id="peer1", publish=peer_sent.extend, drain=list)  # type: ignore[assignment]
+        node.sample_and_share()
+    finally:
+        node.close()
+    family = node.model.config.model_type
+    assert family and len(sent) == len(groups)
+    assert {g.model_family for g in sent} == {g.model_family for g in peer_sent} == {family}
+    assert {(g.policy_id, g.policy_version) for g in sent} == {("learner", 3)}
+    assert {g.tokenizer_hash for g in sent} == {node.tokenizer_hash}

@@ -1,0 +1,55 @@
+"""Every variant name declared in swarm_node/variants.py is registered by its component, and nothing else is."""
+
+from __future__ import annotations
+
+import pytest
+
+from swarm_node import variants
+from swarm_node.errors import ConfigError
+from swarm_node.variants import Registry, UnknownVariant
+
+
+def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
+    from simulations.runner import CELL_RUNNERS
+    from swarm_node import tasks
+    from swarm_node.model.lora import WEIGHT_FORMS
+    from swarm_node.policy_sync.codecs import CODECS
+    from swarm_node.rl.advantages import ADVANTAGE_ESTIMATORS
+    from swarm_node.rl.loss import LOSSES
+    from swarm_node.roles import ROLES
+    from swarm_node.sampler.factory import SAMPLERS
+    from swarm_node.sharing.corrections import CORRECTIONS
+    from swarm_node.sharing.selection import SELECTIONS
+
+    return [(ADVANTAGE_ESTIMATORS, variants.ADVANTAGES), (LOSSES, variants.LOSSES), (SELECTIONS, variants.SELECTIONS),
+            (CODECS, variants.CODECS), (SAMPLERS, variants.SAMPLER_KINDS), (tasks.REWARD_MODES, variants.REWARD_MODES),
+            (tasks.TASK_SELECTIONS, variants.TASK_SELECTIONS), (WEIGHT_FORMS, variants.WEIGHT_FORMS),
+            (ROLES, variants.ROLES), (CELL_RUNNERS, variants.SIM_MODES),
+            (CORRECTIONS, variants.CORRECTIONS)]
+
+
+def test_every_declared_name_is_registered() -> None:
+    for registry, names in registries():
+        assert registry.names == names
+        assert sorted(registry) == sorted(names), registry.kind
+
+
+def test_registry_refuses_undeclared_and_duplicate_names() -> None:
+    reg: Registry[int] = Registry("thing", ("a", "b"))
+    reg.add("a", 1)
+    with pytest.raises(ValueError, match="thing 'c' is not declared"):
+        reg.add("c", 3)
+    with pytest.raises(ValueError, match="thing 'a' is registered twice"):
+        reg.add("a", 2)
+    with pytest.raises(UnknownVariant, match="^unknown thing 'b'; choose one of a, b$"):
+        reg["b"]
+    assert dict(reg) == {"a": 1} and "b" not in reg and len(reg) == 1
+
+
+def test_config_rejects_an_unknown_name_of_every_kind() -> None:
+    from swarm_node.config import load_config
+
+    for key in ["task.reward", "task.selection", "sampler.kind", "train.advantage", "train.loss",
+                "share.external_correction", "share.selection", "network.role", "echo.encoding"]:
+        with pytest.raises(ConfigError, match=f"^{key} 'nope' unknown; choose one of "):
+            load_config(overrides={key: "nope"})
