@@ -1,9 +1,10 @@
 """A simulation cell's parts shared by its transports: the nodes, their samplers, rows, the status servers.
 
 Contract: `build_nodes` sets up one `Node` per scenario node with its (not yet started) transport and a rollout
-exchange with the node's wire limits; `CellSamplers` is each node's sampler or one shared LoRA engine
-(`shared_engine`) that batches a round's drafts; `row` is a node's metrics.csv row for one step;
-`cumulative_rewards` sums per-node rewards; `start_status_servers` serves node i's status on STATUS_HOST:P+i.
+exchange with the node's wire limits (`resume`: each from the newest checkpoint in its run dir); `CellSamplers` is
+each node's sampler or one shared LoRA engine (`shared_engine`) that batches a round's drafts; `row` is a node's
+metrics.csv row for one step; `cumulative_rewards` sums per-node rewards; `start_status_servers` serves node i's
+status on STATUS_HOST:P+i.
 """
 
 from __future__ import annotations
@@ -82,11 +83,13 @@ class CellSamplers:
 
 def build_nodes(scn: Scenario, variant: Variant, seed: int, root: Path, stats: list[NodeStats],
                 transport_for: TransportFor, samplers: CellSamplers,
-                exchange_cls: type[TransportExchange] = TransportExchange) -> list[SimNode]:
+                exchange_cls: type[TransportExchange] = TransportExchange, resume: bool = False) -> list[SimNode]:
+    """`resume`: each node continues from the newest checkpoint in its run dir (a resumed cell, snapshots.py)."""
     nodes = []
     for i in range(scn.nodes):
         spec = scn.node_spec(i)
         cfg = scn.node_config(variant, i, seed, root / peer_name(i))
+        cfg.run.resume = resume
         node = Node(cfg, stats[i], events=NodeEvents(log=lambda _m: None),
                     model_dir=Path(spec.model) if spec.model else None, sampler=samplers.for_node(i))
         node.setup()

@@ -2,6 +2,9 @@
 
 Runs `simulations.echo_sim` on a virtual clock with the scenario's network and node speeds; one metrics row per
 learner step; the result adds the learner's summary (`learner_step_s`, `learner_utilization`, ...).
+No mid-run snapshots (simulations/snapshots.py): the learner's buffer, the workers' followed policies and the
+rollouts and policy deltas in flight on the virtual clock are state outside any node checkpoint, so an echo cell
+resumes only as a whole (an interrupted one is redone).
 """
 
 from __future__ import annotations

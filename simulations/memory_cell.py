@@ -4,6 +4,10 @@ sync mode: a round is one lockstep update per active node: every node samples an
 for `round_s` virtual seconds (what arrives later is delivered in a later round), then every node mixes and
 trains. async mode: virtual clock; node i takes round_s / speed_i virtual seconds per step, draining whatever
 has arrived by then. Churn: a node is up during [join_round, leave_round).
+
+Snapshots (simulations/snapshots.py): every `checkpoint_rounds` rounds (async: every that many steps per node, in
+total) and after the last one, before `on_round` is told; a cell whose snapshot the runner accepted resumes from it
+(`read_snapshot`): its nodes from their checkpoints, its rows, network model and (async) event queue as saved.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from typing import Any
 
 from simulations.cells import CellSamplers, LogFn, RoundFn, SimNode, build_nodes, peer_name, row
 from simulations.network import LinkModel, NetworkHub
+from simulations.results import cell_fingerprint
 from simulations.scenario import Scenario, Variant
+from simulations.snapshots import KEEP_CHECKPOINTS, PROGRESS_FILE, CellSnapshots, read_snapshot, restore
 from swarm_node.status.stats import NodeStats
 from swarm_node.transport.memory import MemoryTransport, memory_addr
 
@@ -39,9 +45,10 @@ async def _set_membership(nodes: list[SimNode], at: float) -> None:
 
 
 async def _run_sync(scn: Scenario, variant: str, seed: int, nodes: list[SimNode], hub: NetworkHub,
-                    samplers: CellSamplers, rows: list[dict[str, Any]], on_round: RoundFn | None) -> None:
+                    samplers: CellSamplers, rows: list[dict[str, Any]], on_round: RoundFn | None,
+                    snaps: CellSnapshots) -> None:
     round_s = scn.network.round_s
-    for rnd in range(scn.rounds):
+    for rnd in range(snaps.start_round, scn.rounds):
         t0 = rnd * round_s
         await hub.advance_to(t0)
         await _set_membership(nodes, rnd)
@@ -56,18 +63,22 @@ async def _run_sync(scn: Scenario, variant: str, seed: int, nodes: list[SimNode]
             rows.append(row(variant, seed, n, rnd + 1, t0 + round_s, metrics))
             if metrics.get("reward_mean") is not None:
                 rewards.append(metrics["reward_mean"])
+        if snaps.due(rnd + 1, scn.rounds):
+            snaps.save(rnd + 1, nodes, rows, hub)
         if on_round is not None:
             on_round(variant, seed, rnd + 1, scn.rounds, statistics.fmean(rewards) if rewards else None)
 
 
 async def _run_async(scn: Scenario, variant: str, seed: int, nodes: list[SimNode], hub: NetworkHub,
-                     samplers: CellSamplers, rows: list[dict[str, Any]], on_round: RoundFn | None) -> None:
+                     samplers: CellSamplers, rows: list[dict[str, Any]], on_round: RoundFn | None,
+                     snaps: CellSnapshots) -> None:
     # Nodes step at their own virtual times, one at a time: nothing to batch across nodes.
     round_s = scn.network.round_s
-    queue = [(n.join * round_s, n.index) for n in nodes]
+    saved = snaps.loop_state()
+    queue = [(float(t), int(i)) for t, i in saved["queue"]] if saved else [(n.join * round_s, n.index) for n in nodes]
     heapq.heapify(queue)
-    steps = dict.fromkeys(range(len(nodes)), 0)
-    done_total = 0
+    steps = dict(enumerate(saved["steps"])) if saved else dict.fromkeys(range(len(nodes)), 0)
+    done_total = int(saved["done"]) if saved else 0
     while queue:
         t, i = heapq.heappop(queue)
         n = nodes[i]
@@ -83,6 +94,9 @@ async def _run_async(scn: Scenario, variant: str, seed: int, nodes: list[SimNode
         done_total += 1
         if steps[i] < scn.rounds:
             heapq.heappush(queue, (t + round_s / scn.node_spec(i).speed, i))
+        if snaps.every and (done_total % (snaps.every * len(nodes)) == 0 or not queue):
+            snaps.save(done_total // len(nodes), nodes, rows, hub,
+                       {"queue": queue, "steps": [steps[k] for k in range(len(nodes))], "done": done_total})
         if on_round is not None and done_total % len(nodes) == 0:
             on_round(variant, seed, done_total // len(nodes), scn.rounds, metrics.get("reward_mean"))
 
@@ -90,7 +104,7 @@ async def _run_async(scn: Scenario, variant: str, seed: int, nodes: list[SimNode
 
 
 RoundLoop = Callable[[Scenario, str, int, list[SimNode], NetworkHub, CellSamplers, list[dict[str, Any]],
-                      RoundFn | None], Awaitable[None]]
+                      RoundFn | None, CellSnapshots], Awaitable[None]]
 ROUND_LOOPS: dict[str, RoundLoop] = {"sync": _run_sync, "async": _run_async}  # by scenario mode
 
 
@@ -102,11 +116,20 @@ def link_model(scn: Scenario) -> LinkModel:
 
 def memory_cell(scn: Scenario, variant: Variant, seed: int, root: Path, stats: list[NodeStats], samplers: CellSamplers,
                  rows: list[dict[str, Any]], on_round: RoundFn | None, log: LogFn) -> list[SimNode]:
+    resumed = read_snapshot(root) if (root / PROGRESS_FILE).exists() else None  # the runner accepted it
+    snaps = CellSnapshots(root, cell_fingerprint(scn, variant), scn.checkpoint_rounds, resumed, log)
+
     async def main() -> list[SimNode]:
         hub = NetworkHub(link_model(scn), seed)
-        nodes = build_nodes(scn, variant, seed, root, stats, lambda i: MemoryTransport(hub, peer_name(i)), samplers)
+        nodes = build_nodes(scn, variant, seed, root, stats, lambda i: MemoryTransport(hub, peer_name(i)), samplers,
+                            resume=resumed is not None)
+        for n in nodes:
+            n.node.cfg.run.keep_checkpoints = KEEP_CHECKPOINTS
+        if resumed is not None:
+            rows.extend(resumed.rows)
+            restore(resumed.progress, nodes, hub)
         try:
-            await ROUND_LOOPS[scn.mode](scn, variant.name, seed, nodes, hub, samplers, rows, on_round)
+            await ROUND_LOOPS[scn.mode](scn, variant.name, seed, nodes, hub, samplers, rows, on_round, snaps)
         finally:
             for n in nodes:
                 if n.up:

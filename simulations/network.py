@@ -9,6 +9,8 @@ Contract:
   (seeded); a hop to or from a node that is down is lost as well (churn).
 - `hub.deliver` (the MemoryHub hook) only schedules; `advance_to(t)` hands every hop due by t to the receiving
   node in arrival order (ties in send order), which may forward and schedule more hops.
+- `state()` / `restore(state)`: the model's clock, loss RNG, link occupancy and counters as JSON, for a cell's
+  mid-run snapshot (simulations/snapshots.py); hops in flight are not part of it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import itertools
 import random
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 from swarm_node.transport.memory import MemoryHub
 
@@ -65,6 +68,19 @@ class NetworkHub(MemoryHub):
         self.sent_bytes[forwarder] += len(data)
         heapq.heappush(self._queue, (arrive, next(self._order), (forwarder, receiver, topic, data, signer, msg_id)))
 
+    def state(self) -> dict[str, Any]:
+        """What a resumed cell needs to continue the same random stream and link timing (JSON values)."""
+        return {"now": self.now, "rng": _to_json(self.rng.getstate()), "uplink_free": dict(self._uplink_free),
+                "downlink_free": dict(self._downlink_free), "sent_bytes": dict(self.sent_bytes), "lost": self.lost}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.now = float(state["now"])
+        self.rng.setstate(_from_json(state["rng"]))
+        self._uplink_free = {k: float(v) for k, v in state["uplink_free"].items()}
+        self._downlink_free = {k: float(v) for k, v in state["downlink_free"].items()}
+        self.sent_bytes = Counter({k: int(v) for k, v in state["sent_bytes"].items()})
+        self.lost = int(state["lost"])
+
     def pending(self) -> int:
         return len(self._queue)
 
@@ -87,3 +103,11 @@ class NetworkHub(MemoryHub):
             await self.settle()  # forwards scheduled by this delivery enter the queue before the next pop
         self.now = max(self.now, t)
         return delivered
+
+
+def _to_json(value: Any) -> Any:
+    return [_to_json(v) for v in value] if isinstance(value, tuple | list) else value
+
+
+def _from_json(value: Any) -> Any:
+    return tuple(_from_json(v) for v in value) if isinstance(value, list) else value

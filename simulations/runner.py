@@ -3,8 +3,12 @@
 Contract:
 - A scenario runs once per (variant, seed) "cell"; each cell writes `<run_dir>/<variant>/seed<k>/` with one node
   directory per node (its run dir), `metrics.csv` (one row per node per round) and, last, `result.json`. A cell
-  with a result.json is complete and is skipped when the scenario runs again (resumable sweeps); an incomplete
-  cell directory is removed and redone (results.py).
+  with a result.json of the same fingerprint is complete and is skipped when the scenario runs again (resumable
+  sweeps). An incomplete cell resumes mid-run from its last snapshot when `snapshots.resume_point` accepts it (sync
+  and async cells over the memory transport snapshot every `checkpoint_rounds` rounds; the log says "resuming
+  cell V/seedK from round R"); otherwise its directory is removed and the cell redone. A resumed cell's
+  result.json has the same keys; its `wall_s` adds the sessions up. Once result.json is written, the cell's
+  snapshots (progress.json, the nodes' checkpoints) are deleted.
 - `CELL_RUNNERS[scn.mode]` runs a cell (names: `swarm_node.variants.SIM_MODES`): "sync" (lockstep rounds) and
   "async" (virtual clock) run SAPO nodes over `CELL_LOOPS[scn.transport]` (memory_cell.py: the network model;
   libp2p_cell.py: real hosts on loopback, sync only); "echo" runs an ECHO-2 learner and its workers
@@ -44,6 +48,7 @@ from simulations.libp2p_cell import libp2p_cell
 from simulations.memory_cell import memory_cell
 from simulations.results import CSV_FIELDS, RESULT_FILE, cell_fingerprint, finish_cell, read_rows, write_csv
 from simulations.scenario import Scenario, Variant
+from simulations.snapshots import clear, resume_point
 from swarm_node import variants
 from swarm_node.status.stats import NodeStats
 
@@ -99,22 +104,31 @@ CELL_RUNNERS.add("echo", echo_cell)
 
 def run_cell(scn: Scenario, variant: Variant, seed: int, run_dir: Path,
              on_round: RoundFn | None = None, log: LogFn | None = None) -> dict[str, Any]:
-    """Run one (variant, seed) cell, or load its result if it completed before. `log` gets status URLs and
-    warnings (default: dropped)."""
+    """Run one (variant, seed) cell, resume it from its last snapshot, or load its result if it completed before.
+    `log` gets status URLs, resumes and warnings (default: dropped)."""
+    say: LogFn = log or (lambda _m: None)
     root = cell_dir(run_dir, variant.name, seed)
     done = root / RESULT_FILE
     fingerprint = cell_fingerprint(scn, variant)
+    prior_wall_s = 0.0
     if done.exists():
         previous = json.loads(done.read_text())
         if previous.get("fingerprint") == fingerprint:
             return previous
-        if log is not None:  # another scenario (or default model) ran here before: its result does not count
-            log(f"{root}: result of a different scenario or model; running the cell again")
-    if root.exists():
-        shutil.rmtree(root)  # an interrupted cell restarts from scratch: its nodes kept no checkpoints
-    root.mkdir(parents=True)
-    rows, result = CELL_RUNNERS[scn.mode](scn, variant, seed, root, on_round, log or (lambda _m: None))
-    return finish_cell(root, rows, {**result, "fingerprint": fingerprint})
+        # another scenario (or default model) ran here before: its result does not count
+        say(f"{root}: result of a different scenario or model; running the cell again")
+        shutil.rmtree(root)
+    progress = resume_point(root, fingerprint, scn.nodes, say) if root.exists() else None
+    if progress is not None:
+        say(f"resuming cell {variant.name}/seed{seed} from round {progress.round}")
+        prior_wall_s = progress.wall_s
+    elif root.exists():
+        shutil.rmtree(root)  # no usable snapshot: the cell restarts from scratch
+    root.mkdir(parents=True, exist_ok=True)
+    rows, result = CELL_RUNNERS[scn.mode](scn, variant, seed, root, on_round, say)
+    result = finish_cell(root, rows, {**result, "wall_s": result["wall_s"] + prior_wall_s, "fingerprint": fingerprint})
+    clear(root, scn.nodes)
+    return result
 
 
 def run_scenario(scn: Scenario, run_dir: Path, on_round: RoundFn | None = None,

@@ -9,7 +9,10 @@ Layout (every key optional except what a run needs; unknown keys and impossible 
                   run_dir, status_port (0 = off; P: node i serves its status API on 127.0.0.1:P+i),
                   sampler ("per-node": each node builds the sampler its [config.sampler] names | "shared-lora": one
                   vLLM engine serves every node's policy as a LoRA adapter on the shared base model; needs
-                  config.train.lora_rank > 0, the same rank, alpha and model for every node; not in mode "echo")
+                  config.train.lora_rank > 0, the same rank, alpha and model for every node; not in mode "echo"),
+                  checkpoint_rounds (K, default 10; 0 = off: every K rounds a sync/async cell over the memory
+                  transport saves a snapshot it resumes from when run again; see simulations/snapshots.py. Not
+                  part of the cell fingerprint: it changes no result)
     [network]     latency_ms (per link), uplink_mbps / downlink_mbps (per node, shared by all its streams; 0 means
                   unlimited), loss (probability a hop is lost), round_s (sync: how long a round lets messages
                   travel; async: virtual seconds of one step at speed 1). With transport "libp2p" only round_s
@@ -79,6 +82,7 @@ class Scenario:
     node_specs: tuple[NodeSpec, ...]
     status_port: int = 0  # 0: off
     sampler: str = "per-node"  # SIM_SAMPLERS
+    checkpoint_rounds: int = 10  # a resumable snapshot every K rounds (0: off); snapshots.py
 
     def base_model(self, variant: Variant, index: int) -> str:
         """Node `index`'s starting model directory ("" = the embedded default)."""
@@ -104,7 +108,7 @@ class Scenario:
 
 _SECTIONS = {"simulation", "network", "config", "variants", "node"}
 _SIM_KEYS = {"name", "nodes", "rounds", "seeds", "mode", "transport", "eval_problems", "run_dir", "status_port",
-             "sampler"}
+             "sampler", "checkpoint_rounds"}
 _NODE_KEYS = {"index", "speed", "model", "join_round", "leave_round", "config"}
 
 
@@ -229,9 +233,12 @@ def parse_scenario(data: dict[str, Any], name: str = "scenario") -> Scenario:
     sampler = _typed(sim, "sampler", str, "per-node", "simulation")
     if sampler not in SIM_SAMPLERS:
         raise UserError(f"simulation.sampler must be one of {', '.join(SIM_SAMPLERS)}, not {sampler!r}")
+    checkpoint_rounds = _typed(sim, "checkpoint_rounds", int, 10, "simulation")
+    if checkpoint_rounds < 0:
+        raise UserError(f"simulation.checkpoint_rounds must be >= 0 (0 = off), got {checkpoint_rounds}")
     scenario = Scenario(_typed(sim, "name", str, name, "simulation"), nodes, rounds, tuple(seeds), mode, transport,
                         eval_problems, _typed(sim, "run_dir", str, f"runs/sim-{name}", "simulation"), network,
-                        config, tuple(variants), tuple(specs), status_port, sampler)
+                        config, tuple(variants), tuple(specs), status_port, sampler, checkpoint_rounds)
     # Build every node's config once now, so a typo anywhere fails before anything runs.
     for variant in variants:
         for index in range(nodes):
