@@ -23,15 +23,19 @@ from cli.common import (
     start_status_server,
     user_errors,
 )
+from cli.peers_cmd import peers_app
+from swarm_node import variants
 
 if TYPE_CHECKING:
     from swarm_node.config import NodeConfig
     from swarm_node.node.run_files import NodeEvents, RunSummary
     from swarm_node.status.stats import NodeStats
+    from swarm_node.train.evaluate import EvalResult
 
 # rich_markup_mode=None: help texts show defaults like [/ip4/0.0.0.0/tcp/0], which rich would parse as a tag.
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Decentralized swarm RL for language models: solo, join, simulate.")
+app.add_typer(peers_app, name="peers")  # swarm-node peers list | unban (cli/peers_cmd.py)
 
 
 
@@ -134,10 +138,23 @@ def run_with_progress(cfg: NodeConfig, stats: NodeStats,
         parts.append(f"mean reward {summary.first_reward:.3f} (first steps) -> {summary.last_reward:.3f} "
                      "(last steps)")
     if summary.eval is not None:
-        parts.append(f"held-out greedy accuracy {summary.eval.greedy_acc:.3f} on {summary.eval.problems} problems")
+        parts.append(heldout_line(summary.eval_before, summary.eval))
     if summary.skipped_steps:
         parts.append(f"{summary.skipped_steps} steps skipped (non-finite values)")
     console.print("; ".join(parts), highlight=False)
+
+
+def heldout_line(before: EvalResult | None, after: EvalResult) -> str:
+    """Held-out greedy accuracy before -> after training, overall and per specialty of the task mix."""
+    def change(b: float | None, a: float) -> str:
+        return f"{a:.3f}" if b is None else f"{b:.3f} -> {a:.3f}"
+
+    overall = change(before.greedy_acc if before else None, after.greedy_acc)
+    when = " (before -> after training)" if before is not None else ""
+    per_task = ", ".join(f"{name} {change(before.per_task.get(name) if before else None, acc)}"
+                         for name, acc in after.per_task.items())
+    return (f"held-out greedy accuracy {overall}{when} on {after.problems} problems"
+            + (f" ({per_task})" if per_task else ""))
 
 
 BootstrapOpt = Annotated[list[str] | None, typer.Option("--bootstrap", help="multiaddr of a peer to join through")]
@@ -151,7 +168,8 @@ LocalGroupsOpt = Annotated[int | None, typer.Option("--local-groups", help="I: l
 ExternalGroupsOpt = Annotated[int | None, typer.Option("--external-groups", help="J: external groups per update")]
 MaxAgeOpt = Annotated[int | None, typer.Option("--max-external-age", help="K: drop external groups older than K "
                                                                           "of our steps")]
-CorrectionOpt = Annotated[str | None, typer.Option("--external-correction", help="none | is")]
+CORRECTIONS_HELP = f"how peers' completions are weighted: {' | '.join(variants.CORRECTIONS)}"
+CorrectionOpt = Annotated[str | None, typer.Option("--external-correction", help=CORRECTIONS_HELP)]
 
 
 @app.command()

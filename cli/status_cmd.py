@@ -105,13 +105,13 @@ def status_tables(status: dict[str, Any]) -> list[RenderableType]:
 
     peers = Table(title=f"peers ({status.get('peers_total', len(status.get('peers') or []))})",
                   title_justify="left")
-    for column in ("peer", "latency ms", "accepted", "rejected", "score"):
-        peers.add_column(column, justify="left" if column == "peer" else "right")
+    for column in ("peer", "latency ms", "accepted", "rejected", "score", "state"):
+        peers.add_column(column, justify="left" if column in ("peer", "state") else "right")
     for peer in status.get("peers") or []:
         peers.add_row(Text(str(peer.get("peer_id"))), _num(peer.get("latency_ms"), 1), _num(peer.get("accepted")),
-                      _num(peer.get("rejected")), _num(peer.get("score"), 2))
+                      _num(peer.get("rejected")), _num(peer.get("score"), 2), Text(str(peer.get("state") or "ok")))
     if not status.get("peers"):
-        peers.add_row("no peers connected", "", "", "", "")
+        peers.add_row("no peers connected", "", "", "", "", "")
     out.append(peers)
 
     groups = Table(title="rollout groups", title_justify="left")

@@ -76,7 +76,8 @@ def swarm_cell(scn: Scenario, variant: Variant, seed: int, root: Path, on_round:
         servers = start_status_servers(scn, stats, log)
         nodes = CELL_LOOPS[scn.transport](scn, variant, seed, root, stats, CellSamplers(engine), rows, on_round, log)
         try:
-            evals = [n.node.evaluate().greedy_acc for n in nodes] if scn.eval_problems else []
+            finals = [n.node.evaluate() for n in nodes] if scn.eval_problems else []
+            evals = [e.greedy_acc for e in finals]
             drops: dict[str, int] = {}
             for n in nodes:
                 for (_sender, reason), count in n.node.peer_drops.items():
@@ -93,6 +94,7 @@ def swarm_cell(scn: Scenario, variant: Variant, seed: int, root: Path, on_round:
     result = {"variant": variant.name, "seed": seed, "nodes": scn.nodes, "rounds": scn.rounds,
               "cum_reward_per_node": cum, "cum_reward": statistics.fmean(cum),
               "final_eval_acc_per_node": evals, "final_eval_acc": statistics.fmean(evals) if evals else None,
+              "final_eval_per_task_per_node": [e.per_task for e in finals],
               "external_drops": drops, "wall_s": time.monotonic() - started}
     return rows, result
 

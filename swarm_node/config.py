@@ -1,7 +1,7 @@
 """Typed node configuration: one dataclass per component, loaded as defaults < TOML file < CLI overrides.
 
 A TOML file has one table per component ([run], [model], [task], [sampler], [train], [share], [status],
-[network]); CLI flags arrive as dotted overrides ("train.lr" -> 1e-4). Unknown keys, wrong types and impossible
+[network], [peers]); CLI flags arrive as dotted overrides ("train.lr" -> 1e-4). Unknown keys, wrong types and impossible
 values raise `ConfigError` with one line naming the key.
 """
 
@@ -20,7 +20,7 @@ import tomllib
 from protocol.relay import DEFAULT_SCHEDULE, ScheduleError, make_plan
 from swarm_node import variants
 from swarm_node.errors import ConfigError
-from swarm_node.tasks import DEFAULT_TASK
+from swarm_node.tasks import DEFAULT_TASK, parse_specialties
 
 
 @dataclass
@@ -51,16 +51,25 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
+    """One task (name, options), or a mix: `mix = [{name = "chain_sum", options = {...}, weight = 1.0}, ...]`
+    (then name and options stay unset). `accept`: the (name, options) entries taken from peers, default the mix."""
+
     name: str = DEFAULT_TASK
-    options: dict[str, Any] = field(default_factory=dict)  # empty: the task's defaults (see tasks.py)
+    options: dict[str, Any] = field(default_factory=dict)  # empty: the task's defaults (see tasks/reference.py)
     seed: int = 0
     reward: str = "exact"  # variants.REWARD_MODES: exact | score (reasoning-gym's partial credit)
-    selection: str = "uniform"  # variants.TASK_SELECTIONS: how instance indices are drawn
+    selection: str = "uniform"  # variants.TASK_SELECTIONS: uniform | weighted | balanced (each prompt's specialty)
+    mix: list[dict[str, Any]] = field(default_factory=list)  # empty: the one task name/options
+    accept: list[dict[str, Any]] = field(default_factory=list)  # empty: our own mix
 
     def validate(self) -> None:
         _non_negative(self, "seed")
         _one_of(self, "reward", variants.REWARD_MODES)
         _one_of(self, "selection", variants.TASK_SELECTIONS)
+        if self.mix and (self.name != DEFAULT_TASK or self.options):
+            raise ConfigError("task.mix replaces task.name and task.options: set one or the other")
+        parse_specialties(self.mix, "task.mix")
+        parse_specialties(self.accept, "task.accept", weighted=False)
 
 
 @dataclass
@@ -126,15 +135,22 @@ class ShareConfig:
 
     local_groups 0 means run.prompts_per_step (solo); external_groups 0 means no external groups are used
     (received groups are still re-scored and pooled). max_external_age counts our own training steps since a
-    group was received. external_correction "none" treats external completions as on-policy (SAPO, rl-swarm);
-    "is" weights them by a truncated sequence-level importance ratio capped at is_cap (<= 2).
+    group was received. external_correction (sharing/corrections.py) weights external completions by
+    r = pi_local / mu_sender: "none" trains them as on-policy (SAPO, rl-swarm); "is" by a truncated
+    sequence-level ratio; "ftis" per token, dropping tokens whose r leaves [is_band_low, is_band_high]; "decoupled"
+    by AReaL's decoupled objective. Every weight is capped at is_cap <= 1: a peer's log-probs may only shrink a
+    gradient.
     """
 
     local_groups: int = 0
     external_groups: int = 0
     max_external_age: int = 4
-    external_correction: str = "none"  # variants.CORRECTIONS: none | is
-    is_cap: float = 2.0
+    # variants.CORRECTIONS: none | is | ftis | decoupled. "is" is what the data supports: at 4 nodes x 300 rounds,
+    # 4/4 with "none" lost 13% of cumulative reward to 8/0 and "is" was level (bench/results/sapo_sweep.json).
+    external_correction: str = "is"
+    is_cap: float = 1.0  # cap on every external completion's weight, <= 1
+    is_band_low: float = 0.125  # ftis: tokens with r below this are dropped (prime-rl's token mask default)
+    is_band_high: float = 8.0  # ftis: tokens with r above this are dropped
     pool_size: int = 256
     per_peer_pool_cap: int = 64
     per_peer_batch_cap: int = 0  # 0: no per-peer limit within one batch beyond external_groups
@@ -144,9 +160,12 @@ class ShareConfig:
         _non_negative(self, "local_groups", "external_groups", "max_external_age", "per_peer_batch_cap")
         _positive(self, "pool_size", "per_peer_pool_cap", "is_cap")
         _one_of(self, "external_correction", variants.CORRECTIONS)
-        if self.is_cap > 2.0:
-            raise ConfigError(f"share.is_cap must be <= 2 (peers' log-probs may only shrink a gradient), "
+        if self.is_cap > 1.0:
+            raise ConfigError(f"share.is_cap must be <= 1 (peers' log-probs may only shrink a gradient), "
                               f"got {self.is_cap}")
+        if not 0 <= self.is_band_low <= 1 <= self.is_band_high:
+            raise ConfigError(f"share.is_band_low and share.is_band_high need 0 <= low <= 1 <= high, "
+                              f"got [{self.is_band_low}, {self.is_band_high}]")
         _one_of(self, "selection", variants.SELECTIONS)
 
 
@@ -159,6 +178,43 @@ class StatusConfig:
     def validate(self) -> None:
         if not -1 <= self.port <= 65535:
             raise ConfigError(f"status.port must be -1 (off), 0 (ephemeral) or a port number, got {self.port}")
+
+
+@dataclass
+class PeersConfig:
+    """Hostile peers (sharing/budget.py, sharing/reputation.py). rescore_share: seconds of re-scoring work per wall
+    second for all peers together (of one core), split equally among the peers active in the last active_window_s;
+    a peer may save up burst_s. Reputation decays with half_life_s; at graylist_score a peer's messages are ignored
+    unread, at ban_score it is banned for ban_s (kept in RUN_DIR/peers.json; `swarm-node peers unban`). weights:
+    score change per event kind (drop reason, "forged_reward", "accepted"), over the defaults. allow: never
+    graylisted nor banned; deny: always ignored."""
+
+    rescore_share: float = 0.2
+    burst_s: float = 5.0
+    active_window_s: float = 60.0
+    half_life_s: float = 600.0
+    graylist_score: float = -20.0
+    ban_score: float = -50.0
+    ban_s: float = 3600.0
+    weights: dict[str, float] = field(default_factory=dict)
+    allow: list[str] = field(default_factory=list)
+    deny: list[str] = field(default_factory=list)
+
+    def validate(self) -> None:
+        _positive(self, "rescore_share", "burst_s", "active_window_s", "half_life_s", "ban_s")
+        if not self.ban_score <= self.graylist_score < 0:
+            raise ConfigError(f"peers needs ban_score <= graylist_score < 0, got ban_score {self.ban_score}, "
+                              f"graylist_score {self.graylist_score}")
+        for kind, value in self.weights.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"peers.weights.{kind} must be a finite number, got {value!r}")
+        for name in ("allow", "deny"):
+            for peer in getattr(self, name):
+                if not isinstance(peer, str) or not peer.isalnum():
+                    raise ConfigError(f"peers.{name}: {peer!r} is not a peer id (e.g. 12D3KooW...)")
+        both = set(self.allow) & set(self.deny)
+        if both:
+            raise ConfigError(f"peer {sorted(both)[0]} is on both peers.allow and peers.deny")
 
 
 @dataclass
@@ -218,6 +274,7 @@ class NodeConfig:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     echo: EchoConfig = field(default_factory=EchoConfig)
     status: StatusConfig = field(default_factory=StatusConfig)
+    peers: PeersConfig = field(default_factory=PeersConfig)
 
     def validate(self) -> NodeConfig:
         for section in dataclasses.fields(self):

@@ -24,13 +24,19 @@ class Completion:
 
 @dataclass(frozen=True)
 class TrainSample:
-    """One completion with its prompt, behaviour log-probs (one per completion token) and advantage."""
+    """One completion with its prompt, behaviour log-probs (one per completion token) and advantage.
+
+    The two optional fields serve external completions (sharing/corrections.py); absent, training is unchanged.
+    `token_weights`: a fixed weight per completion token multiplying its loss term (0 drops the token).
+    `is_cap`: for an off-policy row, its own cap on min(pi_proximal / mu, cap) instead of `train.is_cap`."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
     behaviour_logprobs: list[float]
     advantage: float
     off_policy: bool = False  # behaviour policy is older than the trained one: apply the IS weight
+    token_weights: list[float] | None = None  # one per completion token, or None (all 1)
+    is_cap: float | None = None  # None: the trainer's train.is_cap
 
 
 @dataclass

@@ -14,13 +14,13 @@ from typing import Generic, TypeVar
 ADVANTAGES = ("grpo", "dr_grpo", "median")  # rl/advantages.py
 LOSSES = ("grpo",)  # rl/loss.py
 SELECTIONS = ("uniform", "freshest", "variance")  # sharing/selection.py: which external groups an update takes
-CORRECTIONS = ("none", "is")  # sharing/corrections.py: how external completions are weighted
+CORRECTIONS = ("none", "is", "ftis", "decoupled")  # sharing/corrections.py: how external completions are weighted
 CODECS = ("full", "dense-bf16", "topk")  # policy_sync/codecs.py: policy delta encodings
 WEIGHT_FORMS = ("full", "base", "adapter")  # model/lora.py: the tensors a sampler loads from a LoRA-trained model
 SAMPLER_KINDS = ("auto", "vllm", "hf")  # sampler/factory.py
 ROLES = ("peer", "learner", "worker")  # roles/: what `swarm-node join --role` runs
-REWARD_MODES = ("exact", "score")  # tasks.py: reasoning-gym's score turned into the training reward
-TASK_SELECTIONS = ("uniform",)  # tasks.py: how a task source draws instance indices
+REWARD_MODES = ("exact", "score")  # tasks/source.py: reasoning-gym's score turned into the training reward
+TASK_SELECTIONS = ("uniform", "weighted", "balanced")  # tasks/selection.py: each prompt's specialty and index
 SIM_MODES = ("sync", "async", "echo")  # simulations/: lockstep rounds, virtual clock, ECHO-2 learner + workers
 SIM_TRANSPORTS = ("memory", "libp2p")  # simulations/
 SIM_SAMPLERS = ("per-node", "shared-lora")  # simulations/: a sampler per node, or one vLLM engine with LoRA

@@ -55,3 +55,28 @@ def test_echo_publish_interval_must_fit_the_staleness_bound() -> None:
     load_config(None, {"network.role": "learner", "echo.publish_every": 2, "train.max_staleness": 1})
     with pytest.raises(ConfigError, match="publish_every"):
         load_config(None, {"network.role": "learner", "echo.publish_every": 2, "train.max_staleness": 0})
+
+
+def test_peers_table(tmp_path: Path) -> None:
+    path = tmp_path / "node.toml"
+    path.write_text('[peers]\nrescore_share = 0.5\nallow = ["12D3KooWFriend"]\ndeny = ["12D3KooWFoe"]\n'
+                    'weights = { duplicate = -1 }\n')
+    cfg = load_config(path)
+    assert (cfg.peers.rescore_share, cfg.peers.allow, cfg.peers.deny) == (0.5, ["12D3KooWFriend"], ["12D3KooWFoe"])
+    assert cfg.peers.weights == {"duplicate": -1} and cfg.peers.ban_s == 3600.0
+
+
+@pytest.mark.parametrize(("section", "message"), [
+    ('rescore_share = 0', "peers.rescore_share must be > 0"),
+    ('graylist_score = -60', "ban_score <= graylist_score < 0"),
+    ('allow = ["a b"]', "is not a peer id"),
+    ('allow = ["X"]\ndeny = ["X"]', "both peers.allow and peers.deny"),
+    ('weights = { stale = "a lot" }', "peers.weights.stale must be a finite number"),
+    ('unknown = 1', "unknown key 'peers.unknown'"),
+])
+def test_bad_peers_table_is_one_line(tmp_path: Path, section: str, message: str) -> None:
+    path = tmp_path / "node.toml"
+    path.write_text(f"[peers]\n{section}\n")
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")) as err:
+        load_config(path)
+    assert "\n" not in str(err.value)

@@ -144,6 +144,11 @@ def test_dashboard_of_a_solo_node(browser: object, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
+    from swarm_node.model.default_model import ensure_default_model
+
+    # The node builds the embedded default model on first use (minutes on a fresh machine): build it here first, so
+    # the browser's wait measures the dashboard, not the build.
+    ensure_default_model()
     command = [sys.executable, "-c", "from cli.main import app; app()", "solo", "--steps", "6", "--sampler", "hf",
                "--status-port", "0", "--run-dir", str(tmp_path / "run")]
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -99,6 +99,11 @@ def test_kl_term_and_k3_value() -> None:
 def test_importance_weights_truncate_and_scale() -> None:
     w = truncated_is_weights(torch.log(t(0.3, 0.1)), torch.log(t(0.1, 0.2)), cap=2.0)
     assert w.tolist() == pytest.approx([2.0, 0.5])
+    # one cap per row ([N, 1]): row 0 capped at 1 (an external completion), row 1 at 2
+    rows = truncated_is_weights(torch.log(torch.tensor([[0.3, 0.1], [0.3, 0.1]], dtype=torch.float64)),
+                                torch.log(torch.tensor([[0.1, 0.2], [0.1, 0.2]], dtype=torch.float64)),
+                                cap=torch.tensor([[1.0], [2.0]], dtype=torch.float64))
+    assert rows.flatten().tolist() == pytest.approx([1.0, 0.5, 2.0, 0.5])
     inp = _inputs([1.0, 1.0], [1.0])
     weighted = LossInputs(inp.logp, inp.old_logp, inp.advantages, inp.mask, is_weights=torch.tensor([[2.0, 0.5]]))
     assert float(clipped_surrogate(weighted, SAPO_CLIP).loss) == pytest.approx(-(2.0 + 0.5) / 2)

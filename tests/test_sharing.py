@@ -25,7 +25,7 @@ from swarm_node.types import TrainSample
 NOW = 1_700_000_000.0
 TOK = build_char_tokenizer()
 SOURCE = tasks.TaskSource()
-REF = tasks.TaskRef(SOURCE.name, SOURCE.config, SOURCE.seed, 5)
+REF = tasks.TaskRef(SOURCE.name, SOURCE.config, SOURCE.seed, 7)  # a training problem ("6 + 0 =", not held out)
 INST = tasks.instance(REF)
 EOS = TOK.eos_token_id
 PROMPT_LEN = len(TOK.encode(INST.prompt))
@@ -130,24 +130,26 @@ def test_sequence_is_weight_is_truncated() -> None:
     assert sequence_is_weight([], [], 2.0) == 1.0
 
 
-def test_external_samples_are_on_policy_and_is_only_shrinks_or_caps(tiny_model_dir: Path) -> None:
+def test_external_samples_are_on_policy_and_is_only_shrinks(tiny_model_dir: Path) -> None:
     model, tok = load_model(tiny_model_dir)
     trainer = Trainer(model, TrainConfig(minibatches=1), SamplerConfig(), tok.pad_token_id)
     out = accept_external(wire(completion(INST.answer, 1.0, lp=-50.0), completion("9999", 0.0, lp=-1e-3)),
                                   "peerA", ShareContext(tok, tokenizer_hash(tok), SOURCE, BOUNDS), NOW)
     entry = PoolEntry(out.external.group, "peerA", out.external.key, 0)
-    plain = external_samples(trainer, [entry], "none", 2.0)
+    plain = external_samples(trainer, [entry], "none", 1.0)
     local = policy_logprobs(trainer, plain)
     assert [s.behaviour_logprobs for s in plain] == local  # ratio 1 at the first minibatch
     assert [s.advantage for s in plain] == [1.0, -1.0]
-    weighted = external_samples(trainer, [entry], "is", 2.0)
-    # completion 0: sender claims lp -50 per token -> ratio huge -> capped at 2; completion 1: sender claims
-    # near-certainty -> ratio exp(mean(local) + 1e-3) < 1 shrinks it
+    weighted = external_samples(trainer, [entry], "is", 1.0)
+    # completion 0: sender claims lp -50 per token -> ratio huge -> capped at 1, never enlarged; completion 1:
+    # sender claims near-certainty -> ratio exp(mean(local) + 1e-3) < 1 shrinks it
     expected_1 = math.exp(sum(x + 1e-3 for x in local[1]) / len(local[1]))
-    assert weighted[0].advantage == 2.0
+    assert weighted[0].advantage == 1.0
     assert weighted[1].advantage == pytest.approx(-expected_1) and abs(weighted[1].advantage) < 1.0
-    retok = external_samples(trainer, [dataclasses.replace(entry, retokenized=True)], "is", 2.0)
+    retok = external_samples(trainer, [dataclasses.replace(entry, retokenized=True)], "is", 1.0)
     assert [s.advantage for s in retok] == [1.0, -1.0]  # no sender log-probs for another tokenizer
+    with pytest.raises(ValueError, match="cap must be in \\(0, 1\\]"):
+        external_samples(trainer, [entry], "is", 2.0)
 
 
 BOUNDED = CTX

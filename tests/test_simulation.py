@@ -33,7 +33,7 @@ TINY = {"run": {"group_size": 4, "prompts_per_step": 2}, "sampler": {"kind": "hf
     ({"simulation": {"mode": "fast"}}, "simulation.mode must be one of sync, async, echo, not 'fast'"),
     ({"network": {"loss": 1.5}}, "network.loss must be in [0, 1), got 1.5"),
     ({"network": {"latency_ms": "x"}}, "network.latency_ms must be float, got 'x'"),
-    ({"config": {"share": {"is_cap": 3.0}}}, "share.is_cap must be <= 2"),
+    ({"config": {"share": {"is_cap": 3.0}}}, "share.is_cap must be <= 1"),
     ({"config": {"share": {"selection": "best"}}}, "share.selection 'best' unknown"),
     ({"config": {"train": {"lr_typo": 1}}}, "unknown key 'train.lr_typo'"),
     ({"node": [{"index": 5}]}, "node[0].index must be in [0, 2), got 5"),

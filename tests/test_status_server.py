@@ -90,8 +90,8 @@ async def test_status_json_reports_the_snapshot(make_client: Make) -> None:
     assert body["broadcast"] == {"version": 3, "chunks_done": 2, "chunks_total": 8}
     assert body["last_checkpoint"] == {"step": 3, "path": "run/ckpt/step-3"}
     assert body["peers"] == [  # sorted by id
-        {"peer_id": "peer-a", "latency_ms": 12.5, "accepted": 9, "rejected": 1, "score": 1.0},
-        {"peer_id": "peer-b", "latency_ms": 40.0, "accepted": 0, "rejected": 0, "score": 0.5},
+        {"peer_id": "peer-a", "latency_ms": 12.5, "accepted": 9, "rejected": 1, "score": 1.0, "state": "ok"},
+        {"peer_id": "peer-b", "latency_ms": 40.0, "accepted": 0, "rejected": 0, "score": 0.5, "state": "ok"},
     ]
     assert body["peers_total"] == 2
     assert [h["step"] for h in body["history"]] == [1, 2, 3]

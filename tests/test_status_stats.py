@@ -15,8 +15,8 @@ def test_peers_are_added_updated_counted_and_removed() -> None:
     stats.count_peer_message("a", accepted=False)
     stats.count_peer_message("b", accepted=False, n=2)  # unseen peer: added
     assert stats.snapshot()["peers"] == [
-        {"peer_id": "a", "latency_ms": 10.0, "accepted": 3, "rejected": 1, "score": 0.5},
-        {"peer_id": "b", "latency_ms": None, "accepted": 0, "rejected": 2, "score": 0.0},
+        {"peer_id": "a", "latency_ms": 10.0, "accepted": 3, "rejected": 1, "score": 0.5, "state": "ok"},
+        {"peer_id": "b", "latency_ms": None, "accepted": 0, "rejected": 2, "score": 0.0, "state": "ok"},
     ]
     stats.remove_peer("a")
     stats.remove_peer("never-seen")

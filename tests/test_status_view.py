@@ -71,3 +71,15 @@ def test_status_view_truncates_history_and_peers() -> None:
     json.dumps(view, allow_nan=False)  # strict JSON, or this raises
     assert status_view(snapshot, max_history=2)["history"] == [{"step": MAX_HISTORY + 98}, {"step": MAX_HISTORY + 99}]
     assert status_view(snapshot, max_history=0)["history"] == []
+
+
+def test_flagged_peers_come_first_so_the_bound_never_hides_them() -> None:
+    peers = [{"peer_id": f"p{i:03d}", "score": 0.0, "state": "ok"} for i in range(MAX_PEERS + 10)]
+    peers += [{"peer_id": "zz-banned", "score": -60.0, "state": "banned"},
+              {"peer_id": "zz-gray", "score": -25.0, "state": "graylisted"},
+              {"peer_id": "zz-denied", "score": 0.0, "state": "denied"},
+              {"peer_id": "zz-allowed", "score": -99.0, "state": "allowed"}]
+    view = status_view({"peers": peers})
+    assert [p["peer_id"] for p in view["peers"][:4]] == ["zz-banned", "zz-denied", "zz-gray", "p000"]
+    assert [p["state"] for p in view["peers"][:3]] == ["banned", "denied", "graylisted"]
+    assert len(view["peers"]) == MAX_PEERS and view["peers_total"] == MAX_PEERS + 14

@@ -31,8 +31,33 @@ def test_scoring_with_reasoning_gym() -> None:
 
 def test_eval_stream_is_held_out() -> None:
     source = tasks.TaskSource(seed=0)
-    assert all(r.seed == tasks.EVAL_SEED_OFFSET for r in source.eval_refs(3))
-    assert [r.index for r in source.eval_refs(3)] == [0, 1, 2]
+    refs = source.eval_refs(3)
+    assert all(r.seed == tasks.EVAL_SEED_OFFSET for r in refs)
+    assert all(tasks.is_heldout(tasks.instance(r)) for r in refs)
+    assert [r.index for r in refs] == [12, 16, 27]  # the first eval-bucket instances of the eval seed
+    assert source.eval_refs(3) == refs and source.eval_refs(5)[:3] == refs  # deterministic, a prefix stream
+
+
+# The default task's uniform stream as it was before task mixes and the held-out partition (seed 0, Random(0),
+# 50 steps of 16): the first indices, a hash of all 800, and the rng's next value after them.
+BEFORE_MIXES = ([885440, 403958, 794772, 933488, 441001, 42450, 271493, 536110], 0.8899614875266342)
+
+
+def test_default_uniform_stream_is_unchanged() -> None:
+    """Same rng use and the same indices as before mixes, except where a pick fell in the eval bucket (redrawn
+    without touching the rng): the committed benchmarks' task stream moves only off held-out problems."""
+    source, rng = tasks.TaskSource(), random.Random(0)
+    raw_rng = random.Random(0)
+    raw = [raw_rng.randrange(tasks.DATASET_SIZE) for _ in range(800)]  # today's select_uniform, by hand
+    refs = [r for _ in range(50) for r in source.draw(rng, 16)]
+    assert raw[:8] == BEFORE_MIXES[0] and rng.random() == BEFORE_MIXES[1] == raw_rng.random()
+    for index, ref in zip(raw, refs, strict=True):
+        assert (ref.dataset, ref.config, ref.seed) == (tasks.DEFAULT_TASK, source.config, 0)
+        held = tasks.is_heldout(tasks.instance(tasks.TaskRef(ref.dataset, ref.config, 0, index)))
+        assert (ref.index == index) != held
+    for selection in ("weighted", "balanced"):  # a mix of one: every selection draws the same stream
+        other, rng = tasks.TaskSource(selection=selection), random.Random(0)
+        assert [r for _ in range(50) for r in other.draw(rng, 16)] == refs
 
 
 def test_allows_only_own_dataset_and_bounded_index() -> None:

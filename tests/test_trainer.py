@@ -29,6 +29,20 @@ def test_collate_layout() -> None:
     assert batch.off_policy.tolist() == [False, True]
 
 
+def test_collate_token_weights_and_row_caps() -> None:
+    plain = collate([TrainSample([5, 6], [7, 1], [-0.5, -0.25], 1.0)], pad_id=0)
+    assert plain.token_weights is None and plain.is_cap is None  # absent: the old computation, unchanged
+    batch = collate([TrainSample([5, 6], [7, 1], [-0.5, -0.25], 1.0),
+                     TrainSample([5], [8], [-2.0], -1.0, off_policy=True, token_weights=[0.25], is_cap=0.5)],
+                    pad_id=0)
+    assert batch.token_weights is not None and batch.is_cap is not None
+    # 1 at a sample's completion tokens when it has no weights of its own, 0 at padding and prompt positions
+    assert batch.token_weights.tolist() == [[0.0, 1.0, 1.0], [0.25, 0.0, 0.0]]
+    assert math.isnan(batch.is_cap[0]) and batch.is_cap[1] == 0.5
+    with pytest.raises(ValueError, match="1 completion tokens but 2 token weights"):
+        collate([TrainSample([5], [8], [-2.0], -1.0, token_weights=[1.0, 1.0])], pad_id=0)
+
+
 def test_collate_rejects_mismatched_logprobs() -> None:
     with pytest.raises(ValueError, match="2 completion tokens but 1 log-probs"):
         collate([TrainSample([5], [7, 1], [-0.5], 1.0)], pad_id=0)

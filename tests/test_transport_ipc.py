@@ -8,10 +8,12 @@ import pytest
 from swarm_node.transport.libp2p_ipc import (
     HEADER,
     MAX_FRAME_BYTES,
+    MAX_SCORES,
     FrameDecoder,
     HostSettings,
     IpcError,
     Op,
+    check_scores,
     encode,
 )
 from swarm_node.transport.supervisor import Backoff, RestartTracker
@@ -90,3 +92,48 @@ def test_restart_tracker_resets_after_stable_run() -> None:
     assert tracker.failed(8) == 2  # a failed start (never started) counts too
     tracker.started(10)
     assert tracker.failed(100) == 0  # it ran 90 s: a fresh start
+
+
+def test_scores_op_round_trip_and_checks() -> None:
+    table = {"12D3KooWGood": 2.5, "12D3KooWBad": -1000.0}
+    [(op, fields)] = FrameDecoder().feed(encode(Op.SCORES, table))
+    assert op is Op.SCORES and check_scores(fields[0]) == table
+    for bad in ({"p": float("nan")}, {"p": True}, {"p": "1"}, {1: 1.0}, {"p" * 200: 1.0}, [1.0],
+                {f"p{i}": 0.0 for i in range(MAX_SCORES + 1)}):
+        with pytest.raises(IpcError):
+            check_scores(bad)
+
+
+def test_gossipsub_score_params_and_the_pushed_table_in_the_host() -> None:
+    """py-libp2p ships every weight at 0: ours are set, ordered as the spec requires, and P6 reads SCORES."""
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.id import ID
+
+    from swarm_node.transport.base import ValidationResult
+    from swarm_node.transport.libp2p_host import NetworkHost, score_params
+
+    settings = HostSettings()
+    params = score_params(settings, lambda _peer: -3.0)
+    assert params.p4_invalid_messages.weight == settings.invalid_penalty > 0
+    assert 0 < params.p4_invalid_messages.decay < 1
+    assert params.p6_appl_slack_weight == settings.app_score_weight > 0
+    assert params.p5_behavior_penalty_weight > 0 and 0 < params.p5_behavior_penalty_decay < 1
+    assert 0 > params.gossip_threshold > params.publish_threshold > params.graylist_threshold > -1000.0
+    assert params.p7_ip_colocation_weight == 0.0  # loopback simulations: every node on one IP
+
+    host = NetworkHost(create_new_key_pair(), settings)
+    good, bad = (ID.from_pubkey(create_new_key_pair().public_key) for _ in range(2))
+    assert host.gossipsub.scorer.score(bad, ["t"]) == 0.0
+    [(op, fields)] = FrameDecoder().feed(encode(Op.SCORES, {good.to_base58(): 2.0, bad.to_base58(): -1000.0}))
+    host._dispatch(op, fields, None)  # type: ignore[arg-type]  # SCORES needs no nursery
+    scorer = host.gossipsub.scorer
+    assert scorer.score(good, ["t"]) == 2.0 and not scorer.is_graylisted(good, ["t"])
+    assert scorer.score(bad, ["t"]) == -1000.0 and scorer.is_graylisted(bad, ["t"])
+
+    import trio
+
+    async def verdict(signer: str) -> ValidationResult:
+        return await host._app_validate("t", signer, b"x")
+    assert trio.run(verdict, bad.to_base58()) is ValidationResult.IGNORE  # no VALIDATE round trip to the node
+    assert host.counters["graylisted_signer"] == 1
+    assert trio.run(verdict, good.to_base58()) is ValidationResult.ACCEPT  # "t" is not a validated topic

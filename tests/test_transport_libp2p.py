@@ -277,3 +277,42 @@ def test_background_facade_start_network_over_libp2p(caplog: pytest.LogCaptureFi
     finally:
         b.stop()
         a.stop()
+
+
+async def test_pushed_reputation_graylists_a_signer_in_the_host() -> None:
+    """SCORES over the real IPC: once the node pushes a blocked score for a peer, its host drops that peer's
+    messages itself (no VALIDATE round trip, nothing delivered), and the router's own graylist applies."""
+    async with transports(config(), config()) as (a, b):
+        got: list[Delivery] = []
+        validated: list[str] = []
+
+        def validator(signer: str, _data: bytes) -> ValidationResult:
+            validated.append(signer)
+            return ValidationResult.ACCEPT
+        await a.subscribe(TOPIC, lambda d: None)
+        b.set_validator(TOPIC, validator)
+        await b.subscribe(TOPIC, got.append)
+        await link(a, b)
+        await publish_until_received(a, got, b"before")
+        await b.set_peer_scores({a.peer_id: -1000.0})
+        seen = len(validated)
+        for i in range(5):
+            await a.publish(TOPIC, b"after-%d" % i)
+        counters: dict[str, int] = {}
+
+        async def dropped() -> bool:
+            counters.update(await b.host_counters())
+            return counters.get("graylisted_forwarder", 0) + counters.get("graylisted_signer", 0) >= 5
+        await wait_for_async(dropped, what=lambda: f"graylist counters, got {counters}")
+        assert not any(d.data.startswith(b"after") for d in got) and len(validated) == seen
+
+
+async def wait_for_async(predicate: Callable[[], object], timeout: float = 20.0,
+                         what: str | Callable[[], str] = "condition") -> None:
+    async def poll() -> None:
+        while not await predicate():  # type: ignore[misc]
+            await asyncio.sleep(0.1)
+    try:
+        await asyncio.wait_for(poll(), timeout)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"timed out waiting for {what() if callable(what) else what}") from None

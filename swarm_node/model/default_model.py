@@ -54,7 +54,9 @@ class DefaultModelRecipe:
 
     def key(self) -> str:
         """Names the cache directory: the recipe and the task it is warmed up on."""
-        what = {**asdict(self), "task": tasks.DEFAULT_TASK, "task_options": tasks.DEFAULT_TASK_OPTIONS}
+        # The warm-up skips held-out problems (tasks/heldout.py): a change of the partition is a new model.
+        what = {**asdict(self), "task": tasks.DEFAULT_TASK, "task_options": tasks.DEFAULT_TASK_OPTIONS,
+                "heldout_percent": tasks.EVAL_PERCENT}
         return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
 
 

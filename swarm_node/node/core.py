@@ -47,14 +47,14 @@ from swarm_node.node.run_files import (
 from swarm_node.node.sources import Item, OverlappedSource, RolloutSource, SequentialSource
 from swarm_node.sampler.base import PromptTooLongError, Sampler, SamplingParams
 from swarm_node.sampler.factory import make_sampler
-from swarm_node.sharing.corrections import external_samples
+from swarm_node.sharing.corrections import CorrectionParams, external_samples
 from swarm_node.sharing.exchange import Exchange
-from swarm_node.sharing.ingest import Ingest
+from swarm_node.sharing.ingest import Ingest, PeerGuard
 from swarm_node.sharing.pool import ExperiencePool, PoolEntry
 from swarm_node.sharing.rescore import CompletionBounds, External, ShareContext
 from swarm_node.sharing.wire import group_id_for, to_wire
 from swarm_node.status.stats import NodeStats
-from swarm_node.train.evaluate import EvalResult, evaluate
+from swarm_node.train.evaluate import EvalResult, evaluate, per_task_metrics
 from swarm_node.train.overlap import LatestWeights
 from swarm_node.train.scoring import score_group, to_samples
 from swarm_node.train.trainer import Trainer
@@ -83,6 +83,7 @@ class Node:
         self.step_log = StepLog(None, self.stats, self.events)  # records steps trained outside run() (simulations)
         self._last_step_end: float | None = None
         self.ready = False  # setup() done
+        self.eval_before: EvalResult | None = None  # run(): the held-out eval before the first step
 
     # -- setup ---------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -90,7 +91,8 @@ class Node:
         prepare_run_dir(self.run_dir)
         torch.set_num_threads(cfg.train.threads or os.cpu_count() or 1)
         self.task_source = tasks.TaskSource(cfg.task.name, cfg.task.options, cfg.task.seed,
-                                            reward=cfg.task.reward, selection=cfg.task.selection)
+                                            reward=cfg.task.reward, selection=cfg.task.selection,
+                                            mix=cfg.task.mix, accept=cfg.task.accept)
         self.stats.set_phase("building-model")
         self.model_dir = model_dir_for(cfg, self.model_dir_override, self.events.build_progress)
         self.model, self.tokenizer = load_model(self.model_dir)
@@ -108,7 +110,9 @@ class Node:
                                   vocab_size=int(self.model.config.vocab_size), group_size=cfg.run.group_size)
         self.share_ctx = ShareContext(self.tokenizer, self.tokenizer_hash, self.task_source, bounds,
                                       cfg.train.advantage)
-        self.ingest = Ingest(self.share_ctx, self.stats)
+        # Per-peer budgets and reputation (bans kept in RUN_DIR/peers.json), shared by every ingest of this node.
+        self.peer_guard = PeerGuard.from_config(cfg.peers, self.run_dir, self.stats, time.time())
+        self.ingest = Ingest(self.share_ctx, self.stats, guard=self.peer_guard)
         self.family = str(getattr(self.model.config, "model_type", ""))  # what our published groups say
         self._restore_or_start()
         self.stats.set_phase("loading-sampler")
@@ -187,6 +191,7 @@ class Node:
         cfg = self.cfg
         self.stats.update(total_steps=cfg.run.steps, policy_version=self.version, step=self.step)
         self.stats.set_phase("training")
+        self.eval_before = self.evaluate() if cfg.run.eval_problems else None  # the held-out baseline
         self.source = source or self.default_source()
         try:
             self._loop(self.source)
@@ -220,7 +225,7 @@ class Node:
         cfg = self.cfg
         assert self.sampler is not None, "generate_groups() is called once setup() has built the sampler"
         count = cfg.share.local_groups or cfg.run.prompts_per_step
-        insts = [tasks.instance(r) for r in self.task_source.draw(self.rng, count)]
+        insts = [tasks.instance(r) for r in self.task_source.draw(self.rng, count, turn=self.draws * count)]
         prompts = [self.tokenizer.encode(i.prompt) for i in insts]
         params = SamplingParams(cfg.sampler.temperature, cfg.sampler.top_p, cfg.sampler.max_new_tokens,
                                 seed=cfg.run.seed * 1_000_003 + self.draws)
@@ -304,8 +309,9 @@ class Node:
                 self.stats.count("staleness", lag, len(g.completions))
         self.stats.update(pool_size=len(self.pool))
         train_started = time.monotonic()
-        samples = to_samples(used) + external_samples(self.trainer, externals, cfg.share.external_correction,
-                                                      cfg.share.is_cap)
+        samples = to_samples(used) + external_samples(
+            self.trainer, externals, cfg.share.external_correction,
+            CorrectionParams(cfg.share.is_cap, cfg.share.is_band_low, cfg.share.is_band_high))
         result = self.trainer.train_step(samples)
         train_s = time.monotonic() - train_started
         if result.skipped_minibatches:
@@ -322,10 +328,11 @@ class Node:
             "step": self.step, "policy_version": self.version, "lag": max(lags, default=0),
             "reward_mean": sum(rewards) / len(rewards),
             "accuracy": sum(g.accuracy for g in groups) / len(groups),
+            "per_task": per_task_metrics(groups),
             "groups_used": len(used), "groups_total": len(groups),
             "loss": result.loss, "clip_frac": result.clip_frac, "kl": result.kl, "entropy": result.entropy,
             "grad_norm": result.grad_norm, "skipped_minibatches": result.skipped_minibatches,
-            "tokens_per_s": draft.gen_tokens / draft.gen_s if draft.gen_s > 0 else 0.0,
+            "tokens_per_s": draft.gen_tokens / draft.gen_s if draft.gen_s > 0 else 0.0, "gen_tokens": draft.gen_tokens,
             "gen_s": draft.gen_s, "train_s": train_s, "step_s": self._step_seconds(draft),
             "time": time.time(),
         }
@@ -381,7 +388,8 @@ class Node:
 
     def summary(self, result: EvalResult | None) -> RunSummary:
         first, last = reward_window(self.run_dir / METRICS_FILE)
-        return RunSummary(self.step, first, last, result, self.run_dir, self.skipped_steps)
+        return RunSummary(self.step, first, last, result, self.run_dir, self.skipped_steps,
+                          self.eval_before)
 
     def close(self) -> None:
         if self.sampler is not None:

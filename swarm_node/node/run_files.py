@@ -47,6 +47,7 @@ class RunSummary:
     eval: EvalResult | None
     run_dir: Path
     skipped_steps: int
+    eval_before: EvalResult | None = None  # the held-out eval before the first step of this run
 
 
 def prepare_run_dir(path: Path) -> None:

@@ -2,7 +2,9 @@
 completion tokens (1.0) versus padding (0.0); advantages are per sequence [N].
 
 All losses use token-level normalisation: the sum over every unmasked token of the minibatch divided by the
-number of those tokens (DAPO), so long completions are not down-weighted.
+number of those tokens (DAPO), so long completions are not down-weighted. `is_weights` (detached, per token)
+multiply each token's term before that mean: a token of weight 0 adds nothing to the sum yet still counts in the
+denominator (prime-rl's masking), so dropping a token never enlarges the others' weight.
 """
 
 from __future__ import annotations
@@ -49,9 +51,14 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return delta.exp() - delta - 1.0
 
 
-def truncated_is_weights(proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor, cap: float) -> torch.Tensor:
-    """min(pi_proximal / mu_behaviour, cap) per token, detached: corrects for rollouts from an older policy."""
-    return (proximal_logp - behaviour_logp).exp().clamp(max=cap).detach()
+def truncated_is_weights(proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor,
+                         cap: float | torch.Tensor) -> torch.Tensor:
+    """min(pi_proximal / mu_behaviour, cap) per token, detached: corrects for rollouts from another policy. `cap`
+    is one number, or a tensor broadcast against the log-probs (e.g. [N, 1]: one cap per row)."""
+    ratio = (proximal_logp - behaviour_logp).exp()
+    if isinstance(cap, torch.Tensor):
+        return torch.minimum(ratio, cap).detach()
+    return ratio.clamp(max=cap).detach()
 
 
 LossFn = Callable[[LossInputs, LossConfig], LossOutput]

@@ -57,7 +57,8 @@ class LearnerSource(BaseSource):
         self.limits = node.wire_limits()
         policy = dataclasses.replace(accept_policy_for(node.task_source, frozenset({node.tokenizer_hash})),
                                      delegates=self.admission.delegates)
-        self.ingest = Ingest(node.share_ctx, stats, self.admission.delegates, keep_no_signal=True)
+        self.ingest = Ingest(node.share_ctx, stats, self.admission.delegates, keep_no_signal=True,
+                             guard=node.peer_guard)
         self.exchange: TransportExchange = open_exchange(net, node, policy)
         echo = cfg.echo
         self.broadcaster = PolicyBroadcaster(net.transport, limits=self.limits, chunk_bytes=echo.chunk_bytes,

@@ -2,9 +2,11 @@
 
 - `start_libp2p(cfg, stats, events)`: identity, the libp2p host on its own loop thread (`BackgroundTransport`),
   our printed address, the bootstrap keeper; the network starts before the model loads.
-- `joined(cfg, stats, events)`: a context giving (node set up, net, our peer id); it closes both.
+- `joined(cfg, stats, events)`: a context giving (node set up, net, our peer id); it closes both. The node's peer
+  guard pushes its reputation scores to the libp2p host (gossipsub's application-specific score, `push_scores`).
 - `open_exchange(net, node, policy)`: the rollout exchange with the node's wire limits (token ids bounded by its
-  vocabulary: the one place limits are built for every role), started. `BackgroundExchange` adapts it for the
+  vocabulary: the one place limits are built for every role), started; graylisted, banned and denied signers
+  (the node's peer guard) are IGNOREd before decoding. `BackgroundExchange` adapts it for the
   node loop's thread (publish queues and flushes on the loop; a failure is counted, training goes on).
 - `start_inbox(net, topic, limits, policy)`: a validated queue for a role's small messages (status, control).
 - `gossip_validator(topic, limits, policy)`: `protocol.validation.validate_gossip` as a transport validator.
@@ -28,6 +30,8 @@ from swarm_node.sharing.exchange import Received, TransportExchange
 from swarm_node.status.stats import NodeStats
 from swarm_node.transport.background import BackgroundTransport
 from swarm_node.transport.base import TransportError, ValidationResult
+
+PUSH_TIMEOUT_S = 5.0
 
 
 class BackgroundExchange:
@@ -90,6 +94,7 @@ def joined(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> Iterator[tu
     try:
         node = Node(cfg, stats, events)
         node.setup()
+        node.peer_guard.push = push_scores(net, stats)
         yield node, net, identity.peer_id
     finally:
         if node is not None:
@@ -99,8 +104,25 @@ def joined(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> Iterator[tu
 
 def open_exchange(net: BackgroundTransport, node: Node, policy: AcceptPolicy) -> TransportExchange:
     exchange = TransportExchange(net.transport, node.wire_limits(), policy)
+    exchange.ignore_signer = node.peer_guard.blocked
     net.call(lambda _transport: exchange.start())
     return exchange
+
+
+def push_scores(net: BackgroundTransport, stats: NodeStats) -> Callable[[dict[str, float]], None]:
+    """The peer guard's push: reputation scores to the libp2p host (a failure is counted; the host may restart)."""
+    from swarm_node.transport.libp2p_transport import LibP2PTransport
+
+    transport = net.transport
+    if not isinstance(transport, LibP2PTransport):
+        return lambda _scores: None
+
+    def push(scores: dict[str, float]) -> None:
+        try:
+            net.call(lambda _t: transport.set_peer_scores(scores), timeout=PUSH_TIMEOUT_S)
+        except (TransportError, TimeoutError, ValueError):
+            stats.count("errors", "push_scores_failed")
+    return push
 
 
 def gossip_validator(topic: str, limits: Limits, policy: AcceptPolicy) -> Callable[[str, bytes], ValidationResult]:

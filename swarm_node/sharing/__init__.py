@@ -3,8 +3,11 @@
 - `wire.py`: a scored group as a wire RolloutGroup; deterministic group ids; the content hash for de-duplication.
 - `exchange.py`: the node's `Exchange` (publish, drain) over any `Transport`, with wire validation and replay guard.
 - `rescore.py`: `accept_external`: our own bounds first, then attribution, freshness, allowed task, and our verifier.
-- `ingest.py`: the one ingest path of every role: drained items -> re-score -> a sink (pool, learner) -> counts.
+- `ingest.py`: the one ingest path of every role: drained items -> peer guard -> re-score -> a sink (pool,
+  learner) -> counts; `PeerGuard` (budgets + reputation, the ban file, the blocked set, scores to libp2p).
+- `budget.py`: per-peer re-scoring budgets (a debt-based token bucket per peer, the node's share split equally).
+- `reputation.py`: per-peer decaying scores and states (ok, graylisted, banned, allowed, denied); the ban file.
 - `pool.py`: the bounded experience pool (per-peer caps, de-duplication, expiry in our own steps).
 - `selection.py`: which pooled groups an update takes, registry `SELECTIONS`.
-- `corrections.py`: external groups as training samples, registry `CORRECTIONS` (none, is).
+- `corrections.py`: external groups as training samples, registry `CORRECTIONS` (none, is, ftis, decoupled).
 """

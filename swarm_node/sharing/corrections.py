@@ -1,19 +1,39 @@
 """External completions as training samples, with the registered off-policy corrections.
 
-Before training, `external_samples` recomputes every external completion's log-probs under the local policy and
-uses them as the ratio's old log-probs (ratio 1 at the first minibatch, as in rl-swarm). A correction from
-`CORRECTIONS` then weights each completion's advantage: `fn(local_logprobs, sender_logprobs, cap) -> weight`, where
-the sender's log-probs are None when they do not apply (another tokenizer: our ids are a re-tokenization).
+Before training, `external_samples` recomputes every external completion's log-probs under the local policy,
+pi_local, and builds the on-policy sample: those log-probs are the ratio's old log-probs (ratio 1 at the first
+minibatch, as in rl-swarm) and the advantage is the group's, re-scored by us. A correction from `CORRECTIONS`,
+`fn(sample, sender_logprobs, params) -> sample`, then turns it into the sample that trains; mu_sender is the
+sender's claimed log-prob of each token, None when it does not apply (another tokenizer: our ids are a
+re-tokenization), and then every correction leaves the on-policy sample as it is.
+
+The sender's log-probs are untrusted: they may only shrink a completion's gradient, never enlarge it. So every
+weight below is <= cap = `share.is_cap` <= 1, whatever the sender claims (config.py rejects a cap above 1).
+With r_t = pi_local(y_t) / mu_sender(y_t) per completion token t (T tokens), A the advantage:
 - "none": weight 1, external completions trained as on-policy (SAPO's and rl-swarm's choice).
-- "is": `sequence_is_weight` = min(exp(mean_t(log pi_local - log mu_sender)), cap), cap <= 2; 1 without the
-  sender's log-probs. They are untrusted, so they can shrink a completion's gradient but never enlarge it past
-  `cap`. (The trainer takes per-sequence advantages, so the weight is GSPO's length-normalised ratio, truncated.)
+- "is": the advantage becomes A * min(exp(mean_t log r_t), cap): one truncated, length-normalised (GSPO)
+  sequence weight.
+- "ftis": filtered truncated IS, per token: w_t = 0 when r_t is outside the band [is_band_low, is_band_high],
+  else min(r_t, cap); the token's loss term is multiplied by w_t (`TrainSample.token_weights`). A dropped token
+  (w_t = 0) still counts in the token mean's denominator, as in prime-rl's masking. Per token rather than per
+  sequence: the policies of two peers disagree on a few tokens (a digit, the stop), and dropping those keeps the
+  rest of the completion, where a sequence filter loses all of it or keeps all of it; a sender's forged claim
+  on one token drops that token only. Band default [0.125, 8]: prime-rl's token mask defaults (token_mask_low,
+  token_mask_high), wide enough that peers grown from one checkpoint keep most tokens, narrow enough to drop a
+  claim that is off by a factor of 8.
+- "decoupled": AReaL's decoupled objective, as the trainer applies it to its own stale rollouts: the row is
+  `off_policy` with mu_sender as behaviour log-probs and its own cap. Per minibatch, the PPO ratio is taken
+  against the proximal policy (the current local policy, detached), so the clip bounds the update from here,
+  and each token's term is weighted by min(pi_proximal(y_t) / mu_sender(y_t), cap). mu_sender enters only that
+  truncated weight, never the ratio.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -22,8 +42,26 @@ from swarm_node.train.batching import collate, microbatch_plan, sample_length
 from swarm_node.train.trainer import Trainer
 from swarm_node.types import PoolEntry, TrainSample
 
-# fn(local log-probs, sender log-probs or None, cap) -> the weight of one completion's advantage
-Correction = Callable[[list[float], "list[float] | None", float], float]
+DEFAULT_BAND = (0.125, 8.0)  # ftis: prime-rl's token mask defaults
+
+
+@dataclass(frozen=True)
+class CorrectionParams:
+    """The knobs of the corrections: `cap` (share.is_cap, <= 1) and ftis's band on r (share.is_band_low/high)."""
+
+    cap: float = 1.0
+    band_low: float = DEFAULT_BAND[0]
+    band_high: float = DEFAULT_BAND[1]
+
+    def __post_init__(self) -> None:
+        if not 0 < self.cap <= 1:
+            raise ValueError(f"an external completion's weight cap must be in (0, 1], got {self.cap}")
+        if not 0 <= self.band_low <= 1 <= self.band_high:
+            raise ValueError(f"the ftis band needs 0 <= low <= 1 <= high, got [{self.band_low}, {self.band_high}]")
+
+
+# fn(on-policy sample (behaviour = pi_local), sender log-probs or None, params) -> the sample to train on
+Correction = Callable[[TrainSample, "list[float] | None", CorrectionParams], TrainSample]
 CORRECTIONS: variants.Registry[Correction] = variants.Registry("share.external_correction", variants.CORRECTIONS)
 
 
@@ -36,14 +74,46 @@ def sequence_is_weight(local_logprobs: list[float], sender_logprobs: list[float]
     return min(math.exp(min(mean, math.log(cap))), cap)
 
 
+def ftis_token_weights(local_logprobs: list[float], sender_logprobs: list[float], params: CorrectionParams
+                       ) -> list[float]:
+    """Per token: 0 when r = exp(local - sender) is outside [band_low, band_high], else min(r, cap). Compared in
+    log space, so no claim overflows; never above cap."""
+    lo = math.log(params.band_low) if params.band_low > 0 else -math.inf
+    hi, log_cap = math.log(params.band_high), math.log(params.cap)
+    out = []
+    for a, b in zip(local_logprobs, sender_logprobs, strict=True):
+        log_r = a - b
+        out.append(math.exp(min(log_r, log_cap)) if lo <= log_r <= hi else 0.0)
+    return out
+
+
 @CORRECTIONS.register("none")
-def on_policy(local_logprobs: list[float], sender_logprobs: list[float] | None, cap: float) -> float:
-    return 1.0
+def on_policy(sample: TrainSample, sender_logprobs: list[float] | None, params: CorrectionParams) -> TrainSample:
+    return sample
 
 
 @CORRECTIONS.register("is")
-def truncated_is(local_logprobs: list[float], sender_logprobs: list[float] | None, cap: float) -> float:
-    return 1.0 if sender_logprobs is None else sequence_is_weight(local_logprobs, sender_logprobs, cap)
+def truncated_is(sample: TrainSample, sender_logprobs: list[float] | None, params: CorrectionParams) -> TrainSample:
+    if sender_logprobs is None:
+        return sample
+    weight = sequence_is_weight(sample.behaviour_logprobs, sender_logprobs, params.cap)
+    return dataclasses.replace(sample, advantage=sample.advantage * weight)
+
+
+@CORRECTIONS.register("ftis")
+def filtered_truncated_is(sample: TrainSample, sender_logprobs: list[float] | None,
+                          params: CorrectionParams) -> TrainSample:
+    if sender_logprobs is None:
+        return sample
+    return dataclasses.replace(sample,
+                               token_weights=ftis_token_weights(sample.behaviour_logprobs, sender_logprobs, params))
+
+
+@CORRECTIONS.register("decoupled")
+def decoupled(sample: TrainSample, sender_logprobs: list[float] | None, params: CorrectionParams) -> TrainSample:
+    if sender_logprobs is None:
+        return sample
+    return dataclasses.replace(sample, behaviour_logprobs=list(sender_logprobs), off_policy=True, is_cap=params.cap)
 
 
 @torch.no_grad()
@@ -63,9 +133,11 @@ def policy_logprobs(trainer: Trainer, samples: list[TrainSample], max_tokens: in
 
 
 def external_samples(trainer: Trainer, externals: list[PoolEntry], correction: str,
-                     is_cap: float) -> list[TrainSample]:
-    """Training samples for external groups, on-policy under the local model (see the module contract)."""
-    weight = CORRECTIONS[correction]
+                     params: CorrectionParams | float) -> list[TrainSample]:
+    """Training samples for external groups, built on-policy under the local model and then corrected (see the
+    module contract). `params` may be just the cap (the band then takes its defaults)."""
+    fix = CORRECTIONS[correction]
+    knobs = params if isinstance(params, CorrectionParams) else CorrectionParams(cap=params)
     raw: list[tuple[TrainSample, list[float] | None]] = []
     for ext in externals:
         g = ext.group
@@ -77,8 +149,5 @@ def external_samples(trainer: Trainer, externals: list[PoolEntry], correction: s
     if not raw:
         return []
     local = policy_logprobs(trainer, [s for s, _ in raw])
-    samples = []
-    for (s, sender_lp), lp in zip(raw, local, strict=True):
-        adv = s.advantage * weight(lp, sender_lp, is_cap)
-        samples.append(TrainSample(s.prompt_ids, s.completion_ids, lp, adv))
-    return samples
+    return [fix(dataclasses.replace(s, behaviour_logprobs=lp), sender_lp, knobs)
+            for (s, sender_lp), lp in zip(raw, local, strict=True)]

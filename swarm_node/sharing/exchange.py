@@ -49,8 +49,9 @@ class Exchange(Protocol):
 
 
 def accept_policy_for(source: tasks.TaskSource, tokenizer_hashes: frozenset[str] | None = None) -> AcceptPolicy:
-    """By default a node takes rollouts of exactly its own task stream (dataset, options, seed)."""
-    return AcceptPolicy(tasks=frozenset({(source.name, source.config)}), max_index=source.size,
+    """A node takes rollouts of the (dataset, options) pairs it accepts (`task.accept`, by default its own mix) on
+    its own seed."""
+    return AcceptPolicy(tasks=source.accepted, max_index=source.size,
                         seeds=frozenset({source.seed}), tokenizer_hashes=tokenizer_hashes)
 
 
@@ -65,6 +66,8 @@ class TransportExchange:
         self._outbox: list[RolloutGroup] = []
         self._inbox: list[Received] = []
         self._lock = threading.Lock()  # inbox is filled on the transport's loop, drained by the node thread
+        # A graylisted, banned or denied signer (ingest.PeerGuard.blocked): IGNOREd before its message is decoded.
+        self.ignore_signer: Callable[[str], bool] = lambda _signer: False
 
     @property
     def peer_id(self) -> str:
@@ -75,6 +78,8 @@ class TransportExchange:
         await self.transport.subscribe(TOPIC_ROLLOUTS, self._on_delivery)
 
     def _validate(self, signer: str, data: bytes) -> ValidationResult:
+        if self.ignore_signer(signer):  # not decoded, not queued: it costs one lookup
+            return ValidationResult.IGNORE
         now = self.clock()
         result = validate_gossip(TOPIC_ROLLOUTS, data, signer, limits=self.limits, policy=self.policy, now=now,
                                  replay=self.replay)

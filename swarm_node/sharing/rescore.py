@@ -1,12 +1,14 @@
 """Re-scoring a received wire group: never trust the sender.
 
-Contract: `accept_external(wire, sender, ctx, now)` checks attribution, sanity-checks created_at, allows only our
-own task (dataset, options, seed), checks the group against OUR bounds (below), regenerates question and answer
-from the task reference and RE-SCORES every completion with our verifier. With our tokenizer hash the token ids are
-used as they are and the text we score is OUR decoding of those ids (the sender's text is ignored); with another
-tokenizer the sender's text is re-tokenized and the group is marked `retokenized`. A group whose re-scored
-advantages are all zero is dropped. The outcome says whether the sender's claimed rewards were wrong
-(`forged_reward`), which the node counts against the sender even when the group is usable. Pure: no I/O.
+Contract: `accept_external(wire, sender, ctx, now)` checks attribution, sanity-checks created_at, allows only the
+(dataset, options) pairs we accept (`task.accept`, by default our own mix) with our seed ("task_not_allowed"),
+checks the group against OUR bounds (below), regenerates question and answer from the task reference, drops a
+group on a held-out eval question ("heldout", tasks/heldout.py) and RE-SCORES every completion with our verifier.
+With our tokenizer hash the token ids are used as they are and the text we score is OUR decoding of those ids
+(the sender's text is ignored); with another tokenizer the sender's text is re-tokenized and the group is marked
+`retokenized`. A group whose re-scored advantages are all zero is dropped. The outcome says whether the sender's
+claimed rewards were wrong (`forged_reward`), which the node counts against the sender even when the group is
+usable. Pure: no I/O.
 
 Bounds (`ctx.bounds`, a `CompletionBounds` built from our own configuration): whatever a peer sends may cost us
 only what one of our own groups costs. They are checked before any id is decoded, any completion re-scored or
@@ -113,7 +115,8 @@ def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: flo
     if wire.created_at < now - ctx.max_age_s:
         return Outcome(None, "stale")
     ref = tasks.TaskRef(wire.task.dataset, wire.task.config, wire.task.seed, wire.task.index)
-    # Only our own task stream: a peer must not make us build datasets for arbitrary seeds or options.
+    # Only the accepted (dataset, options) pairs (task.accept, default our mix) of our seed: a peer must not make
+    # us build datasets for arbitrary seeds or options.
     if not ctx.task_source.allows(ref) or ref.seed != ctx.task_source.seed:
         return Outcome(None, "task_not_allowed")
     if not wire.completions:
@@ -137,6 +140,8 @@ def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: flo
         token_ids.append(ids)
     # ...then the context, against our own tokenization of the prompt we regenerate.
     inst = tasks.instance(ref)
+    if ctx.task_source.is_heldout(inst):  # an eval problem: a peer must never make us train on it
+        return Outcome(None, "heldout")
     prompt_ids = tok.encode(inst.prompt)
     if len(prompt_ids) + max(len(ids) for ids in token_ids) > bounds.max_context:
         return Outcome(None, "over_context")

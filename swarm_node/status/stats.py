@@ -21,7 +21,8 @@ class PeerStats:
     latency_ms: float | None = None
     accepted: int = 0
     rejected: int = 0
-    score: float = 0.0
+    score: float = 0.0  # reputation (sharing/reputation.py): decays to 0, lower is worse
+    state: str = "ok"  # ok | graylisted | banned | allowed | denied
 
 
 @dataclass
@@ -106,6 +107,7 @@ class NodeStats:
                 "total_steps": self.total_steps,
                 "reward": {"recent": rewards[-1] if rewards else None, "moving_avg": _tail_mean(rewards)},
                 "accuracy": {"recent": accs[-1] if accs else None, "moving_avg": _tail_mean(accs)},
+                "per_task": _per_task(recent),
                 "tokens_per_s": self.tokens_per_s,
                 "groups": dict(self.groups),
                 "dropped": dict(self.dropped),
@@ -118,6 +120,23 @@ class NodeStats:
                 "history": recent,
                 "uptime_s": time.time() - self.started_at,
             }
+
+
+def _per_task(history: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per specialty (dataset) of the task mix: recent and moving-average reward and accuracy of the local groups,
+    from the steps' "per_task" metrics (a step without groups of a specialty does not count for it); groups: the
+    local groups of that specialty over the kept history."""
+    series: dict[str, dict[str, list[float]]] = {}
+    for h in history:
+        for name, m in (h.get("per_task") or {}).items():
+            s = series.setdefault(name, {"reward": [], "accuracy": [], "groups": []})
+            s["reward"].append(m["reward_mean"])
+            s["accuracy"].append(m["accuracy"])
+            s["groups"].append(m["groups"])
+    return {name: {"reward": {"recent": s["reward"][-1], "moving_avg": _tail_mean(s["reward"])},
+                   "accuracy": {"recent": s["accuracy"][-1], "moving_avg": _tail_mean(s["accuracy"])},
+                   "groups": int(sum(s["groups"]))}
+            for name, s in sorted(series.items())}
 
 
 def _tail_mean(values: list[float], window: int = 20) -> float | None:

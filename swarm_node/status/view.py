@@ -3,7 +3,8 @@
 Contract: `status_view(snapshot)` returns a new dict with the same keys as the snapshot, where every value
 is JSON-encodable with `allow_nan=False` (non-finite floats become None, because browsers' JSON.parse rejects
 NaN) and the size is bounded whatever the node put in: at most `MAX_HISTORY` history points of at most
-`MAX_POINT_KEYS` scalar fields each, `MAX_PEERS` peers (sorted by id), `MAX_KEYS` entries per mapping,
+`MAX_POINT_KEYS` scalar fields each, `MAX_PEERS` peers (graylisted, banned and denied ones first, then by id,
+so the ones an operator must see are never cut), `MAX_KEYS` entries per mapping,
 `MAX_LIST` items per list, strings clipped to `MAX_STR` characters, nesting cut at `MAX_DEPTH`. Peer ids and
 drop reasons can originate from the network, so nothing here trusts their length or count.
 """
@@ -22,6 +23,7 @@ MAX_STR = 256
 MAX_DEPTH = 4
 
 _SCALARS = (bool, int, float, str, type(None))
+FLAGGED_STATES = ("graylisted", "banned", "denied")  # sharing/reputation.py BLOCKED (status imports no sharing)
 
 
 def clean(value: Any, depth: int = 0) -> Any:
@@ -64,7 +66,8 @@ def status_view(snapshot: dict[str, Any], max_history: int = MAX_HISTORY) -> dic
     view = {key: clean(value) for key, value in snapshot.items() if key not in ("history", "peers")}
     history = list(snapshot.get("history") or [])[-max_history:] if max_history > 0 else []
     view["history"] = [clean_point(p) for p in history if isinstance(p, dict)]
-    peers = sorted(snapshot.get("peers") or [], key=lambda p: str(p.get("peer_id")))
+    peers = sorted(snapshot.get("peers") or [],
+                   key=lambda p: (p.get("state") not in FLAGGED_STATES, str(p.get("peer_id"))))
     view["peers"] = [clean(p) for p in peers[:MAX_PEERS]]
     view["peers_total"] = len(peers)
     return view

@@ -6,11 +6,14 @@ cuts them into micro-batches whose padded size (rows x longest row) stays within
 row to more than twice its length, so one long row is padded alone instead of multiplying the memory (and the
 compute) of the whole minibatch. A row longer than the budget is a micro-batch of its own (the share bounds cap a
 row at the model's context).
+A batch carries per-token weights and per-row IS caps only when some sample sets them (external completions,
+sharing/corrections.py); otherwise those fields are None and the trainer computes exactly as without them.
 Shapes: N sequences, L positions. Pure tensor code: no model, no optimizer.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +32,12 @@ class Batch:
     behaviour: torch.Tensor  # [N, L-1] behaviour log-prob at completion positions, 0 elsewhere
     advantages: torch.Tensor  # [N]
     off_policy: torch.Tensor  # [N] bool
+    # [N, L-1] fixed per-token loss weights (1 where a sample has none, 0 at padding), or None when no sample has
+    # any: then the loss is computed exactly as without them.
+    token_weights: torch.Tensor | None = None
+    # [N] per-row cap on an off-policy row's truncated IS weight (NaN: the trainer's train.is_cap), or None when
+    # no sample sets one.
+    is_cap: torch.Tensor | None = None
 
 
 def collate(samples: list[TrainSample], pad_id: int) -> Batch:
@@ -49,7 +58,27 @@ def collate(samples: list[TrainSample], pad_id: int) -> Batch:
         behaviour[i, p - 1 : p + c - 1] = torch.tensor(s.behaviour_logprobs)
     return Batch(ids, attention, ids[:, 1:], mask, behaviour,
                  torch.tensor([s.advantage for s in samples], dtype=torch.float32),
-                 torch.tensor([s.off_policy for s in samples]))
+                 torch.tensor([s.off_policy for s in samples]),
+                 _token_weights(samples, mask), _row_caps(samples))
+
+
+def _token_weights(samples: list[TrainSample], mask: torch.Tensor) -> torch.Tensor | None:
+    if all(s.token_weights is None for s in samples):
+        return None
+    weights = mask.clone()
+    for i, s in enumerate(samples):
+        if s.token_weights is not None:
+            p, c = len(s.prompt_ids), len(s.completion_ids)
+            if len(s.token_weights) != c:
+                raise ValueError(f"sample {i}: {c} completion tokens but {len(s.token_weights)} token weights")
+            weights[i, p - 1 : p + c - 1] = torch.tensor(s.token_weights)
+    return weights
+
+
+def _row_caps(samples: list[TrainSample]) -> torch.Tensor | None:
+    if all(s.is_cap is None for s in samples):
+        return None
+    return torch.tensor([math.nan if s.is_cap is None else s.is_cap for s in samples], dtype=torch.float32)
 
 
 def group_minibatches(samples: list[TrainSample], minibatches: int, rng: random.Random) -> list[list[int]]:

@@ -1,20 +1,33 @@
-"""Greedy exact-answer accuracy and sampled mean reward on held-out problems, through any sampler."""
+"""Greedy exact-answer accuracy and sampled mean reward on held-out problems, through any sampler, overall and per
+specialty (dataset) of the task mix; and the per-specialty numbers of one training step's local groups.
+
+Held-out problems come from `TaskSource.eval_refs`: the eval bucket of each dataset, never drawn for training.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from swarm_node import tasks
 from swarm_node.sampler.base import Sampler, SamplingParams
+from swarm_node.types import ScoredGroup
 
 
 @dataclass(frozen=True)
 class EvalResult:
-    greedy_acc: float
+    greedy_acc: float  # over all problems
     sampled_reward: float | None
     problems: int
+    per_task: dict[str, float] = field(default_factory=dict)  # dataset -> greedy accuracy on its problems
+
+    def __str__(self) -> str:
+        tasks_part = ", ".join(f"{name} {acc:.3f}" for name, acc in self.per_task.items())
+        return f"greedy accuracy {self.greedy_acc:.3f} on {self.problems} problems" + (
+            f" ({tasks_part})" if len(self.per_task) > 1 else "")
 
 
 def evaluate(sampler: Sampler, tokenizer: PreTrainedTokenizerBase, source: tasks.TaskSource, problems: int = 200,
@@ -22,15 +35,29 @@ def evaluate(sampler: Sampler, tokenizer: PreTrainedTokenizerBase, source: tasks
              batch: int = 100) -> EvalResult:
     """Greedy accuracy (a score of 1.0 counts as exact) and, if samples > 0, mean training reward at `temperature`."""
     insts = [tasks.instance(r) for r in source.eval_refs(problems)]
-    exact, sampled_total, sampled_count = 0, 0.0, 0
+    right: dict[str, list[bool]] = defaultdict(list)
+    sampled_total, sampled_count = 0.0, 0
     for start in range(0, len(insts), batch):
         chunk = insts[start:start + batch]
         prompts = [tokenizer.encode(i.prompt) for i in chunk]
         greedy = sampler.generate(prompts, 1, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))
-        exact += sum(tasks.score(i, g[0].text) >= 1.0 for i, g in zip(chunk, greedy, strict=True))
+        for inst, out in zip(chunk, greedy, strict=True):
+            right[inst.ref.dataset].append(tasks.score(inst, out[0].text) >= 1.0)
         if samples > 0:
             params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + start)
             for inst, group in zip(chunk, sampler.generate(prompts, samples, params), strict=True):
                 sampled_total += sum(source.reward(inst, c.text) for c in group)
                 sampled_count += len(group)
-    return EvalResult(exact / len(insts), sampled_total / sampled_count if sampled_count else None, len(insts))
+    exact = sum(sum(r) for r in right.values())
+    return EvalResult(exact / len(insts), sampled_total / sampled_count if sampled_count else None, len(insts),
+                      {name: sum(r) / len(r) for name, r in right.items()})
+
+
+def per_task_metrics(groups: list[ScoredGroup]) -> dict[str, dict[str, Any]]:
+    """One step's local groups by dataset: mean reward, mean accuracy and group count (metrics.jsonl "per_task")."""
+    by_task: dict[str, list[ScoredGroup]] = defaultdict(list)
+    for g in groups:
+        by_task[g.inst.ref.dataset].append(g)
+    return {name: {"reward_mean": sum(r for g in gs for r in g.rewards) / sum(len(g.rewards) for g in gs),
+                   "accuracy": sum(g.accuracy for g in gs) / len(gs), "groups": len(gs)}
+            for name, gs in sorted(by_task.items())}

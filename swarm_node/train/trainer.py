@@ -2,7 +2,11 @@
 
 Contract: `train_step(samples)` splits the samples into `minibatches` optimizer steps. The ratio's old log-probs
 are the sampler's behaviour log-probs (so the clip acts on real policy change); off-policy samples (a stale
-rollout, lag > 0) take the ratio against the proximal policy and carry the weight min(pi_proximal/mu, is_cap).
+rollout, lag > 0) take the ratio against the proximal policy and carry the weight min(pi_proximal/mu, is_cap),
+where is_cap is the sample's own `TrainSample.is_cap` when set (external completions, share.is_cap <= 1) and
+train.is_cap otherwise. A sample's `token_weights` (fixed per-token weights, 0 drops a token; set by an external
+correction) multiply its per-token loss terms, after any IS weight; a dropped token still counts in the token
+mean's denominator. Without these optional fields the computation is exactly the one without them.
 A minibatch whose loss or gradient is non-finite is skipped (counted) and never reaches the parameters.
 Memory is bounded by construction: each minibatch runs forward/backward in micro-batches (`microbatch_plan`) of at
 most `microbatch_tokens` padded positions (or one row), and their gradients accumulate into exactly the gradient of
@@ -166,9 +170,15 @@ class Trainer:
             # and the truncated weight pi_proximal / mu corrects for the behaviour policy that sampled them.
             rows = batch.off_policy.unsqueeze(-1)
             proximal = logp.detach()
-            w = truncated_is_weights(proximal, batch.behaviour, self.cfg.is_cap)
+            cap: float | torch.Tensor = self.cfg.is_cap
+            if batch.is_cap is not None:  # rows with their own cap (external completions: share.is_cap <= 1)
+                cap = torch.nan_to_num(batch.is_cap, nan=self.cfg.is_cap).to(proximal.dtype).unsqueeze(-1)
+            w = truncated_is_weights(proximal, batch.behaviour, cap)
             is_weights = torch.where(rows, w, torch.ones_like(w))
             old_logp = torch.where(rows, proximal, batch.behaviour)
+        if batch.token_weights is not None:
+            tw = batch.token_weights.to(logp.dtype)
+            is_weights = tw if is_weights is None else is_weights * tw
         ref_logp = None
         if self.ref_model is not None:
             with torch.no_grad():

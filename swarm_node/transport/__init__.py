@@ -9,6 +9,7 @@ libp2p.
   `libp2p_guards.py`: guards around py-libp2p's remote crashes.
 - `connectivity.py`: bootstrap keeping, peer exchange, reachability (dial-back).
 - `background.py`: a transport on its own event-loop thread, for a synchronous node loop.
+- `libp2p_scoring.py`: gossipsub v1.1 peer-score parameters (the node's reputation as the app-specific score).
 - `supervisor.py`: restart back-off; `shaping.py`: app-level bandwidth shaping (rate limiters).
 """
 

@@ -19,6 +19,8 @@ Runs inside the network host (trio). Contract:
 - Duplicates in flight: the library marks a message seen only after validation; while one copy awaits the
   node's verdict, further copies from other forwarders are dropped here (else they would be validated and
   delivered twice, and an honest forwarder could be penalised by the replay guard).
+- Graylist: `push_msg` ignores, before validation, a message from a forwarder whose router score is under the
+  graylist threshold (py-libp2p 0.8.1 checks that threshold only for gossip and GRAFTs, not for messages).
 - Stale streams: `reap_stale_streams` drops a peer's pubsub stream whose connection has closed (a peer that
   restarted and redialled before we noticed), so the library re-opens one on the live connection.
 - `raise_library_limits` patches the hard-coded per-peer outbound queue (32 RPCs) and subscription channel (32).
@@ -207,6 +209,10 @@ class GuardedPubsub(Pubsub):
         return stale
 
     async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
+        scorer = getattr(self.router, "scorer", None)
+        if scorer is not None and scorer.is_graylisted(msg_forwarder, list(msg.topicIDs)):
+            self.counters["graylisted_forwarder"] += 1  # the spec's graylist: the library only gates gossip
+            return
         msg_id = self._msg_id_constructor(msg)
         if msg_id in self._validating:
             self.counters["duplicate_in_flight"] += 1

@@ -16,6 +16,10 @@ remote crash in py-libp2p ends only this process) or in a thread via `run_host(s
   the gossip size limit with an error instead of letting the library drop it silently.
 - Streams are bridged as S_* frames with credit-based flow control (STREAM_WINDOW per direction).
 - Nothing a peer sends may raise out of this module's handlers; the crash guards cover the library's own paths.
+- Peer score (`libp2p_scoring.py`): gossipsub v1.1 scoring with non-zero weights (py-libp2p ships all at 0); its
+  application-specific part is the node's reputation table, pushed as SCORES frames (kept across calls, replaced
+  whole). A signer whose pushed score is at or below graylist_threshold is IGNOREd at once (no VALIDATE round
+  trip), and a forwarder the router graylists is ignored before validation (libp2p_guards).
 """
 
 from __future__ import annotations
@@ -41,7 +45,6 @@ from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
-from libp2p.pubsub.score import ScoreParams, TopicScoreParams
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
@@ -60,16 +63,15 @@ from swarm_node.transport.libp2p_ipc import (
     HostSettings,
     IpcError,
     Op,
+    check_scores,
     encode,
 )
+from swarm_node.transport.libp2p_scoring import score_params
 
 log = logging.getLogger(__name__)
 
 GOSSIP_OVERHEAD_BYTES = 4096  # RPC envelope, signature, key, topic and sender record around the data
 SUBSCRIPTION_CHANNEL = 4096  # library default 32: a burst larger than that was dropped with only a warning
-SCORE_DECAY_PER_HEARTBEAT = 0.999  # invalid-message counts fade with a half-life of ~11 min at 1 s heartbeats
-
-
 def gossip_limit(settings: HostSettings) -> int:
     """Largest `data` publish() accepts: the library's RPC limit minus the envelope around the data."""
     return settings.max_message_bytes - GOSSIP_OVERHEAD_BYTES
@@ -145,6 +147,7 @@ class NetworkHost:
         self._verdicts: dict[int, tuple[trio.Event, list[ValidationResult]]] = {}
         self._validated: set[str] = set()
         self._slow_peers: set[ID] = set()
+        self.app_scores: dict[str, float] = {}  # the node's reputation scores (SCORES), by base58 peer id
         self._nursery: trio.Nursery | None = None
         self._methods = {
             "subscribe": self.subscribe, "publish": self.publish, "connect": self.connect, "peers": self.peers,
@@ -158,11 +161,7 @@ class NetworkHost:
         security = {NOISE_PROTOCOL_ID: NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)}
         announce = [multiaddr.Multiaddr(a) for a in settings.announce] or None
         self.host = new_host(key_pair=key_pair, sec_opt=security, announce_addrs=announce)
-        score = ScoreParams(
-            p4_invalid_messages=TopicScoreParams(weight=settings.invalid_penalty, cap=1e9,
-                                                 decay=SCORE_DECAY_PER_HEARTBEAT),
-            publish_threshold=settings.publish_threshold,
-        )
+        score = score_params(settings, self.app_score)
         self.gossipsub = GossipSub(
             protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11], degree=settings.degree, degree_low=settings.degree_low,
             degree_high=settings.degree_high, heartbeat_interval=settings.heartbeat_s, heartbeat_initial_delay=0.1,
@@ -177,6 +176,10 @@ class NetworkHost:
 
     def send(self, op: Op, *fields: Any) -> None:
         self.out_send.send_nowait(encode(op, *fields))
+
+    def app_score(self, peer: ID) -> float:
+        """Gossipsub's application-specific score (P6): the node's pushed reputation score, 0 if none."""
+        return self.app_scores.get(peer.to_base58(), 0.0)
 
     # -- main loop ------------------------------------------------------------------------------------------
     async def serve_node(self, conn: trio.SocketStream, decoder: FrameDecoder) -> None:
@@ -235,6 +238,8 @@ class NetworkHost:
             if waiter is not None:
                 waiter[1].append(ValidationResult(verdict))
                 waiter[0].set()
+        elif op is Op.SCORES:
+            self.app_scores = check_scores(fields[0])
         elif op in (Op.S_DATA, Op.S_CLOSE, Op.S_RESET, Op.S_CREDIT):
             bridge = self.streams.get(fields[0])
             if bridge is None:
@@ -267,6 +272,9 @@ class NetworkHost:
 
     # -- gossip ---------------------------------------------------------------------------------------------
     async def _app_validate(self, topic: str, signer: str, data: bytes) -> ValidationResult:
+        if self.app_scores.get(signer, 0.0) <= self.settings.graylist_threshold:
+            self.counters["graylisted_signer"] += 1  # the node ignores it: no round trip, not forwarded
+            return ValidationResult.IGNORE
         if topic not in self._validated:
             return ValidationResult.ACCEPT
         vid = next(self._vids)

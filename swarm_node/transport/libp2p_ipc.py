@@ -10,6 +10,9 @@ Ops and their fields (N = node, H = network host):
   N->H CALL(req_id, method: str, args: list)        H->N RESULT(req_id, ok: bool, value | error text)
   H->N VALIDATE(vid, topic, signer, data)           N->H VERDICT(vid, ValidationResult value)
   H->N DELIVER(topic, data, signer, received_at)
+  N->H SCORES(scores: {peer_id: float}): the node's reputation scores, the whole table (replaces the last one), at
+       most MAX_SCORES entries; gossipsub's application-specific score (P6) reads it, and a signer at or below
+       graylist_threshold is IGNOREd without a VALIDATE round trip (`check_scores` validates it on arrival)
   H->N S_OPEN(sid, peer_id, protocol_id, remote_host | None, remote_port | None): an incoming stream
   both S_DATA(sid, bytes)   S_CLOSE(sid): sender's half is done   S_RESET(sid, reason)
   both S_CREDIT(sid, n): "I consumed n bytes of yours" (flow control: at most STREAM_WINDOW unconsumed per
@@ -19,6 +22,7 @@ Ops and their fields (N = node, H = network host):
 from __future__ import annotations
 
 import enum
+import math
 import struct
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -29,6 +33,8 @@ HEADER = struct.Struct("!I")
 MAX_FRAME_BYTES = 8 << 20  # > the 1 MiB gossip limit and the stream chunk, with room for msgpack overhead
 STREAM_CHUNK = 256 << 10  # bytes per S_DATA frame
 STREAM_WINDOW = 4 << 20  # unconsumed stream bytes allowed in flight per direction
+MAX_SCORES = 4096  # peers in one SCORES table
+MAX_PEER_ID_CHARS = 128  # a base58 peer id is ~52
 
 
 class IpcError(Exception):
@@ -39,6 +45,7 @@ class Op(enum.IntEnum):
     HELLO = 1
     CALL = 2
     VERDICT = 3
+    SCORES = 4
     READY = 10
     RESULT = 11
     DELIVER = 12
@@ -60,8 +67,13 @@ class HostSettings:
     waits before publishing anyway (a peer that stops reading must not stall us; the miss is counted and logged).
     seen_ttl_s/sweep_s: gossipsub seen-cache (tests shorten it to exercise replays after it forgets).
     validation_timeout_s: a node that does not answer a VALIDATE in time makes the message IGNOREd.
-    invalid_penalty/publish_threshold: peer score per REJECTed message and the score under which a forwarder's
-    messages are dropped unread. crash_guards: False only to test that the supervisor restarts a dead host.
+    Gossipsub v1.1 peer score (py-libp2p's `ScoreParams`; libp2p_host.score_params): invalid_penalty is P4's
+    weight (score lost per REJECTed message), app_score_weight P6's (times the node's pushed reputation score,
+    SCORES), behaviour_penalty P5's (protocol misbehaviour the library counts, past behaviour_threshold).
+    Thresholds, 0 > gossip > publish > graylist as the spec requires: under gossip_threshold no gossip to or from
+    the peer; under publish_threshold its forwarded messages are dropped unread and we do not publish to it; under
+    graylist_threshold all its RPCs are ignored. crash_guards: False only to test that the supervisor restarts a
+    dead host.
     """
 
     listen: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
@@ -78,7 +90,12 @@ class HostSettings:
     sweep_s: int = 60
     validation_timeout_s: float = 5.0
     invalid_penalty: float = 10.0
+    app_score_weight: float = 1.0
+    behaviour_penalty: float = 1.0
+    behaviour_threshold: float = 20.0
+    gossip_threshold: float = -50.0
     publish_threshold: float = -100.0
+    graylist_threshold: float = -200.0
     connect_timeout_s: float = 10.0
     crash_guards: bool = True
 
@@ -93,6 +110,19 @@ class HostSettings:
             raise IpcError(f"unknown host settings {sorted(unknown)}")
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in obj.items()}
         return cls(**values)
+
+
+def check_scores(obj: Any) -> dict[str, float]:
+    """A SCORES table as the host keeps it: peer id -> finite float, at most MAX_SCORES entries (IpcError if not)."""
+    if not isinstance(obj, dict) or len(obj) > MAX_SCORES:
+        raise IpcError(f"SCORES must be a mapping of at most {MAX_SCORES} peers")
+    out: dict[str, float] = {}
+    for peer, score in obj.items():
+        if (not isinstance(peer, str) or len(peer) > MAX_PEER_ID_CHARS or isinstance(score, bool)
+                or not isinstance(score, (int, float)) or not math.isfinite(score)):
+            raise IpcError(f"bad SCORES entry {peer!r}: {score!r}")
+        out[peer] = float(score)
+    return out
 
 
 def encode(op: Op, *fields_: Any) -> bytes:

@@ -10,8 +10,9 @@ something the child must import and configure.
 
 Contract: implements `base.Transport`. Calls made while the host is down (crashed, restarting) raise
 `TransportUnavailable` at once instead of blocking the training loop. `stats.restarts` counts restarts;
-`host_counters()` returns the running host's guard/validation counters. Construct with an `identity.Identity` (the peer
-id is stable across restarts) and a `LibP2PConfig`.
+`host_counters()` returns the running host's guard/validation counters. `set_peer_scores(scores)` sends the
+node's reputation table to the host (SCORES: gossipsub's application-specific score), re-sent after a restart.
+Construct with an `identity.Identity` (the peer id is stable across restarts) and a `LibP2PConfig`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import random
 import signal
 import socket
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -41,7 +42,7 @@ from swarm_node.transport.base import (
     Validator,
     run_validator,
 )
-from swarm_node.transport.libp2p_ipc import Op, encode
+from swarm_node.transport.libp2p_ipc import IpcError, Op, check_scores, encode
 from swarm_node.transport.libp2p_launch import LAUNCHERS, LibP2PConfig
 from swarm_node.transport.libp2p_session import IpcStream, Session
 from swarm_node.transport.supervisor import RestartTracker
@@ -74,6 +75,7 @@ class LibP2PTransport(Transport):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._supervisor: asyncio.Task[None] | None = None
         self._tracker = RestartTracker()
+        self._app_scores: dict[str, float] = {}  # the last SCORES table (re-sent to a restarted host)
 
     @property
     def peer_id(self) -> str:
@@ -160,6 +162,8 @@ class LibP2PTransport(Transport):
             for protocol in sorted(set(self._stream_handlers) - protocols):
                 await self._call("serve", protocol, session=session)
                 protocols.add(protocol)
+        if self._app_scores:
+            session.send(Op.SCORES, self._app_scores)
         for addr in list(self._known_addrs.values()):
             self._spawn(self._redial(addr))
 
@@ -330,6 +334,19 @@ class LibP2PTransport(Transport):
 
     async def peers(self) -> list[PeerInfo]:
         return await self._refresh_peers()
+
+    async def set_peer_scores(self, scores: Mapping[str, float]) -> None:
+        """Replace the host's table of application-specific peer scores (at most MAX_SCORES; ValueError if not
+        finite). While the host is down it is kept and sent when the host is back."""
+        try:
+            table = check_scores(dict(scores))
+        except IpcError as exc:
+            raise ValueError(str(exc)) from exc
+        self._app_scores = table
+        session = self._session
+        if session is not None and self._up.is_set():
+            session.send(Op.SCORES, table)
+            await session.drain()
 
     async def host_counters(self) -> dict[str, int]:
         """What the current host's guards and validation dropped (counts restart from 0 with each host)."""

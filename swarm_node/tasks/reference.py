@@ -1,0 +1,94 @@
+"""Task references, regeneration, prompt format, answer parsing and scoring.
+
+A task instance is never shipped as text: peers exchange a `TaskRef` (dataset, canonical options, seed, index),
+and every node rebuilds the question and the answer from it with reasoning-gym, then scores completions itself
+with the dataset's `score_answer`. Prompt formatting and answer parsing live here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from swarm_node.errors import UserError
+
+DEFAULT_TASK = "chain_sum"
+# One-digit sums and differences (200 distinct problems): a ~1.6M-parameter char model gets ~30% right after its
+# warm-up, and RL can take it much further on CPU within minutes (bench.solo_learning).
+DEFAULT_TASK_OPTIONS: dict[str, Any] = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+# Procedural datasets generate entry i from (seed, i); the size only bounds the index.
+DATASET_SIZE = 1_000_000
+
+ANSWER_PREFIX = "\nAnswer: "
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """A reference to one task instance; `config` is canonical JSON of the dataset options."""
+
+    dataset: str
+    config: str
+    seed: int
+    index: int
+
+
+@dataclass(frozen=True)
+class TaskInstance:
+    ref: TaskRef
+    question: str
+    answer: str
+    prompt: str
+    entry: dict[str, Any]
+
+
+def canonical_config(options: dict[str, Any]) -> str:
+    return json.dumps(options, sort_keys=True, separators=(",", ":"))
+
+
+def resolve_options(name: str, options: dict[str, Any] | None) -> dict[str, Any]:
+    """No options for the default task means the embedded defaults (small sums); other tasks use their own."""
+    return dict(DEFAULT_TASK_OPTIONS if not options and name == DEFAULT_TASK else options or {})
+
+
+def format_prompt(question: str) -> str:
+    """The one place prompts are built from a question."""
+    return question.strip() + ANSWER_PREFIX
+
+
+def parse_answer(completion_text: str) -> str:
+    """The model's answer is its first line, stripped."""
+    return completion_text.split("\n", 1)[0].strip()
+
+
+def available_tasks() -> list[str]:
+    from reasoning_gym.factory import DATASETS
+
+    return sorted(DATASETS)
+
+
+@lru_cache(maxsize=64)
+def dataset(name: str, config: str, seed: int, size: int = DATASET_SIZE) -> Any:
+    """The reasoning-gym dataset for (name, options, seed); unknown names and bad options are one-line errors."""
+    if name not in available_tasks():
+        raise UserError(f"unknown task {name!r}; see reasoning-gym's datasets, e.g. chain_sum, basic_arithmetic")
+    import reasoning_gym
+
+    try:
+        return reasoning_gym.create_dataset(name, size=size, seed=seed, **json.loads(config))
+    except (KeyError, ValueError) as exc:
+        raise UserError(f"unknown task {name!r}: {exc}") from exc
+    except (TypeError, AssertionError) as exc:
+        raise UserError(f"bad options for task {name!r} ({config}): {exc}") from exc
+
+
+def instance(ref: TaskRef, size: int = DATASET_SIZE) -> TaskInstance:
+    entry = dataset(ref.dataset, ref.config, ref.seed, size)[ref.index]
+    return TaskInstance(ref, entry["question"], str(entry["answer"]), format_prompt(entry["question"]), entry)
+
+
+def score(inst: TaskInstance, completion_text: str, size: int = DATASET_SIZE) -> float:
+    """Reward from reasoning-gym's own verifier (in [0, 1] for well-behaved datasets; callers check finiteness)."""
+    data = dataset(inst.ref.dataset, inst.ref.config, inst.ref.seed, size)
+    return float(data.score_answer(parse_answer(completion_text), inst.entry))

@@ -1,0 +1,192 @@
+"""`TaskSource`: a node's task mix (one or more reasoning-gym datasets, each with options and a weight), its
+training stream, its held-out eval stream, what it accepts from peers, and its training reward.
+
+Contract:
+- A mix is a sequence of specialties (dataset name, canonical options, weight > 0), names unique; a single task
+  (`name`, `options`) is a mix of one. `parse_specialties` checks the structure of config entries (no dataset is
+  built); `TaskSource` builds every dataset once, so an unknown dataset or bad options fail at construction.
+- `draw(rng, count, turn)`: training references, in the order the selection (`TASK_SELECTIONS`) picks; a pick on a
+  held-out problem (`heldout.py`) is replaced by a deterministic redraw that does not touch `rng`, so the stream is
+  the selection's stream wherever it picks a training problem.
+- `eval_refs(count)`: held-out problems only, spread evenly over the specialties, each from its own stream
+  (seed + EVAL_SEED_OFFSET, indices 0, 1, 2, ... that fall in the eval bucket); deterministic.
+- `allows(ref)`: a peer's reference names an accepted (dataset, options) pair (`accept`, by default the mix, may
+  be wider) with an index in bounds. Held-out questions are refused after regeneration (`is_heldout`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from swarm_node import variants
+from swarm_node.errors import ConfigError, UserError
+from swarm_node.tasks import heldout
+from swarm_node.tasks.reference import (
+    DATASET_SIZE,
+    DEFAULT_TASK,
+    TaskInstance,
+    TaskRef,
+    canonical_config,
+    dataset,
+    instance,
+    resolve_options,
+    score,
+)
+from swarm_node.tasks.selection import TASK_SELECTIONS
+
+# Held-out evaluation draws from a seed the training stream never uses (and only eval-bucket problems).
+EVAL_SEED_OFFSET = 1_000_003
+# A dataset whose problems almost all fall on one side of the partition cannot feed the other: stop looking.
+MAX_SCAN = 10_000
+
+# Reward modes over reasoning-gym's score_answer. "exact" (default): 1 when the verifier says fully right, else 0.
+# reasoning-gym gives partial credit when the true answer is a substring of ours ("-6" for 6 scores 0.5), and
+# GRPO's normalisation turns that into a full positive advantage in an all-wrong group: training then teaches
+# sign errors. Measured on the default task: with "score", greedy accuracy fell while sampled reward rose.
+REWARD_MODES: variants.Registry[Callable[[float], float]] = variants.Registry("task.reward", variants.REWARD_MODES)
+REWARD_MODES.add("exact", lambda raw: 1.0 if raw >= 1.0 else 0.0)
+REWARD_MODES.add("score", lambda raw: raw)
+
+_MIX_KEYS = ("name", "options", "weight")
+
+
+@dataclass(frozen=True)
+class Specialty:
+    """One dataset of a mix: its name, canonical options (JSON) and draw weight."""
+
+    name: str
+    config: str
+    weight: float = 1.0
+
+
+def parse_specialties(entries: Sequence[Mapping[str, Any]], what: str = "task.mix",
+                      weighted: bool = True) -> tuple[Specialty, ...]:
+    """Config entries `{name, options, weight}` as specialties; a malformed entry is one ConfigError line naming it.
+    `weighted` False (an accept list): no weight key, and the same name may come with other options."""
+    keys = _MIX_KEYS if weighted else _MIX_KEYS[:2]
+    out: list[Specialty] = []
+    for i, entry in enumerate(entries):
+        where = f"{what}[{i}]"
+        if not isinstance(entry, Mapping):
+            raise ConfigError(f"{where} must be a table like {{name = \"chain_sum\", options = {{}}}}, got {entry!r}")
+        unknown = sorted(set(entry) - set(keys))
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {unknown[0]!r}; known: {', '.join(keys)}")
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{where} needs a dataset name (name = \"chain_sum\"), got {name!r}")
+        options = entry.get("options", {})
+        if not isinstance(options, Mapping):
+            raise ConfigError(f"{where} ({name!r}): options must be a table, got {options!r}")
+        weight = entry.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < float("inf"):
+            raise ConfigError(f"{where} ({name!r}): weight must be a number > 0, got {weight!r}")
+        spec = Specialty(name, canonical_config(resolve_options(name, dict(options))), float(weight))
+        if weighted and any(s.name == name for s in out):
+            raise ConfigError(f"{what}: dataset {name!r} appears twice; give each dataset one entry")
+        out.append(spec)
+    return tuple(out)
+
+
+def _build(spec: Specialty, seed: int, size: int, where: str) -> None:
+    """Build the dataset now (not at the first draw), so bad names and options fail at once, naming the entry."""
+    try:
+        dataset(spec.name, spec.config, seed, size)
+    except UserError as exc:
+        raise UserError(f"{where}{exc}") from exc
+
+
+class TaskSource:
+    """Draws task references over a mix for one seed, regenerates and scores instances, keeps eval apart."""
+
+    def __init__(self, name: str = DEFAULT_TASK, options: dict[str, Any] | None = None, seed: int = 0,
+                 size: int = DATASET_SIZE, reward: str = "exact", selection: str = "uniform",
+                 mix: Sequence[Mapping[str, Any]] | None = None,
+                 accept: Sequence[Mapping[str, Any]] | None = None) -> None:
+        if reward not in REWARD_MODES:
+            raise UserError(f"unknown reward mode {reward!r}; choose {', '.join(REWARD_MODES)}")
+        if selection not in TASK_SELECTIONS:
+            raise UserError(f"unknown task selection {selection!r}; choose {', '.join(TASK_SELECTIONS)}")
+        self.reward_mode = reward
+        self.selection = selection
+        self.select = TASK_SELECTIONS[selection]
+        self.seed = seed
+        self.size = size
+        if mix:
+            self.mix = parse_specialties(mix)
+            for i, spec in enumerate(self.mix):
+                _build(spec, seed, size, f"task.mix[{i}]: ")
+        else:
+            self.mix = (Specialty(name, canonical_config(resolve_options(name, options))),)
+            _build(self.mix[0], seed, size, "")
+        accepted = parse_specialties(accept, "task.accept", weighted=False) if accept else self.mix
+        for i, spec in enumerate(accepted if accept else ()):
+            _build(spec, seed, size, f"task.accept[{i}]: ")
+        self.accepted: frozenset[tuple[str, str]] = frozenset((s.name, s.config) for s in accepted)
+        # A single task's name, options and config (the first specialty of a mix).
+        self.name = self.mix[0].name
+        self.config = self.mix[0].config
+        self.options: dict[str, Any] = json.loads(self.config)
+        self.names = tuple(s.name for s in self.mix)
+        self.weights = tuple(s.weight for s in self.mix)
+        self.turn = 0  # prompts drawn so far (a rotating selection's position when the caller gives none)
+        self._eval: dict[str, list[TaskRef]] = {}
+
+    def draw(self, rng: random.Random, count: int, turn: int | None = None) -> list[TaskRef]:
+        """`count` training references; `turn` (default: this source's own count) positions a rotating selection."""
+        start = self.turn if turn is None else turn
+        picks = self.select(rng, self.weights, self.size, count, start)
+        self.turn = start + count
+        return [self._training_ref(self.mix[s], i) for s, i in picks]
+
+    def _training_ref(self, spec: Specialty, index: int) -> TaskRef:
+        ref = TaskRef(spec.name, spec.config, self.seed, index)
+        if not self.is_heldout(instance(ref, self.size)):
+            return ref
+        key = hashlib.sha256(f"redraw\0{spec.name}\0{spec.config}\0{self.seed}\0{index}".encode()).digest()
+        redraw = random.Random(int.from_bytes(key[:8], "big"))
+        for _ in range(MAX_SCAN):
+            ref = TaskRef(spec.name, spec.config, self.seed, redraw.randrange(self.size))
+            if not self.is_heldout(instance(ref, self.size)):
+                return ref
+        raise UserError(f"task {spec.name!r}: no training problem found in {MAX_SCAN} draws (all held out?)")
+
+    def reward(self, inst: TaskInstance, completion_text: str) -> float:
+        """The training reward of a completion: reasoning-gym's score under this source's reward mode."""
+        return REWARD_MODES[self.reward_mode](score(inst, completion_text, self.size))
+
+    def eval_refs(self, count: int) -> list[TaskRef]:
+        """`count` held-out problems, spread evenly over the mix (the first specialties get the remainder)."""
+        n = len(self.mix)
+        out: list[TaskRef] = []
+        for j, spec in enumerate(self.mix):
+            out.extend(self._eval_stream(spec, count // n + (j < count % n)))
+        return out
+
+    def _eval_stream(self, spec: Specialty, count: int) -> list[TaskRef]:
+        have = self._eval.setdefault(spec.name, [])
+        seed = self.seed + EVAL_SEED_OFFSET
+        index = have[-1].index + 1 if have else 0
+        while len(have) < count:
+            if index >= min(self.size, MAX_SCAN + 100 * count):
+                raise UserError(f"task {spec.name!r}: only {len(have)} held-out problems in its first {index} "
+                                f"instances, {count} wanted (lower run.eval_problems)")
+            ref = TaskRef(spec.name, spec.config, seed, index)
+            if self.is_heldout(instance(ref, self.size)):
+                have.append(ref)
+            index += 1
+        return have[:count]
+
+    def is_heldout(self, inst: TaskInstance) -> bool:
+        """Whether an instance is an eval problem: never drawn for training, never trained on from a peer."""
+        return heldout.is_heldout(inst)
+
+    def allows(self, ref: TaskRef) -> bool:
+        """Whether a peer's reference names an accepted dataset and options with an index in bounds."""
+        return ((ref.dataset, ref.config) in self.accepted and 0 <= ref.index < self.size
+                and 0 <= ref.seed < 2**63)

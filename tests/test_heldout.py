@@ -1,0 +1,150 @@
+"""The held-out partition: disjoint from training and the same everywhere; peers cannot make us train on eval
+problems; evaluation reports accuracy per specialty and overall."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from protocol.messages import CompletionWire, RolloutGroup, TaskRefWire
+from swarm_node import tasks
+from swarm_node.model.tokenizer import build_char_tokenizer, tokenizer_hash
+from swarm_node.sampler.base import Completion, Sampler, SamplingParams
+from swarm_node.sharing.exchange import Received
+from swarm_node.sharing.ingest import Ingest
+from swarm_node.sharing.rescore import CompletionBounds, ShareContext, accept_external
+from swarm_node.status.stats import NodeStats
+from swarm_node.train.evaluate import EvalResult, evaluate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+QUESTION = "State the final answer to the following arithmetic problem: 8 - 0 ="  # held out (index 5 of seed 0)
+
+
+def questions(refs: list[tasks.TaskRef]) -> set[str]:
+    return {tasks.instance(r).question for r in refs}
+
+
+def test_bucket_is_the_same_in_another_process_and_for_every_seed() -> None:
+    assert tasks.bucket("chain_sum", QUESTION) < tasks.EVAL_PERCENT and tasks.is_heldout_question("chain_sum", QUESTION)
+    code = f"from swarm_node import tasks; print(tasks.bucket('chain_sum', {QUESTION!r}))"
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert int(out.stdout) == tasks.bucket("chain_sum", QUESTION)
+    assert tasks.bucket("basic_arithmetic", QUESTION) != tasks.bucket("chain_sum", QUESTION)  # dataset is hashed
+    # the same question under another seed or index is on the same side
+    source = tasks.TaskSource()
+    by_question: dict[str, bool] = {}
+    for seed in (0, 1, 99):
+        for i in range(1000):
+            inst = tasks.instance(tasks.TaskRef(source.name, source.config, seed, i))
+            assert by_question.setdefault(inst.question, tasks.is_heldout(inst)) == tasks.is_heldout(inst)
+    held = sum(by_question.values()) / len(by_question)
+    assert len(by_question) >= 190 and 0.10 <= held <= 0.20  # the default task: 200 problems, ~15% held out
+
+
+def test_training_and_eval_draws_never_share_a_question() -> None:
+    eval_questions: set[str] = set()
+    train_questions: set[str] = set()
+    for seed in (0, 1):
+        source = tasks.TaskSource(seed=seed)
+        eval_refs = source.eval_refs(300)
+        assert eval_refs == tasks.TaskSource(seed=seed).eval_refs(300)  # deterministic
+        eval_questions |= questions(eval_refs)
+        rng = random.Random(seed)
+        train_questions |= questions([r for _ in range(100) for r in source.draw(rng, 16)])  # 1600 draws
+    assert eval_questions and train_questions and not eval_questions & train_questions
+    assert all(tasks.is_heldout_question("chain_sum", q) for q in eval_questions)
+    assert len(eval_questions) + len(train_questions) == 200  # together they cover the whole problem space
+
+
+TOK = build_char_tokenizer()
+SOURCE = tasks.TaskSource()
+
+
+def held_out_group() -> RolloutGroup:
+    ref = tasks.TaskRef(SOURCE.name, SOURCE.config, 0, 5)
+    inst = tasks.instance(ref)
+    assert inst.question == QUESTION
+    comps = tuple(CompletionWire(tuple(TOK.encode(t) + [TOK.eos_token_id]), t, (-0.5,) * (len(t) + 1), r)
+                  for t, r in ((inst.answer, 1.0), ("x", 0.0)))
+    return RolloutGroup(b"\x02" * 16, "peerA", 1, TaskRefWire(ref.dataset, ref.config, ref.seed, ref.index),
+                        comps, tokenizer_hash(TOK), "qwen2", 1000.0)
+
+
+def test_a_peer_group_on_a_held_out_question_is_dropped_and_counted() -> None:
+    ctx = ShareContext(TOK, tokenizer_hash(TOK), SOURCE, CompletionBounds(8, 256, len(TOK), 2))
+    out = accept_external(held_out_group(), "peerA", ctx, 1000.0)
+    assert (out.external, out.reason) == (None, "heldout")
+    stats = NodeStats()
+    ingest = Ingest(ctx, stats)
+    dropped = ingest([Received("peerA", 1000.0, held_out_group())], 1000.0, lambda ext, sender: [])
+    assert dropped == {"heldout": 1} and stats.snapshot()["dropped"] == {"heldout": 1}
+    assert ingest.peer_drops[("peerA", "heldout")] == 1
+
+
+class AnswerBook(Sampler):
+    """Answers greedily from a book of prompt -> answer (wrong when the prompt is not in it)."""
+
+    def __init__(self, book: dict[str, str]) -> None:
+        self.book = book
+
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams) -> list[list[Completion]]:
+        out = []
+        for ids in prompts:
+            text = self.book.get(TOK.decode(ids), "wrong")
+            out.append([Completion(TOK.encode(text), text, [0.0] * len(text), 0)] * n)
+        return out
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        pass
+
+
+def test_eval_result_per_task_on_a_hand_built_case() -> None:
+    """Five eval problems over a mix of two (3 chain_sum + 2 leg_counting): all chain_sum right, one leg_counting."""
+    source = tasks.TaskSource(mix=[{"name": "chain_sum"}, {"name": "leg_counting"}])
+    insts = [tasks.instance(r) for r in source.eval_refs(5)]
+    assert [i.ref.dataset for i in insts] == ["chain_sum"] * 3 + ["leg_counting"] * 2
+    book = {i.prompt: i.answer for i in insts[:4]}
+    result = evaluate(AnswerBook(book), TOK, source, problems=5, samples=2)
+    assert result.problems == 5 and result.greedy_acc == 0.8
+    assert result.per_task == {"chain_sum": 1.0, "leg_counting": 0.5}
+    assert result.sampled_reward == 0.8
+    assert str(result) == "greedy accuracy 0.800 on 5 problems (chain_sum 1.000, leg_counting 0.500)"
+
+
+def test_solo_prints_held_out_accuracy_before_and_after_per_specialty(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """End to end: a mix of two, eval at the start and the end, per-specialty numbers in the summary and metrics."""
+    config = tmp_path / "mix.toml"
+    config.write_text('[task]\nselection = "balanced"\n'
+                      'mix = [{name = "chain_sum"}, {name = "basic_arithmetic", options = {min_terms = 2, '
+                      'max_terms = 2, min_digits = 1, max_digits = 1}}]\n')
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "solo", "--config", str(config), "--model",
+                           str(tiny_model_dir), "--sampler", "hf", "--status-port", "-1", "--steps", "2",
+                           "--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4",
+                           "--run-dir", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    summary = re.search(r"held-out greedy accuracy \S+ -> \S+ \(before -> after training\) on 4 problems "
+                        r"\(chain_sum \S+ -> \S+, basic_arithmetic \S+ -> \S+\)", proc.stderr + proc.stdout)
+    assert summary, proc.stderr
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [sorted(s["per_task"]) for s in steps] == [["basic_arithmetic", "chain_sum"]] * 2  # balanced: one each
+    assert all(m["groups"] == 1 for s in steps for m in s["per_task"].values())
+
+
+def test_heldout_line_without_a_before_eval() -> None:
+    from cli.main import heldout_line
+
+    after = EvalResult(0.5, None, 4, {"chain_sum": 0.5})
+    assert heldout_line(None, after) == "held-out greedy accuracy 0.500 on 4 problems (chain_sum 0.500)"
+    before = EvalResult(0.25, None, 4, {"chain_sum": 0.25})
+    assert heldout_line(before, after) == ("held-out greedy accuracy 0.250 -> 0.500 (before -> after training) on 4 "
+                                           "problems (chain_sum 0.250 -> 0.500)")
