@@ -92,7 +92,8 @@ class Learner:
         params = SamplingParams(cfg.sampler.temperature, cfg.sampler.top_p, cfg.sampler.max_new_tokens,
                                 seed=cfg.run.seed * 1_000_003 + self.steps)
         outputs = self.sampler.generate(prompts, cfg.run.group_size, params)
-        groups = [score_group(i, p, o, self.reward, cfg.train.advantage)
+        groups = [score_group(i, p, o, self.reward, cfg.train.advantage, eos_id=self.tokenizer.eos_token_id,
+                              special_ids=frozenset(self.tokenizer.all_special_ids))
                   for i, p, o in zip(insts, prompts, outputs, strict=True)]
         stats = self.trainer.train_step(to_samples([g for g in groups if g.has_signal]))
         self.steps += 1

@@ -96,7 +96,8 @@ def run_echo(cfg: EchoSimConfig, run_dir: Path, on_step: Callable[[dict[str, Any
     nodes += [_node(cfg, run_dir / f"worker{i}", i + 1, per_worker) for i in range(cfg.workers)]
     learner = Learner(nodes[0], batch_groups=cfg.prompts_per_step, max_staleness=cfg.max_staleness,
                       max_new_tokens=nodes[0].cfg.sampler.max_new_tokens, encoding=cfg.encoding)
-    workers = [Worker(n, kappa=n.cfg.echo.publish_every, max_staleness=n.cfg.train.max_staleness) for n in nodes[1:]]
+    workers = [Worker(n, kappa=n.cfg.echo.publish_every, max_staleness=n.cfg.train.max_staleness,
+                      max_delta_norm=n.cfg.echo.max_delta_norm) for n in nodes[1:]]
     for w in workers:
         if w.base_sha256() != learner.base_sha256:
             raise ValueError("workers and learner must start from the same base model")

@@ -91,7 +91,7 @@ def test_a_peer_group_on_a_held_out_question_is_dropped_and_counted() -> None:
 
 
 class AnswerBook(Sampler):
-    """Answers greedily from a book of prompt -> answer (wrong when the prompt is not in it)."""
+    """Answers from a book of prompt -> answer (wrong when the prompt is not in it), then EOS."""
 
     def __init__(self, book: dict[str, str]) -> None:
         self.book = book
@@ -100,7 +100,8 @@ class AnswerBook(Sampler):
         out = []
         for ids in prompts:
             text = self.book.get(TOK.decode(ids), "wrong")
-            out.append([Completion(TOK.encode(text), text, [0.0] * len(text), 0)] * n)
+            ids = TOK.encode(text) + [TOK.eos_token_id]  # stopped, as a sampler's completion does
+            out.append([Completion(ids, text, [0.0] * len(ids), 0)] * n)
         return out
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:

@@ -227,16 +227,18 @@ class RecordingSampler(HFSampler):
 
 
 @pytest.mark.parametrize("form", ["full", "base", "adapter"])
-def test_node_pushes_its_lora_policy_in_the_form_its_sampler_takes(form: str, tiny_model_dir: Path,
+def test_node_pushes_its_lora_policy_in_the_form_its_sampler_takes(form: str, warm_tiny_model_dir: Path,
                                                                    tmp_path: Path) -> None:
     from swarm_node.config import load_config
     from swarm_node.model.default_model import load_model
     from swarm_node.node.core import Node, NodeEvents
 
-    cfg = load_config(None, {"model.path": str(tiny_model_dir), "run.steps": 1, "run.prompts_per_step": 4,
+    # A model that stops with EOS (warmed up): an untrained one's completions are not well-formed, all score 0,
+    # and a step without signal makes no update to push.
+    cfg = load_config(None, {"model.path": str(warm_tiny_model_dir), "run.steps": 1, "run.prompts_per_step": 8,
                              "run.group_size": 4, "run.eval_problems": 0, "run.run_dir": str(tmp_path / "run"),
                              "train.threads": 1, "train.lora_rank": 4, "status.port": -1, "task.reward": "score"})
-    model, tokenizer = load_model(tiny_model_dir)
+    model, tokenizer = load_model(warm_tiny_model_dir)
     sampler = RecordingSampler(model, tokenizer, weights=form)
     node = Node(cfg, events=NodeEvents(log=lambda _m: None), sampler=sampler)
     node.run()

@@ -1,8 +1,10 @@
 """ECHO-2 worker: follows one learner's policy and generates rollouts for it (transport-free; no node import).
 
-`Worker(host, kappa=, max_staleness=, keep)`: `host` is the sampling side (`WorkerHost`: its model, which is the
-base at version 0, `load_policy(state, version)` into its sampler, `generate_groups()`; a `Node` is one).
-`apply(update)` verifies and applies a learner update (delta or snapshot) and loads the result into the sampler;
+`Worker(host, kappa=, max_staleness=, keep, max_delta_norm)`: `host` is the sampling side (`WorkerHost`: its
+model, which is the base at version 0, `load_policy(state, version)` into its sampler, `generate_groups()`; a
+`Node` is one).
+`apply(update)` verifies and applies a learner update (delta or snapshot) and loads the result into the sampler
+(a refused one, e.g. `DeltaTooLarge` past `max_delta_norm` (0: unbounded), raises before the sampler sees it);
 `may_generate()` says whether a batch generated now can still be trained on within S; `generate()` samples and
 scores one batch, tagged with the published version it used. A worker's base is the model it loaded (version 0).
 """
@@ -31,11 +33,12 @@ class WorkerHost(Protocol):
 
 
 class Worker:
-    def __init__(self, host: WorkerHost, *, kappa: int, max_staleness: int, keep: int = 8) -> None:
+    def __init__(self, host: WorkerHost, *, kappa: int, max_staleness: int, keep: int = 8,
+                 max_delta_norm: float = 0.0) -> None:
         self.host = host
         self.kappa = kappa  # published versions are kappa learner steps apart
         self.max_staleness = max_staleness
-        self.follower = PolicyFollower(model_state(host.model), keep=keep)
+        self.follower = PolicyFollower(model_state(host.model), keep=keep, max_delta_norm=max_delta_norm)
         self.batches = 0  # batches generated so far
         self.forgiven = 0  # batches the learner evidently never got (lost): they no longer hold generation back
         self.known_version = 0  # newest published version we have heard of (announces may run ahead of payloads)
@@ -61,7 +64,8 @@ class Worker:
 
     def reset(self) -> None:
         """Forget the followed lineage (the learner restarted or resumed): the next update must be a snapshot."""
-        self.follower = PolicyFollower(None, keep=self.follower.keep, shapes=self.follower.shapes)
+        self.follower = PolicyFollower(None, keep=self.follower.keep, shapes=self.follower.shapes,
+                                       max_delta_norm=self.follower.max_delta_norm)
         self.batches = self.forgiven = self.known_version = 0
 
     def generate(self) -> tuple[list[ScoredGroup], float, int]:

@@ -173,6 +173,9 @@ class Node:
         self.skipped_steps = int(ckpt.state.get("skipped_steps", 0))
         self.trainer.optimizer_steps = int(ckpt.state.get("optimizer_steps", 0))
         self.rng.setstate(checkpoint.state_from_json(ckpt.state["task_rng"]))
+        for name, rng in (("trainer_rng", self.trainer.rng), ("share_rng", self.share_rng)):
+            if name in ckpt.state:  # absent in checkpoints written before they were saved
+                rng.setstate(checkpoint.state_from_json(ckpt.state[name]))
         truncate_metrics(self.run_dir / METRICS_FILE, self.step)
         self.stats.update(last_checkpoint={"step": ckpt.step, "path": str(ckpt.path)})
         self.events.log(f"resume: continuing from checkpoint step {ckpt.step} (policy version {self.version})")
@@ -236,7 +239,9 @@ class Node:
         except PromptTooLongError as exc:
             raise UserError(f"task {cfg.task.name!r}: {exc}") from exc
         seconds = time.monotonic() - started
-        groups = [score_group(i, p, out, self.task_source.reward, cfg.train.advantage)
+        special = frozenset(self.tokenizer.all_special_ids)  # a completion must be the answer alone, then EOS
+        groups = [score_group(i, p, out, self.task_source.reward, cfg.train.advantage,
+                              eos_id=self.tokenizer.eos_token_id, special_ids=special)
                   for i, p, out in zip(insts, prompts, outputs, strict=True)]
         tokens = sum(len(c.token_ids) for out in outputs for c in out)
         return groups, seconds, tokens
@@ -365,7 +370,10 @@ class Node:
     def save_checkpoint(self) -> None:
         state = {"policy_version": self.version, "skipped_steps": self.skipped_steps,
                  "optimizer_steps": self.trainer.optimizer_steps,
-                 "task_rng": checkpoint.state_to_json(self.rng.getstate()), "config": self.cfg.to_dict()}
+                 "task_rng": checkpoint.state_to_json(self.rng.getstate()),
+                 # The minibatch shuffle and the external selection too, so that a resumed run continues exactly.
+                 "trainer_rng": checkpoint.state_to_json(self.trainer.rng.getstate()),
+                 "share_rng": checkpoint.state_to_json(self.share_rng.getstate()), "config": self.cfg.to_dict()}
         try:
             path = checkpoint.save_checkpoint(self.run_dir, self.step, self.model, self.trainer.optimizer, state,
                                               keep=self.cfg.run.keep_checkpoints)

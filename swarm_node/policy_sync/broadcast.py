@@ -14,9 +14,10 @@ Contract:
 - Receiver side: an accepted announce that lists this node runs a `protocol.relay.Receiver` for the plan: each
   stripe is pulled from its parent, and every verified chunk is served at once to the children waiting for it (a
   relay forwards chunk k as soon as it has it). A bad chunk or a failed/stalled peer moves the chunks still owed to
-  the next ancestor (the source last). A complete, verified payload goes to `completed` (an asyncio.Queue of
-  (announce, payload), oldest dropped past `keep` unread entries) and to `on_payload` if given. (What `fetch`
-  pulls is returned to its caller instead.)
+  the next ancestor (the source last), and the peer that sent a bad chunk is reported to `on_peer_event(peer,
+  "bad_chunk")` (a plain hook: the worker role scores it in its reputation, as for a bad gossip peer). A
+  complete, verified payload goes to `completed` (an asyncio.Queue of (announce, payload), oldest dropped past
+  `keep` unread entries) and to `on_payload` if given. (What `fetch` pulls is returned to its caller instead.)
 - Payloads are keyed by (owner, version, base_version): the delta to v and the snapshot of v are different ones.
   Every node holds the newest `keep` payloads per owner (complete or being relayed) and serves them:
   `await fetch(owner, version, from_peers, base_version=None)` pulls one spread over holders (a late joiner with no
@@ -63,6 +64,7 @@ class PolicyBroadcaster:
                  schedule: str = DEFAULT_SCHEDULE, keep: int = 8, follows: Collection[str] | None = None,
                  shaper: Shaper | None = None, stall_s: float = 30.0, announce_wait_s: float = 10.0,
                  on_payload: Callable[[PolicyAnnounce, bytes], None] | None = None,
+                 on_peer_event: Callable[[str, str], None] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.limits = limits or Limits()
         if not 1 <= chunk_bytes <= self.limits.max_chunk_bytes:
@@ -89,7 +91,8 @@ class PolicyBroadcaster:
         self._versions = self._store.versions  # the same dict (tests reach in to forget what gossip delivered)
         io = StreamIO(self.limits, stall_s, self.shaper, self.stats)
         self._server = ChunkServer(self._store, io, self.stats, announce_wait_s)
-        self._puller = ChunkPuller(transport, io, self.limits, self.stats, self._tasks, self._deliver)
+        self._puller = ChunkPuller(transport, io, self.limits, self.stats, self._tasks, self._deliver,
+                                  on_peer_event)
 
     # ------------------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:

@@ -65,6 +65,15 @@ class NonFiniteError(PayloadError):
     """The payload carries NaN/inf, or applying it would produce them."""
 
 
+class DeltaTooLarge(DeltaError):
+    """The update moves the policy further (L2 norm of new - current state) than the follower's bound allows."""
+
+    def __init__(self, message: str, norm: float, bound: float) -> None:
+        super().__init__(message)
+        self.norm = norm
+        self.bound = bound
+
+
 class VersionGap(DeltaError):
     """The update's base is newer than the receiver's version (or the receiver has no base): it needs the
     missing deltas or a snapshot."""

@@ -8,7 +8,12 @@ that applies the same chain reconstructs W_pub bit for bit (checked: each update
 (error feedback); W_train itself is never touched. A `PolicyFollower` applies updates after checking, in order:
 the size guard, the payload sha256, the version chain (`VersionGap` when it lacks the base), the encoding, the
 payload metadata, tensor names, dtypes and shapes (from the safetensors header, before decoding), finite values,
-and finally the hash of the result. Any failure raises a `DeltaError` and leaves the follower as it was.
+the hash of the result, and finally (when `max_delta_norm` > 0) the size of the step: `DeltaTooLarge` when the L2
+norm of the new state minus the current one exceeds the bound (a delta is one published step; a snapshot may stand
+for several, so its bound is `max_delta_norm * (snapshot version - our version)`, the triangle inequality over the
+steps it skips; a follower with no state yet, e.g. after a lineage reset, has nothing to measure a snapshot
+against and takes it unmeasured: it is still the learner's own payload, checked by its hashes). Any failure raises
+a `DeltaError` and leaves the follower as it was.
 Publisher and follower keep their last K updates and serve a chain to late joiners (`updates_from`); a joiner
 whose base is too old gets a `snapshot()` (encoding "full", base_version == version) and continues with deltas.
 
@@ -36,6 +41,7 @@ from swarm_node.policy_sync.codecs import (
     CODECS,
     Codec,
     DeltaError,
+    DeltaTooLarge,
     FullCodec,
     IntegrityError,
     NonFiniteError,
@@ -52,9 +58,10 @@ from swarm_node.policy_sync.codecs import (
 )
 
 __all__ = [
-    "CODECS", "DeltaError", "IntegrityError", "NonFiniteError", "PayloadError", "PayloadTooLarge", "PolicyFollower",
+    "CODECS", "DeltaError", "DeltaTooLarge", "IntegrityError", "NonFiniteError", "PayloadError", "PayloadTooLarge",
+    "PolicyFollower",
     "PolicyPublisher", "PolicyUpdate", "Shape", "StaleUpdate", "State", "UnknownEncoding", "VersionGap",
-    "decode_update", "default_max_payload", "fp32_state", "model_state", "state_hash",
+    "decode_update", "default_max_payload", "fp32_state", "model_state", "state_hash", "step_norm",
 ]
 
 PAYLOAD_FORMAT = "swarm-node-policy/1"
@@ -71,6 +78,14 @@ def state_hash(state: Mapping[str, torch.Tensor]) -> str:
         h.update(json.dumps([name, str(t.dtype), list(t.shape), t.numel() * t.element_size()]).encode() + b"\n")
         h.update(t.reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
+
+
+def step_norm(new: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor]) -> float:
+    """The L2 norm of new - old over every tensor of `new` (accumulated in float64; the same names in both)."""
+    total = 0.0
+    for name, t in new.items():
+        total += float(torch.linalg.vector_norm(t - old[name], dtype=torch.float64)) ** 2
+    return total ** 0.5
 
 
 def fp32_state(state: Mapping[str, torch.Tensor]) -> State:
@@ -298,11 +313,15 @@ class PolicyFollower(_VersionedPolicy):
 
     `state` is the base policy at `version` (default 0: the base model every node loads); with no state the
     version is -1 and the first update must be a snapshot, validated against `shapes` when given.
-    `max_payload_bytes` defaults to the largest payload a valid update for this state can have.
+    `max_payload_bytes` defaults to the largest payload a valid update for this state can have. `max_delta_norm`
+    (> 0) bounds the L2 norm of one published step (see the module contract); 0 disables the check.
     """
 
     def __init__(self, state: Mapping[str, torch.Tensor] | None = None, version: int | None = None, keep: int = 8,
-                 max_payload_bytes: int | None = None, shapes: Mapping[str, Shape] | None = None) -> None:
+                 max_payload_bytes: int | None = None, shapes: Mapping[str, Shape] | None = None,
+                 max_delta_norm: float = 0.0) -> None:
+        if not max_delta_norm >= 0:
+            raise ValueError(f"max_delta_norm must be >= 0, got {max_delta_norm}")
         owned = fp32_state(state) if state is not None else None
         super().__init__(owned, (0 if owned is not None else -1) if version is None else version, keep)
         if owned is not None:
@@ -311,13 +330,27 @@ class PolicyFollower(_VersionedPolicy):
         if max_payload_bytes is None:
             max_payload_bytes = default_max_payload(self.shapes) if self.shapes else MAX_PAYLOAD_WITHOUT_SHAPES
         self.max_payload_bytes = max_payload_bytes
+        self.max_delta_norm = float(max_delta_norm)
 
     def apply(self, update: PolicyUpdate) -> State:
         """Verify and apply one update; the new state, or DeltaError with nothing changed."""
         new = decode_update(update, self._state, self.version, self.shapes, self.max_payload_bytes)
         if state_hash(new) != update.state_sha256:
             raise IntegrityError(f"update v{update.version}: resulting state hash differs from the publisher's")
+        self._check_norm(update, new)
         self._commit(new, update)
         if self.shapes is None:
             self.shapes = {n: tuple(t.shape) for n, t in new.items()}
         return self.published_state()
+
+    def _check_norm(self, update: PolicyUpdate, new: State) -> None:
+        if self.max_delta_norm <= 0 or self._state is None:
+            return  # disabled, or a first snapshot: nothing to measure it against (module contract)
+        steps = update.version - self.version if update.is_snapshot else 1
+        bound = self.max_delta_norm * steps
+        norm = step_norm(new, self._state)
+        if not norm <= bound:  # NaN-safe
+            kind = f"snapshot v{update.version} ({steps} steps from our v{self.version})" if update.is_snapshot \
+                else f"delta v{update.base_version}->v{update.version}"
+            raise DeltaTooLarge(f"{kind} moves the policy by L2 norm {norm:.4g}, over the bound {bound:.4g} "
+                                f"(echo.max_delta_norm = {self.max_delta_norm:g} per step)", norm, bound)

@@ -6,8 +6,10 @@ pull task (one stream, chunks read in order, each fed to the receiver as it arri
 once); a failed, refused or stalled stream reports the peer failed, which moves what it owed to the next holder.
 On `Complete` the version keeps the whole payload, its `done` is set, and a version received through a relay plan
 is handed to `deliver(announce, payload)`; on `Failed` it records the error, fails `done` and closes its streams.
-Receiver counters are added to `stats` once a version completes or fails. `catalog(peer, owner)` lists the
-versions a peer holds (untrusted unless the peer is the owner); `trusted_announce` gets one from the owner.
+Receiver counters are added to `stats` once a version completes or fails. A chunk that fails its SHA-256 is
+also reported as `on_peer_event(peer, "bad_chunk")` (if given: the node's reputation; never raises into a pull).
+`catalog(peer, owner)` lists the versions a peer holds (untrusted unless the peer is the owner);
+`trusted_announce` gets one from the owner.
 """
 
 from __future__ import annotations
@@ -48,13 +50,15 @@ class ChunkPuller:
     """Drives receivers over `transport`; see the module docstring."""
 
     def __init__(self, transport: Transport, io: StreamIO, limits: Limits, stats: BroadcastStats, tasks: TaskSet,
-                 deliver: Callable[[PolicyAnnounce, bytes], None]) -> None:
+                 deliver: Callable[[PolicyAnnounce, bytes], None],
+                 on_peer_event: Callable[[str, str], None] | None = None) -> None:
         self.transport = transport
         self.io = io
         self.limits = limits
         self.stats = stats
         self.tasks = tasks
         self.deliver = deliver
+        self.on_peer_event = on_peer_event
 
     def start(self, held: HeldVersion, receiver: Receiver) -> None:
         held.receiver = receiver
@@ -126,7 +130,10 @@ class ChunkPuller:
                 data = await self.io.read_chunk(stream, held.length(k))
                 if receiver is not held.receiver or receiver is None:
                     return  # the version completed, failed or was evicted meanwhile
+                bad_before = receiver.stats.bad_chunks
                 self.apply(held, receiver.on_chunk(peer, k, data))
+                if receiver.stats.bad_chunks > bad_before:
+                    self.report(peer, "bad_chunk")
                 if peer in receiver.dead or receiver.state != "running":
                     return
             finished = await self.io.read_frame(stream, decode_response, eof_ok=True) is None  # the server's close
@@ -142,6 +149,15 @@ class ChunkPuller:
                 held.streams.get(peer, set()).discard(stream)
                 if not finished:
                     await reset_quietly(stream)
+
+    def report(self, peer: str, reason: str) -> None:
+        """A peer misbehaved on a chunk stream: tell the hook (its failure is logged, never raised)."""
+        if self.on_peer_event is None:
+            return
+        try:
+            self.on_peer_event(peer, reason)
+        except Exception:  # a hook bug must not break the pull that found the bad peer
+            log.exception("on_peer_event(%s, %s) failed", peer, reason)
 
     async def catalog(self, peer: str, owner: str) -> list[PolicyAnnounce]:
         """The versions of `owner` that `peer` holds (complete), oldest first. Untrusted unless peer is the owner."""

@@ -3,9 +3,14 @@
 It heartbeats a Status (follows = the learner) every `echo.heartbeat_s`; applies the learner's updates in order
 as the broadcast completes them (a gap or a hash mismatch catches up: echo/catch_up.py decides which held update
 to fetch, and when the learner restarted its lineage); generates when `Worker.may_generate()` and the learner has
-not stopped it. `WorkerSource` is that loop as a rollout source; `run` publishes each draft it yields (tagged
-with the published version it sampled with, the node's tokenizer and model family) and records it as a step. It
-runs `run.steps` batches (or until Ctrl-C). A failed network call is counted and logged; the loop goes on.
+not stopped it. Only updates of the followed learner (`network.learner`) are applied: the broadcaster keeps
+announces its owner signed and that we follow, catch-up asks the learner itself, and every update is checked
+again here before it reaches the worker; one that moves the policy past `echo.max_delta_norm` is refused (counted
+`dropped`/`delta_norm`). A broadcast relay that sends a bad chunk is scored in the node's reputation
+(`bad_chunk`), as a bad gossip peer is. `WorkerSource` is that loop as a rollout source; `run` publishes each
+draft it yields (tagged with the published version it sampled with, the node's tokenizer and model family) and
+records it as a step. It runs `run.steps` batches (or until Ctrl-C). A failed network call is counted and logged;
+the loop goes on.
 """
 
 from __future__ import annotations
@@ -13,11 +18,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
 from protocol.codec import decode, encode
-from protocol.messages import TOPIC_CONTROL, TOPIC_STATUS, PolicyAnnounce, Status, WorkerControl
+from protocol.messages import TOPIC_CONTROL, TOPIC_STATUS, PolicyAnnounce, Status, WorkerControl, policy_owner
 from swarm_node.config import NodeConfig
 from swarm_node.echo.admission import COST_CAPABILITY
 from swarm_node.echo.catch_up import plan_catch_up
@@ -25,7 +31,7 @@ from swarm_node.echo.worker import Worker
 from swarm_node.node.core import Node
 from swarm_node.node.run_files import METRICS_FILE, NodeEvents, RunSummary, StepLog
 from swarm_node.policy_sync.broadcast import BroadcastError, PolicyBroadcaster
-from swarm_node.policy_sync.delta import DeltaError, PolicyUpdate
+from swarm_node.policy_sync.delta import DeltaError, DeltaTooLarge, PolicyUpdate
 from swarm_node.roles.wiring import BackgroundExchange, joined, open_exchange, start_inbox
 from swarm_node.sharing.exchange import accept_policy_for
 from swarm_node.status.stats import NodeStats
@@ -38,7 +44,7 @@ def worker_for(node: Node) -> Worker:
     """The ECHO-2 worker of a set-up node (its config's bound and publish interval)."""
     cfg = node.cfg
     return Worker(node, kappa=cfg.echo.publish_every, max_staleness=cfg.train.max_staleness,
-                  keep=cfg.echo.keep_versions)
+                  keep=cfg.echo.keep_versions, max_delta_norm=cfg.echo.max_delta_norm)
 
 
 def update_of(announce: PolicyAnnounce, payload: bytes) -> PolicyUpdate:
@@ -69,9 +75,12 @@ class WorkerSource:
         policy = accept_policy_for(node.task_source)
         self.exchange = open_exchange(net, node, policy)
         echo = cfg.echo
+        # Bad relays, reported on the network thread, scored on ours (the reputation is not thread-safe).
+        self.peer_events: deque[tuple[str, str]] = deque(maxlen=4096)
         self.broadcaster = PolicyBroadcaster(net.transport, limits=self.limits, chunk_bytes=echo.chunk_bytes,
                                              schedule=echo.schedule, keep=echo.keep_versions,
-                                             follows=[self.learner_id])
+                                             follows=[self.learner_id],
+                                             on_peer_event=lambda peer, reason: self.peer_events.append((peer, reason)))
         start_inbox(net, TOPIC_CONTROL, self.limits, policy)
         net.call(lambda _t: self.broadcaster.start())
         self.active = True
@@ -99,11 +108,14 @@ class WorkerSource:
                 got.append(self.broadcaster.completed.get_nowait())
             return got
 
+        self.score_peers()
         for announce, payload in sorted(self.net.call(lambda _t: drain()), key=lambda x: x[0].version):
-            if announce.version <= self.worker.version:
+            if announce.version <= self.worker.version or not self.followed(announce):
                 continue
             try:
                 self.worker.apply(update_of(announce, payload))
+            except DeltaTooLarge as exc:  # fetching it again would not change it: wait for a later snapshot
+                self.refused(exc)
             except DeltaError as exc:
                 self.events.log(f"worker: update v{announce.version} not applicable ({exc}); catching up")
                 self.catch_up()
@@ -112,6 +124,30 @@ class WorkerSource:
             if isinstance(msg, WorkerControl) and delivery.from_peer == self.learner_id and msg.target == self.me:
                 self.active = msg.action == "start"
                 self.events.log(f"worker: learner says {msg.action}")
+
+    def followed(self, announce: PolicyAnnounce) -> bool:
+        """Whether an update is our learner's (the broadcaster only keeps those; checked again, counted if not)."""
+        if announce.owner == self.learner_id and policy_owner(announce.owner) == self.learner_id:
+            return True
+        self.stats.count("dropped", "not_followed")
+        self.events.log(f"warning: ignored policy v{announce.version} of {announce.owner[:80]!r}: we follow "
+                        f"{self.learner_id}")
+        return False
+
+    def refused(self, exc: DeltaTooLarge) -> None:
+        self.stats.count("dropped", "delta_norm")
+        self.events.log(f"warning: refused a policy update: {exc}")
+
+    def score_peers(self) -> None:
+        """Hand what the broadcaster reported about relays (bad chunks) to the node's reputation."""
+        if not self.peer_events:
+            return
+        now = time.time()
+        while self.peer_events:
+            peer, reason = self.peer_events.popleft()
+            self.node.peer_guard.record(peer, reason, now)
+            self.stats.count("dropped", reason)
+        self.node.peer_guard.settle(now)
 
     def catch_up(self) -> None:
         """Fetch what we missed from the learner until `plan_catch_up` says we hold its newest policy."""
@@ -128,7 +164,11 @@ class WorkerSource:
                 version, base = plan.fetch
                 announce, payload = self.net.call(lambda _t, v=version, b=base: self.broadcaster.fetch(
                     learner, v, [learner], base_version=b))
+                if not self.followed(announce):
+                    return
                 worker.apply(update_of(announce, payload))
+        except DeltaTooLarge as exc:
+            self.refused(exc)
         except (TransportError, BroadcastError, DeltaError, TimeoutError, asyncio.TimeoutError) as exc:
             self.stats.count("errors", "catch_up_failed")
             self.events.log(f"warning: could not catch up with the learner: {exc}")

@@ -214,6 +214,8 @@ class Ingest:
                     guard.record(item.sender, "forged_reward", now)
             self.stats.count_peer_message(item.sender, accepted=outcome.external is not None
                                           and not outcome.forged_reward)
+            if outcome.malformed:  # not well-formed completions, re-scored 0 (counted, not a drop of the group)
+                self.stats.count("errors", "malformed_completion", outcome.malformed)
             if outcome.external is None:
                 self.drop(item.sender, outcome.reason, dropped)
                 continue

@@ -48,6 +48,7 @@ DEFAULT_WEIGHTS: Mapping[str, float] = MappingProxyType({
     "accepted": 0.05,
     "forged_reward": -5.0,
     "forged_attribution": -10.0,
+    "bad_chunk": -5.0,  # a policy-broadcast relay served a chunk that failed its SHA-256 (streams are authenticated)
     "duplicate": -0.2,  # low-entropy answers can collide honestly
     "peer_budget": -0.1,  # a flood: its groups were refused before any work
     "group_size": -0.2, "over_length": -0.2, "task_not_allowed": -0.2, "task_index_out_of_range": -0.2,

@@ -6,7 +6,10 @@ checks the group against OUR bounds (below), regenerates question and answer fro
 group on a held-out eval question ("heldout", tasks/heldout.py) and RE-SCORES every completion with our verifier.
 With our tokenizer hash the token ids are used as they are and the text we score is OUR decoding of those ids
 (the sender's text is ignored); with another tokenizer the sender's text is re-tokenized and the group is marked
-`retokenized`. A group whose re-scored advantages are all zero is dropped. The outcome says whether the sender's
+`retokenized`. A completion that is not well-formed (`tasks.well_formed`: the answer alone, then exactly one EOS as
+its last id, no other special id) is re-scored 0 whatever the verifier says; the outcome counts them (`malformed`).
+A re-tokenized completion gets our EOS appended, so only its text is checked. A group whose re-scored advantages
+are all zero is dropped (a group whose only "right" answers are malformed is one). The outcome says whether the sender's
 claimed rewards were wrong (`forged_reward`), which the node counts against the sender even when the group is
 usable. Pure: no I/O.
 
@@ -87,6 +90,7 @@ class Outcome:
     external: External | None
     reason: str = ""  # drop reason when external is None
     forged_reward: bool = False
+    malformed: int = 0  # completions re-scored 0 as not well-formed (counted once the group was re-scored)
 
 
 def _valid_logprobs(lps: tuple[float, ...], n: int) -> bool:
@@ -152,14 +156,17 @@ def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: flo
             completions.append(Completion(ids, text, list(c.logprobs), wire.policy_version))
         else:
             completions.append(Completion(ids, c.text, [], wire.policy_version))
-    rewards = [ctx.task_source.reward(inst, c.text) for c in completions]
+    special = frozenset(tok.all_special_ids)
+    formed = [tasks.well_formed(c.token_ids, c.text, eos, special) for c in completions]
+    malformed = formed.count(False)
+    rewards = [ctx.task_source.reward(inst, c.text) if ok else 0.0 for c, ok in zip(completions, formed, strict=True)]
     if not all(math.isfinite(r) for r in rewards):
-        return Outcome(None, "non_finite_reward")
+        return Outcome(None, "non_finite_reward", malformed=malformed)
     forged = any(abs(c.claimed_reward - r) > REWARD_TOLERANCE for c, r in zip(wire.completions, rewards,
                                                                                strict=True))
     adv = ADVANTAGE_ESTIMATORS[ctx.advantage](torch.tensor(rewards, dtype=torch.float64)).tolist()
     group = ScoredGroup(inst, prompt_ids, completions, rewards, adv, source=sender)
     if not group.has_signal and not keep_no_signal:
-        return Outcome(None, "zero_advantage", forged)
+        return Outcome(None, "zero_advantage", forged, malformed)
     return Outcome(External(group, content_key(ref, [c.token_ids for c in completions]), not same_tokenizer),
-                   "", forged)
+                   "", forged, malformed)

@@ -3,11 +3,21 @@
 A task instance is never shipped as text: peers exchange a `TaskRef` (dataset, canonical options, seed, index),
 and every node rebuilds the question and the answer from it with reasoning-gym, then scores completions itself
 with the dataset's `score_answer`. Prompt formatting and answer parsing live here and nowhere else.
+
+A completion is WELL-FORMED (`well_formed`) when it is the answer alone, then EOS: its token ids end with exactly
+one EOS (the last id; a completion cut at max_new_tokens has none), no other special id comes before it, and its
+text (the decoding without EOS) is one non-empty printable line with no leading or trailing whitespace: no
+newline, nothing after the answer, no padding. The verifier reads only the first line (`parse_answer`), so a
+right answer followed by junk, padded to the budget or never stopped would pass it and teach exactly that; every
+training reward is therefore 0 for a completion that is not well-formed (local and peers' groups alike, every
+reward mode), which gives it a non-positive advantage in any group. The length budget itself is the caller's
+(the sampler's max_new_tokens; `sharing.rescore` bounds peers' ids).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -60,6 +70,18 @@ def format_prompt(question: str) -> str:
 def parse_answer(completion_text: str) -> str:
     """The model's answer is its first line, stripped."""
     return completion_text.split("\n", 1)[0].strip()
+
+
+def well_formed(token_ids: Sequence[int], text: str, eos_id: int, special_ids: Collection[int] = ()) -> bool:
+    """Whether a completion is the answer alone, then EOS (module docstring): `token_ids` end with the only EOS,
+    no id of `special_ids` precedes it, and `text` (decoded without EOS) is one stripped, printable, non-empty
+    line."""
+    if len(token_ids) < 2 or token_ids[-1] != eos_id:
+        return False
+    body = token_ids[:-1]
+    if eos_id in body or (special_ids and any(t in special_ids for t in body)):
+        return False
+    return bool(text) and text == text.strip() and text.isprintable()
 
 
 def available_tasks() -> list[str]:

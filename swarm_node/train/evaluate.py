@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from swarm_node import tasks
 from swarm_node.sampler.base import Sampler, SamplingParams
-from swarm_node.types import ScoredGroup
+from swarm_node.types import Completion, ScoredGroup
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,14 @@ class EvalResult:
 def evaluate(sampler: Sampler, tokenizer: PreTrainedTokenizerBase, source: tasks.TaskSource, problems: int = 200,
              max_new_tokens: int = 8, samples: int = 0, temperature: float = 1.0, seed: int = 0,
              batch: int = 100) -> EvalResult:
-    """Greedy accuracy (a score of 1.0 counts as exact) and, if samples > 0, mean training reward at `temperature`."""
+    """Greedy accuracy (a well-formed completion scoring 1.0 counts as exact: the answer alone, then EOS, as in
+    training) and, if samples > 0, mean training reward at `temperature`."""
     insts = [tasks.instance(r) for r in source.eval_refs(problems)]
+    eos, special = tokenizer.eos_token_id, frozenset(tokenizer.all_special_ids)
+
+    def well_formed(c: Completion) -> bool:
+        return tasks.well_formed(c.token_ids, c.text, eos, special)
+
     right: dict[str, list[bool]] = defaultdict(list)
     sampled_total, sampled_count = 0.0, 0
     for start in range(0, len(insts), batch):
@@ -42,11 +48,11 @@ def evaluate(sampler: Sampler, tokenizer: PreTrainedTokenizerBase, source: tasks
         prompts = [tokenizer.encode(i.prompt) for i in chunk]
         greedy = sampler.generate(prompts, 1, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))
         for inst, out in zip(chunk, greedy, strict=True):
-            right[inst.ref.dataset].append(tasks.score(inst, out[0].text) >= 1.0)
+            right[inst.ref.dataset].append(well_formed(out[0]) and tasks.score(inst, out[0].text) >= 1.0)
         if samples > 0:
             params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + start)
             for inst, group in zip(chunk, sampler.generate(prompts, samples, params), strict=True):
-                sampled_total += sum(source.reward(inst, c.text) for c in group)
+                sampled_total += sum(source.reward(inst, c.text) for c in group if well_formed(c))
                 sampled_count += len(group)
     exact = sum(sum(r) for r in right.values())
     return EvalResult(exact / len(insts), sampled_total / sampled_count if sampled_count else None, len(insts),

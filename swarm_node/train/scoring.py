@@ -1,13 +1,16 @@
 """Scoring rollout groups: our verifier's rewards and group-relative advantages, and the samples they train.
 
 A group's rewards always come from our own verifier (`TaskSource.reward`) on a question regenerated from the task
-reference; whoever generated the completions, nothing they claim about correctness is used here.
+reference; whoever generated the completions, nothing they claim about correctness is used here. A completion that
+is not well-formed (`tasks.well_formed`: the answer alone, then EOS) gets reward 0 without being verified, under
+every reward mode, so it never gets a positive advantage; callers pass the tokenizer's `eos_id` (and its special ids)
+for this check, `eos_id=None` skips it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import torch
 
@@ -18,9 +21,12 @@ from swarm_node.types import Completion, ScoredGroup, TrainSample
 
 def score_group(inst: tasks.TaskInstance, prompt_ids: list[int], completions: list[Completion],
                 reward: Callable[[tasks.TaskInstance, str], float] = tasks.score, advantage: str = "grpo",
-                source: str = "local") -> ScoredGroup:
-    """Score every completion with `reward` (the task's verifier) and compute advantages; non-finite raises."""
-    rewards = [reward(inst, c.text) for c in completions]
+                source: str = "local", eos_id: int | None = None, special_ids: Collection[int] = ()) -> ScoredGroup:
+    """Score every completion with `reward` (the task's verifier) and compute advantages; non-finite raises.
+    With `eos_id`, a completion that is not well-formed scores 0 (`tasks.well_formed`)."""
+    rewards = [reward(inst, c.text)
+               if eos_id is None or tasks.well_formed(c.token_ids, c.text, eos_id, special_ids) else 0.0
+               for c in completions]
     if not all(math.isfinite(r) for r in rewards):
         raise FloatingPointError(f"non-finite reward for task {inst.ref}")
     adv = ADVANTAGE_ESTIMATORS[advantage](torch.tensor(rewards, dtype=torch.float64)).tolist()
