@@ -39,13 +39,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import torch
 from transformers import PreTrainedTokenizerBase
 
 from protocol.messages import RolloutGroup, policy_owner
 from swarm_node import tasks
-from swarm_node.rl.advantages import ADVANTAGE_ESTIMATORS
 from swarm_node.sharing.wire import content_key
+from swarm_node.train.scoring import score_group
 from swarm_node.types import Completion, ScoredGroup
 
 REWARD_TOLERANCE = 1e-6  # a claimed reward further than this from ours counts as forged
@@ -157,15 +156,14 @@ def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: flo
         else:
             completions.append(Completion(ids, c.text, [], wire.policy_version))
     special = frozenset(tok.all_special_ids)
-    formed = [tasks.well_formed(c.token_ids, c.text, eos, special) for c in completions]
-    malformed = formed.count(False)
-    rewards = [ctx.task_source.reward(inst, c.text) if ok else 0.0 for c, ok in zip(completions, formed, strict=True)]
-    if not all(math.isfinite(r) for r in rewards):
+    malformed = sum(not tasks.well_formed(c.token_ids, c.text, eos, special) for c in completions)
+    try:  # the same scoring as our own groups: well-formed or 0, then our verifier, then advantages
+        group = score_group(inst, prompt_ids, completions, ctx.task_source.reward, ctx.advantage, source=sender,
+                            eos_id=eos, special_ids=special)
+    except FloatingPointError:
         return Outcome(None, "non_finite_reward", malformed=malformed)
-    forged = any(abs(c.claimed_reward - r) > REWARD_TOLERANCE for c, r in zip(wire.completions, rewards,
+    forged = any(abs(c.claimed_reward - r) > REWARD_TOLERANCE for c, r in zip(wire.completions, group.rewards,
                                                                                strict=True))
-    adv = ADVANTAGE_ESTIMATORS[ctx.advantage](torch.tensor(rewards, dtype=torch.float64)).tolist()
-    group = ScoredGroup(inst, prompt_ids, completions, rewards, adv, source=sender)
     if not group.has_signal and not keep_no_signal:
         return Outcome(None, "zero_advantage", forged, malformed)
     return Outcome(External(group, content_key(ref, [c.token_ids for c in completions]), not same_tokenizer),

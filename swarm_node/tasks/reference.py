@@ -105,6 +105,9 @@ def dataset(name: str, config: str, seed: int, size: int = DATASET_SIZE) -> Any:
         raise UserError(f"bad options for task {name!r} ({config}): {exc}") from exc
 
 
+# Cached: a training draw regenerates each instance to check the held-out partition, and the node, re-scoring and
+# eval then ask for the same instance again. Instances are read-only.
+@lru_cache(maxsize=4096)
 def instance(ref: TaskRef, size: int = DATASET_SIZE) -> TaskInstance:
     entry = dataset(ref.dataset, ref.config, ref.seed, size)[ref.index]
     return TaskInstance(ref, entry["question"], str(entry["answer"]), format_prompt(entry["question"]), entry)
