@@ -78,7 +78,7 @@ class Learner:
         self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
         self.trainer = Trainer(model, cfg.train, cfg.sampler, tokenizer.pad_token_id, cfg.run.seed)
         self.sampler = HFSampler(model, tokenizer)
-        self.source = tasks.TaskSource(cfg.task.name, cfg.task.options, cfg.task.seed, reward=cfg.task.reward)
+        self.source = cfg.task.build_source()
         self.reward = reward or self.source.reward
         self.rng = random.Random(cfg.run.seed)
         self.steps = 0

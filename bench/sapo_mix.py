@@ -7,8 +7,8 @@ default task mix):
   configuration uses 8/0's hyper-parameters except I, J and the correction.
 - specialised: node i draws 70% of its prompts from specialty i (mod the mix) and 30% from the whole mix, and
   accepts the whole mix from peers. Three arms at equal local completions (I = 4 per round):
-  `swarm` (these nodes, J = 4), `solo_specialist` (the same nodes, J = 0), `solo_generalist` (one node alone,
-  drawing the whole mix, J = 0).
+  `swarm` (these nodes, J = 4), `solo_specialist` (the same nodes, J = 0), `solo_generalist` (nodes alone,
+  drawing the whole mix, J = 0: N of them per seed, for N samples of one node alone).
 Measures: cumulative reward per local completion at equal rounds (the paper's measure: sum over rounds of the
 mean reward per LOCAL completion, mean over nodes), final greedy accuracy on held-out problems (never drawn for
 training: swarm_node/tasks/heldout.py), per specialty, and reward against local completion tokens generated
@@ -57,12 +57,13 @@ def mix_of(scn: Scenario) -> list[dict[str, Any]]:
     """The scenario's mix as config entries (name, options): what every node of the homogeneous scenario draws."""
     cfg = NodeConfig()
     apply_mapping(cfg, scn.config)
-    source = tasks.TaskSource(cfg.task.name, cfg.task.options, cfg.task.seed, mix=cfg.task.mix)
+    source = cfg.task.build_source()
     return [{"name": s.name, "options": json.loads(s.config)} for s in source.mix]
 
 
 def specialised_arms(scn: Scenario) -> tuple[Scenario, Scenario, list[str]]:
-    """(the N specialised nodes with node-level mixes, one generalist node alone, each node's specialty)."""
+    """(the N specialised nodes with node-level mixes, N generalist nodes, each node's specialty). The generalists
+    draw the whole mix with J = 0, so each is a node alone: N of them are N samples of `solo_generalist`."""
     mix = mix_of(scn)
     if len(mix) < 2:
         raise SystemExit("the specialised scenario needs a task mix of at least two specialties")
@@ -75,7 +76,7 @@ def specialised_arms(scn: Scenario) -> tuple[Scenario, Scenario, list[str]]:
         task = {"mix": weighted, "accept": mix, "selection": "weighted"}
         specs.append(dataclasses.replace(scn.node_spec(i), config={"task": task}))
     specialised = dataclasses.replace(scn, node_specs=tuple(specs))
-    generalist = dataclasses.replace(scn, nodes=1, node_specs=())
+    generalist = dataclasses.replace(scn, node_specs=())
     return specialised, generalist, own
 
 
@@ -101,14 +102,13 @@ def per_task_mean(per_node: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.fmean(d[k] for d in per_node if k in d) for k in names}
 
 
-def own_specialty_acc(cells: list[dict[str, Any]], own: list[str]) -> float | None:
-    """Mean over cells and nodes of a node's held-out accuracy on its own specialty; a lone generalist's is its
-    accuracy on each specialty the specialised nodes own."""
+def own_specialty_acc(cells: list[dict[str, Any]], own: list[str], generalist: bool = False) -> float | None:
+    """Mean over cells and nodes of a node's held-out accuracy on its own specialty (node i owns own[i]). A
+    generalist owns none: its number is its accuracy on each of the specialised nodes' specialties."""
     accs = []
     for c in cells:
-        per_node = c.get("final_eval_per_task_per_node", [])
-        for i, per_task in enumerate(per_node):
-            names = [own[i]] if len(per_node) == len(own) else own
+        for i, per_task in enumerate(c.get("final_eval_per_task_per_node", [])):
+            names = own if generalist else [own[i]]
             accs.extend(per_task[n] for n in names if n in per_task)
     return statistics.fmean(accs) if accs else None
 
@@ -183,7 +183,7 @@ def curves_of(run_dir: Path, results: dict[str, list[dict[str, Any]]]) -> dict[s
             for name, cells in results.items()}
 
 
-def homogeneous(scn: Scenario, run_dir: Path, wanted: set[str] | None, plots: Path) -> dict[str, Any]:
+def homogeneous(scn: Scenario, run_dir: Path, wanted: set[str] | None, results_file: Path) -> dict[str, Any]:
     results = run_configs(scn, HOMOGENEOUS, run_dir / "homogeneous", wanted)
     out = {name: summarise_config(run_dir / "homogeneous", name, cells) for name, cells in results.items()}
     base = out.get("8/0", {}).get("cum_reward_mean")
@@ -192,12 +192,12 @@ def homogeneous(scn: Scenario, run_dir: Path, wanted: set[str] | None, plots: Pa
         if name in PAPER:
             c["paper_cum_reward"] = PAPER[name]
             c["paper_gain_vs_8_0_pct"] = 100 * (PAPER[name] / PAPER["8/0"] - 1)
-    plot(curves_of(run_dir / "homogeneous", results), plots / "sapo_mix_homogeneous.png",
+    plot(curves_of(run_dir / "homogeneous", results), results_file.with_name(f"{results_file.stem}_homogeneous.png"),
          f"SAPO on a task mix, homogeneous: {scn.nodes} nodes, G = 8")
     return out
 
 
-def specialised(scn: Scenario, run_dir: Path, wanted: set[str] | None, plots: Path) -> dict[str, Any]:
+def specialised(scn: Scenario, run_dir: Path, wanted: set[str] | None, results_file: Path) -> dict[str, Any]:
     nodes, alone, own = specialised_arms(scn)
     root = run_dir / "specialised"
     results = run_configs(nodes, [Variant("swarm", share(4, 4)), Variant("solo_specialist", share(4, 0))], root,
@@ -206,9 +206,9 @@ def specialised(scn: Scenario, run_dir: Path, wanted: set[str] | None, plots: Pa
     out = {}
     for name, cells in results.items():
         summary = summarise_config(root, name, cells)
-        summary["own_specialty_acc_mean"] = own_specialty_acc(cells, own)
+        summary["own_specialty_acc_mean"] = own_specialty_acc(cells, own, generalist=name == "solo_generalist")
         out[name] = summary
-    plot(curves_of(root, results), plots / "sapo_mix_specialised.png",
+    plot(curves_of(root, results), results_file.with_name(f"{results_file.stem}_specialised.png"),
          f"SAPO on a task mix, specialised ({OWN_SHARE:.0%} own specialty): {scn.nodes} nodes vs alone")
     return out
 
@@ -219,7 +219,7 @@ def heldout_disjoint(scn: Scenario, draws: int = 2000) -> bool:
 
     cfg = NodeConfig()
     apply_mapping(cfg, scn.config)
-    source = tasks.TaskSource(cfg.task.name, cfg.task.options, cfg.task.seed, mix=cfg.task.mix)
+    source = cfg.task.build_source()
     train = {tasks.instance(r).question for r in source.draw(random.Random(0), draws)}
     held = {tasks.instance(r).question for r in source.eval_refs(min(400, draws))}
     return not train & held
@@ -251,9 +251,9 @@ def main() -> None:
         previous = json.loads(args.out.read_text())
         result.update({k: previous[k] for k in ("homogeneous", "specialised") if k in previous})
     if args.scenario in ("homogeneous", "both"):
-        result["homogeneous"] = homogeneous(scn, run_dir, wanted, args.out.parent)
+        result["homogeneous"] = homogeneous(scn, run_dir, wanted, args.out)
     if args.scenario in ("specialised", "both"):
-        result["specialised"] = specialised(scn, run_dir, wanted, args.out.parent)
+        result["specialised"] = specialised(scn, run_dir, wanted, args.out)
     result["wall_s_this_run"] = time.monotonic() - started
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print("sapo_mix: " + summary_line(result))

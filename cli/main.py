@@ -54,7 +54,9 @@ def main() -> None:
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file (flags override it)")]
 StepsOpt = Annotated[int | None, typer.Option("--steps", help="training steps [200]")]
-TaskOpt = Annotated[str | None, typer.Option("--task", help="reasoning-gym dataset [chain_sum]")]
+TaskOpt = Annotated[str | None, typer.Option(
+    "--task", help="one reasoning-gym dataset instead of the default mix (chain_sum, basic_arithmetic, gcd, "
+                   "count_bits)")]
 TaskOptionOpt = Annotated[list[str] | None, typer.Option("--task-option", help="dataset option KEY=VALUE")]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="local HF causal-LM dir [embedded default]")]
 GroupOpt = Annotated[int | None, typer.Option("--group-size", help="completions per prompt G [8]")]
@@ -72,6 +74,15 @@ StatusHostOpt = Annotated[str | None, typer.Option("--status-host", help="status
 StatusTokenOpt = Annotated[str | None, typer.Option("--status-token", help="bearer token for the status API")]
 StalenessOpt = Annotated[int | None, typer.Option("--max-staleness", help="S: version lag allowed between generation "
                                                                          "and training; >= 1 overlaps them [0]")]
+DeviceOpt = Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda | cuda:N | mps [auto]")]
+BudgetOpt = Annotated[str | None, typer.Option("--memory-budget", help="memory one step may take, e.g. 6GiB, "
+                                               "800MiB (a number: MiB) [75% of RAM / 90% of VRAM]")]
+
+
+def hardware_overrides(device: str | None, memory_budget: str | None) -> dict[str, object]:
+    from swarm_node.train.sizing import parse_mib
+
+    return {"run.device": device, "run.memory_budget_mib": parse_mib(memory_budget) if memory_budget else None}
 
 
 def node_overrides(steps: int | None, task: str | None, task_option: list[str] | None, model: str | None,
@@ -97,7 +108,8 @@ def solo(config: ConfigOpt = None, steps: StepsOpt = None, task: TaskOpt = None,
          resume: ResumeOpt = False, sampler: SamplerOpt = None, lr: LrOpt = None,
          minibatches: MinibatchOpt = None, checkpoint_every: CkptOpt = None, eval_problems: EvalOpt = None,
          status_port: StatusPortOpt = None, status_host: StatusHostOpt = None,
-         status_token: StatusTokenOpt = None, max_staleness: StalenessOpt = None) -> None:
+         status_token: StatusTokenOpt = None, max_staleness: StalenessOpt = None, device: DeviceOpt = None,
+         memory_budget: BudgetOpt = None) -> None:
     """Train one node alone, offline, on the embedded default model and task."""
     with user_errors():
         from swarm_node.config import load_config
@@ -105,7 +117,8 @@ def solo(config: ConfigOpt = None, steps: StepsOpt = None, task: TaskOpt = None,
 
         cfg = load_config(config, node_overrides(
             steps, task, task_option, model, group_size, prompts_per_step, seed, run_dir, resume, sampler, lr,
-            minibatches, checkpoint_every, eval_problems, status_port, status_host, status_token, max_staleness))
+            minibatches, checkpoint_every, eval_problems, status_port, status_host, status_token, max_staleness)
+            | hardware_overrides(device, memory_budget))
         configure_logging()
         stats = NodeStats(role="solo")
         server = start_status_server(stats, cfg.status.host, cfg.status.port, cfg.status.token)
@@ -161,6 +174,8 @@ BootstrapOpt = Annotated[list[str] | None, typer.Option("--bootstrap", help="mul
 ListenOpt = Annotated[str | None, typer.Option("--listen", help="listen multiaddr [/ip4/0.0.0.0/tcp/0]")]
 AnnounceOpt = Annotated[list[str] | None, typer.Option("--announce-addr", help="address others should dial")]
 IdentityOpt = Annotated[str | None, typer.Option("--identity", help="key file [RUN_DIR/identity.key]")]
+RelayOpt = Annotated[str | None, typer.Option("--relay", help="serve as a circuit relay for peers behind NAT: "
+                                                              "auto (once we are public) | on | off [auto]")]
 RoleOpt = Annotated[str | None, typer.Option("--role", help="peer (SAPO) | learner | worker (ECHO-2) [peer]")]
 LearnerOpt = Annotated[str | None, typer.Option("--learner", help="worker: peer id of the learner to follow")]
 CostOpt = Annotated[float | None, typer.Option("--cost-per-hour", help="worker: its price, told to the learner")]
@@ -183,7 +198,8 @@ def join(bootstrap: BootstrapOpt = None, listen: ListenOpt = None, announce_addr
          minibatches: MinibatchOpt = None, checkpoint_every: CkptOpt = None, eval_problems: EvalOpt = None,
          status_port: StatusPortOpt = None, status_host: StatusHostOpt = None,
          status_token: StatusTokenOpt = None, learner: LearnerOpt = None,
-         max_staleness: StalenessOpt = None, cost_per_hour: CostOpt = None) -> None:
+         max_staleness: StalenessOpt = None, cost_per_hour: CostOpt = None, device: DeviceOpt = None,
+         memory_budget: BudgetOpt = None, relay: RelayOpt = None) -> None:
     """Join a swarm over libp2p: as a peer, share rollouts and train on theirs (SAPO); as a learner or a worker
     following one (--role, --learner), the ECHO-2 mode. Prints the address others can join through; without
     --bootstrap it starts a new swarm."""
@@ -194,10 +210,11 @@ def join(bootstrap: BootstrapOpt = None, listen: ListenOpt = None, announce_addr
         overrides = node_overrides(
             steps, task, task_option, model, group_size, prompts_per_step, seed, run_dir, resume, sampler, lr,
             minibatches, checkpoint_every, eval_problems, status_port, status_host, status_token, max_staleness)
+        overrides.update(hardware_overrides(device, memory_budget))
         overrides.update({
             "network.bootstrap": bootstrap, "network.listen": listen, "network.announce_addr": announce_addr,
             "network.identity": identity, "network.role": role, "network.learner": learner,
-            "echo.cost_per_hour": cost_per_hour,
+            "network.relay": relay, "echo.cost_per_hour": cost_per_hour,
             "share.local_groups": local_groups,
             "share.external_groups": external_groups, "share.max_external_age": max_external_age,
             "share.external_correction": external_correction,
@@ -247,12 +264,12 @@ def simulate(scenario: Annotated[Path, typer.Argument(help="scenario TOML")],
              seed: Annotated[list[int] | None, typer.Option("--seed", help="override the scenario's seeds")] = None,
              transport: Annotated[str | None, typer.Option("--transport", help="override the scenario's transport: "
                                                            "memory (network model) | libp2p (real, loopback)")] = None,
-             ) -> None:
+             device: DeviceOpt = None) -> None:
     """Run many nodes on this machine over a modelled network; writes CSV, plots and a summary table."""
     with user_errors():
         from cli.simulate_cmd import run_simulate
 
-        run_simulate(scenario, run_dir, rounds, seed, transport)
+        run_simulate(scenario, run_dir, rounds, seed, transport, device)
 
 
 @app.command()

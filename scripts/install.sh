@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs swarm-node into .venv at the repo root. Usage: scripts/install.sh [--test]
-#   --test  also installs the test tools and Debian's chromium + chromium-driver (the dashboard browser test).
+#   --test  also installs the test tools and Debian's chromium + chromium-driver (the dashboard browser test),
+#           iproute2 and nftables (the NAT tests build network namespaces with them).
 # System packages (apt-get, only when missing): gcc and libgmp-dev, because py-libp2p depends on fastecdsa,
 # which builds from source.
 set -euo pipefail
@@ -9,7 +10,7 @@ extras="vllm"
 apt_pkgs=(gcc libgmp-dev)
 if [[ "${1:-}" == "--test" ]]; then
   extras="vllm,test"
-  apt_pkgs+=(chromium chromium-driver)
+  apt_pkgs+=(chromium chromium-driver iproute2 nftables)
 fi
 missing=()
 for p in "${apt_pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -9,6 +9,7 @@ status on STATUS_HOST:P+i.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -97,11 +98,11 @@ def build_nodes(scn: Scenario, variant: Variant, seed: int, root: Path, stats: l
         stats[i].update(peer_id=transport.peer_id, total_steps=scn.rounds, phase="training")
         exchange = exchange_cls(transport, node.wire_limits(),
                                 accept_policy_for(node.task_source))
+        exchange.ignore_signer = node.peer_guard.blocked  # the guard path of join (roles/wiring.open_exchange)
         node.exchange = exchange
         leave = float(spec.leave_round) if spec.leave_round else float("inf")
         nodes.append(SimNode(i, node, transport, exchange, float(spec.join_round), leave))
     return nodes
-
 
 
 def row(variant: str, seed: int, n: SimNode, rnd: int, t: float, m: dict[str, Any]) -> dict[str, Any]:
@@ -112,6 +113,27 @@ def row(variant: str, seed: int, n: SimNode, rnd: int, t: float, m: dict[str, An
             "pool_size": m.get("pool_size"), "received": m.get("received"), "dropped": sum(dropped.values()),
             "loss": m.get("loss"), "step_s": m.get("step_s"), "gen_tokens": m.get("gen_tokens")}
 
+
+def train_round(active: list[SimNode], drafts: dict[int, Any], variant: str, seed: int, rnd: int, t: float,
+                rows: list[dict[str, Any]]) -> float | None:
+    """Every active node trains on its draft (in index order); their metrics rows are appended to `rows`. The
+    round's mean local reward over the nodes that have one (None: no node has)."""
+    rewards = []
+    for n in active:
+        metrics = n.node.mix_and_train(drafts[n.index])
+        rows.append(row(variant, seed, n, rnd, t, metrics))
+        if metrics.get("reward_mean") is not None:
+            rewards.append(metrics["reward_mean"])
+    return statistics.fmean(rewards) if rewards else None
+
+
+def drop_totals(nodes: list[SimNode]) -> dict[str, int]:
+    """External groups the nodes dropped, summed per reason over senders and nodes."""
+    drops: dict[str, int] = {}
+    for n in nodes:
+        for (_sender, reason), count in n.node.peer_drops.items():
+            drops[reason] = drops.get(reason, 0) + count
+    return drops
 
 
 def cumulative_rewards(rows: list[dict[str, Any]], nodes: int) -> list[float]:

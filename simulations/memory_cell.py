@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import statistics
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from simulations.cells import CellSamplers, LogFn, RoundFn, SimNode, build_nodes, peer_name, row
+from simulations.cells import CellSamplers, LogFn, RoundFn, SimNode, build_nodes, peer_name, row, train_round
 from simulations.network import LinkModel, NetworkHub
 from simulations.results import cell_fingerprint
 from simulations.scenario import Scenario, Variant
@@ -28,7 +27,7 @@ from swarm_node.status.stats import NodeStats
 from swarm_node.transport.memory import MemoryTransport, memory_addr
 
 
-async def _set_membership(nodes: list[SimNode], at: float) -> None:
+async def set_membership(nodes: list[SimNode], at: float) -> None:
     for n in nodes:
         should_be_up = n.join <= at < n.leave
         if should_be_up and not n.up:
@@ -51,22 +50,17 @@ async def _run_sync(scn: Scenario, variant: str, seed: int, nodes: list[SimNode]
     for rnd in range(snaps.start_round, scn.rounds):
         t0 = rnd * round_s
         await hub.advance_to(t0)
-        await _set_membership(nodes, rnd)
+        await set_membership(nodes, rnd)
         active = [n for n in nodes if n.up]
         drafts = samplers.sample_all(active)
         for n in active:
             await n.exchange.flush()
         await hub.advance_to(t0 + round_s)
-        rewards = []
-        for n in active:
-            metrics = n.node.mix_and_train(drafts[n.index])
-            rows.append(row(variant, seed, n, rnd + 1, t0 + round_s, metrics))
-            if metrics.get("reward_mean") is not None:
-                rewards.append(metrics["reward_mean"])
+        mean_reward = train_round(active, drafts, variant, seed, rnd + 1, t0 + round_s, rows)
         if snaps.due(rnd + 1, scn.rounds):
             snaps.save(rnd + 1, nodes, rows, hub)
         if on_round is not None:
-            on_round(variant, seed, rnd + 1, scn.rounds, statistics.fmean(rewards) if rewards else None)
+            on_round(variant, seed, rnd + 1, scn.rounds, mean_reward)
 
 
 async def _run_async(scn: Scenario, variant: str, seed: int, nodes: list[SimNode], hub: NetworkHub,
@@ -83,7 +77,7 @@ async def _run_async(scn: Scenario, variant: str, seed: int, nodes: list[SimNode
         t, i = heapq.heappop(queue)
         n = nodes[i]
         await hub.advance_to(t)
-        await _set_membership(nodes, t / round_s)
+        await set_membership(nodes, t / round_s)
         if not n.up:
             continue
         draft = n.node.sample_and_share()

@@ -31,6 +31,8 @@ def cell_fingerprint(scn: Scenario, variant: Variant) -> str:
     what = {k: v for k, v in dataclasses.asdict(scn).items() if k not in _NOT_IN_FINGERPRINT}
     if scn.sampler == "per-node":
         del what["sampler"]  # the default: results stored before the option existed stay valid
+    if not scn.attackers:
+        del what["attackers"]  # likewise (mode "attack" only)
     what.update(variant=dataclasses.asdict(variant), default_model=DefaultModelRecipe().key())
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -12,7 +12,7 @@ Contract:
 - `CELL_RUNNERS[scn.mode]` runs a cell (names: `swarm_node.variants.SIM_MODES`): "sync" (lockstep rounds) and
   "async" (virtual clock) run SAPO nodes over `CELL_LOOPS[scn.transport]` (memory_cell.py: the network model;
   libp2p_cell.py: real hosts on loopback, sync only); "echo" runs an ECHO-2 learner and its workers
-  (echo_cell.py).
+  (echo_cell.py); "attack" runs honest SAPO nodes beside the scenario's malicious ones (attack_cell.py).
 - `[simulation] status_port = P` (> 0): node i serves its status API on 127.0.0.1:P+i for the whole cell (the
   URLs go to `log`).
 - `[simulation] sampler = "shared-lora"`: one vLLM engine per cell serves every node's policy as a LoRA adapter
@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from simulations.attack_cell import attack_cell
 from simulations.cells import (
     CellSamplers,
     LogFn,
@@ -40,6 +41,7 @@ from simulations.cells import (
     SimNode,
     cell_dir,
     cumulative_rewards,
+    drop_totals,
     shared_engine,
     start_status_servers,
 )
@@ -78,10 +80,7 @@ def swarm_cell(scn: Scenario, variant: Variant, seed: int, root: Path, on_round:
         try:
             finals = [n.node.evaluate() for n in nodes] if scn.eval_problems else []
             evals = [e.greedy_acc for e in finals]
-            drops: dict[str, int] = {}
-            for n in nodes:
-                for (_sender, reason), count in n.node.peer_drops.items():
-                    drops[reason] = drops.get(reason, 0) + count
+            drops = drop_totals(nodes)
         finally:
             for n in nodes:
                 n.node.close()
@@ -102,6 +101,7 @@ def swarm_cell(scn: Scenario, variant: Variant, seed: int, root: Path, on_round:
 CELL_RUNNERS.add("sync", swarm_cell)
 CELL_RUNNERS.add("async", swarm_cell)
 CELL_RUNNERS.add("echo", echo_cell)
+CELL_RUNNERS.add("attack", attack_cell)  # honest SAPO nodes and [[attacker]] nodes (attack_cell.py)
 
 
 def run_cell(scn: Scenario, variant: Variant, seed: int, run_dir: Path,

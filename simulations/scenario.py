@@ -3,7 +3,8 @@
 Layout (every key optional except what a run needs; unknown keys and impossible values are one-line errors):
 
     [simulation]  name, nodes, rounds, seeds, mode ("sync" lockstep rounds | "async" virtual clock | "echo": node 0
-                  an ECHO-2 learner, the others its workers, a round one learner step; see simulations/echo_sim.py),
+                  an ECHO-2 learner, the others its workers, a round one learner step; see simulations/echo_sim.py
+                  | "attack": sync rounds with the [[attacker]] nodes malicious; simulations/attack_cell.py),
                   transport ("memory": in process, through the [network] model | "libp2p": a real libp2p host
                   per node on 127.0.0.1, sync mode only), eval_problems (greedy held-out eval per node at the end),
                   run_dir, status_port (0 = off; P: node i serves its status API on 127.0.0.1:P+i),
@@ -21,12 +22,20 @@ Layout (every key optional except what a run needs; unknown keys and impossible 
     [config]      node config tables applied to every node ([config.run], [config.share], ...: see config.py)
     [[variants]]  name + config: each variant is a separate swarm run (e.g. the SAPO I/J grid)
     [[node]]      per-node overrides: index, speed (compute factor), model (HF dir; "" = default),
-                  join_round, leave_round (0 = stays), config (node config tables)
+                  join_round, leave_round (0 = stays), config (node config tables), device (a [devices] class: the
+                  node's speed is multiplied by the class's, its run.memory_budget_mib is the class's memory_mib
+                  unless its own config sets one)
+    [devices]     device classes, [devices.NAME] speed, memory_mib (swarm_node/train/device_classes.py; the same
+                  tables `swarm-node plan` reads). Every node sizes its steps to its budget by the estimate alone
+                  (run.memory_guard is off: the nodes share one process)
+    [[attacker]]  mode "attack" only: index, kind (simulations/byzantine.py ATTACKS): node `index` is a malicious
+                  node of that kind, not trained (simulations/attack_cell.py); the other nodes are honest
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +44,7 @@ from typing import Any
 from swarm_node import variants
 from swarm_node.config import NodeConfig, apply_mapping, read_toml
 from swarm_node.errors import ConfigError, UserError
+from swarm_node.train.device_classes import device_class, parse_device_classes
 
 MODES = variants.SIM_MODES
 TRANSPORTS = variants.SIM_TRANSPORTS
@@ -58,6 +68,8 @@ class NodeSpec:
     join_round: int = 0
     leave_round: int = 0  # 0: never leaves
     config: dict[str, Any] = field(default_factory=dict)
+    device: str = ""  # a [devices] class ("": none)
+    memory_mib: int = 0  # the class's memory: the node's run.memory_budget_mib (0: the default budget)
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,7 @@ class Scenario:
     status_port: int = 0  # 0: off
     sampler: str = "per-node"  # SIM_SAMPLERS
     checkpoint_rounds: int = 10  # a resumable snapshot every K rounds (0: off); snapshots.py
+    attackers: tuple[tuple[int, str], ...] = ()  # mode "attack": (node index, attack kind); byzantine.py
 
     def base_model(self, variant: Variant, index: int) -> str:
         """Node `index`'s starting model directory ("" = the embedded default)."""
@@ -94,7 +107,9 @@ class Scenario:
     def node_config(self, variant: Variant, index: int, seed: int, run_dir: Path) -> NodeConfig:
         """Defaults < [config] < variant config < [[node]] config < what the harness fixes (dirs, seeds)."""
         cfg = NodeConfig()
-        for layer in (self.config, variant.config, self.node_spec(index).config):
+        spec = self.node_spec(index)
+        memory = {"run": {"memory_budget_mib": spec.memory_mib}} if spec.memory_mib else {}
+        for layer in (self.config, variant.config, memory, spec.config):
             apply_mapping(cfg, copy.deepcopy(layer), where=f" in scenario {self.name!r}")
         cfg.run.seed = seed * 1000 + index
         cfg.run.run_dir = str(run_dir)
@@ -103,13 +118,14 @@ class Scenario:
         cfg.run.checkpoint_every = self.rounds + 1  # the harness keeps per-round metrics, not checkpoints
         cfg.run.eval_problems = self.eval_problems
         cfg.status.port = -1
+        cfg.run.memory_guard = False  # the nodes share this process: its memory is not one node's
         return cfg.validate()
 
 
-_SECTIONS = {"simulation", "network", "config", "variants", "node"}
+_SECTIONS = {"simulation", "network", "config", "variants", "node", "attacker", "devices"}
 _SIM_KEYS = {"name", "nodes", "rounds", "seeds", "mode", "transport", "eval_problems", "run_dir", "status_port",
              "sampler", "checkpoint_rounds"}
-_NODE_KEYS = {"index", "speed", "model", "join_round", "leave_round", "config"}
+_NODE_KEYS = {"index", "speed", "model", "join_round", "leave_round", "config", "device"}
 
 
 def check_transport(mode: str, transport: str) -> None:
@@ -207,6 +223,7 @@ def parse_scenario(data: dict[str, Any], name: str = "scenario") -> Scenario:
     if len({v.name for v in variants}) != len(variants):
         raise UserError("variant names must be distinct")
     specs = []
+    classes = parse_device_classes(data.get("devices", {}), "devices")
     nodes_raw = data.get("node", [])
     if not isinstance(nodes_raw, list):
         raise UserError("[[node]] must be an array of tables")
@@ -222,6 +239,9 @@ def parse_scenario(data: dict[str, Any], name: str = "scenario") -> Scenario:
             raise UserError(f"{where}.index must be in [0, {nodes}), got {spec.index}")
         if spec.speed <= 0:
             raise UserError(f"{where}.speed must be > 0, got {spec.speed}")
+        if "device" in n:
+            cls = device_class(classes, _typed(n, "device", str, "", where), f"{where}.device")
+            spec = dataclasses.replace(spec, speed=spec.speed * cls.speed, device=cls.name, memory_mib=cls.memory_mib)
         if spec.join_round < 0 or spec.leave_round < 0 or (spec.leave_round and spec.leave_round <= spec.join_round):
             raise UserError(f"{where}: need 0 <= join_round < leave_round (or leave_round 0), got "
                             f"{spec.join_round}, {spec.leave_round}")
@@ -238,7 +258,8 @@ def parse_scenario(data: dict[str, Any], name: str = "scenario") -> Scenario:
         raise UserError(f"simulation.checkpoint_rounds must be >= 0 (0 = off), got {checkpoint_rounds}")
     scenario = Scenario(_typed(sim, "name", str, name, "simulation"), nodes, rounds, tuple(seeds), mode, transport,
                         eval_problems, _typed(sim, "run_dir", str, f"runs/sim-{name}", "simulation"), network,
-                        config, tuple(variants), tuple(specs), status_port, sampler, checkpoint_rounds)
+                        config, tuple(variants), tuple(specs), status_port, sampler, checkpoint_rounds,
+                        parse_attackers(data.get("attacker", []), nodes, mode))
     # Build every node's config once now, so a typo anywhere fails before anything runs.
     for variant in variants:
         for index in range(nodes):
@@ -249,6 +270,30 @@ def parse_scenario(data: dict[str, Any], name: str = "scenario") -> Scenario:
     if sampler == "shared-lora":
         check_shared_lora(scenario)
     return scenario
+
+
+def parse_attackers(raw: Any, nodes: int, mode: str) -> tuple[tuple[int, str], ...]:
+    """[[attacker]] tables as (index, kind), sorted; mode "attack" only, with at least one honest node."""
+    if not isinstance(raw, list):
+        raise UserError("[[attacker]] must be an array of tables")
+    out = []
+    for i, a in enumerate(raw):
+        if not isinstance(a, dict):
+            raise UserError(f"attacker[{i}] must be a table")
+        _check_keys(a, {"index", "kind"}, f"attacker[{i}]")
+        index, kind = _typed(a, "index", int, -1, f"attacker[{i}]"), _typed(a, "kind", str, "", f"attacker[{i}]")
+        if not 0 <= index < nodes:
+            raise UserError(f"attacker[{i}].index must be in [0, {nodes}), got {index}")
+        if kind not in variants.ATTACKS:
+            raise UserError(f"attacker[{i}].kind must be one of {', '.join(variants.ATTACKS)}, not {kind!r}")
+        out.append((index, kind))
+    if len({i for i, _ in out}) != len(out):
+        raise UserError("[[attacker]] indices must be distinct")
+    if out and mode != "attack":
+        raise UserError(f"[[attacker]] needs simulation.mode 'attack', not {mode!r}")
+    if mode == "attack" and len(out) >= nodes:
+        raise UserError("simulation.mode 'attack' needs at least one honest node")
+    return tuple(sorted(out))
 
 
 def check_shared_lora(scn: Scenario) -> None:

@@ -7,6 +7,7 @@ values raise `ConfigError` with one line naming the key.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import types
@@ -20,7 +21,7 @@ import tomllib
 from protocol.relay import DEFAULT_SCHEDULE, ScheduleError, make_plan
 from swarm_node import variants
 from swarm_node.errors import ConfigError
-from swarm_node.tasks import DEFAULT_TASK, parse_specialties
+from swarm_node.tasks import DATASET_SIZE, DEFAULT_MIX, TaskSource, parse_specialties
 
 
 @dataclass
@@ -35,10 +36,20 @@ class RunConfig:
     keep_checkpoints: int = 3
     eval_every: int = 0  # 0: only at the end of the run
     eval_problems: int = 200  # 0: no held-out eval
+    # Hardware (model/device.py, train/sizing.py, node/hardware.py): where the node computes, and the memory one
+    # step may take. device: variants.DEVICES, "cuda:N" for a card; memory_budget_mib 0: a safe fraction of the
+    # device's memory (RAM on CPU, VRAM on a GPU). memory_guard false: size by the estimate alone and do not watch
+    # the process's memory (a node sharing its process with others: simulations).
+    device: str = "auto"
+    memory_budget_mib: int = 0
+    memory_guard: bool = True
 
     def validate(self) -> None:
         _positive(self, "steps", "prompts_per_step", "group_size", "checkpoint_every", "keep_checkpoints")
-        _non_negative(self, "eval_every", "seed", "eval_problems")
+        _non_negative(self, "eval_every", "seed", "eval_problems", "memory_budget_mib")
+        kind, sep, index = self.device.partition(":")
+        if kind not in variants.DEVICES or (sep and (kind != "cuda" or not index.isdigit())):
+            raise ConfigError(f"run.device {self.device!r} unknown; choose one of auto, cpu, cuda, cuda:N, mps")
 
 
 @dataclass
@@ -51,25 +62,41 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    """One task (name, options), or a mix: `mix = [{name = "chain_sum", options = {...}, weight = 1.0}, ...]`
-    (then name and options stay unset). `accept`: the (name, options) entries taken from peers, default the mix."""
+    """The task: by default the embedded mix (`tasks.DEFAULT_MIX`); or one task (`name`, `options`); or a mix:
+    `mix = [{name = "chain_sum", options = {...}, weight = 1.0}, ...]`. `accept`: the (name, options) entries
+    taken from peers, default the mix drawn."""
 
-    name: str = DEFAULT_TASK
+    name: str = ""  # empty: the mix (the default mix when `mix` is empty too)
     options: dict[str, Any] = field(default_factory=dict)  # empty: the task's defaults (see tasks/reference.py)
     seed: int = 0
     reward: str = "exact"  # variants.REWARD_MODES: exact | score (reasoning-gym's partial credit)
-    selection: str = "uniform"  # variants.TASK_SELECTIONS: uniform | weighted | balanced (each prompt's specialty)
-    mix: list[dict[str, Any]] = field(default_factory=list)  # empty: the one task name/options
+    selection: str = "balanced"  # variants.TASK_SELECTIONS: uniform | weighted | balanced (each prompt's specialty)
+    mix: list[dict[str, Any]] = field(default_factory=list)  # empty: `name`, or else tasks.DEFAULT_MIX
     accept: list[dict[str, Any]] = field(default_factory=list)  # empty: our own mix
 
     def validate(self) -> None:
         _non_negative(self, "seed")
         _one_of(self, "reward", variants.REWARD_MODES)
         _one_of(self, "selection", variants.TASK_SELECTIONS)
-        if self.mix and (self.name != DEFAULT_TASK or self.options):
+        if self.mix and (self.name or self.options):
             raise ConfigError("task.mix replaces task.name and task.options: set one or the other")
+        if self.options and not self.name:
+            raise ConfigError("task.options needs task.name (the dataset the options are for)")
         parse_specialties(self.mix, "task.mix")
         parse_specialties(self.accept, "task.accept", weighted=False)
+
+    def specialties(self) -> list[dict[str, Any]]:
+        """The mix drawn, as config entries: `mix`, else the one task `name`, else the embedded default mix."""
+        if self.mix:
+            return self.mix
+        if self.name:
+            return [{"name": self.name, "options": self.options}]
+        return copy.deepcopy(list(DEFAULT_MIX))
+
+    def build_source(self, size: int = DATASET_SIZE) -> TaskSource:
+        """The node's task source (builds every dataset: an unknown dataset or bad options fail here)."""
+        return TaskSource(seed=self.seed, size=size, reward=self.reward, selection=self.selection,
+                          mix=self.specialties(), accept=self.accept)
 
 
 @dataclass
@@ -118,9 +145,13 @@ class TrainConfig:
     # attention and MLP projections (scale lora_alpha / r). A simulation's shared vLLM engine serves them.
     lora_rank: int = 0
     lora_alpha: float = 16.0
+    # variants.PRECISIONS (model/device.py): "auto" is bf16 autocast on a GPU that supports it, else fp32; the
+    # weights and the optimizer state stay fp32 (master weights) either way.
+    precision: str = "auto"
 
     def validate(self) -> None:
         _one_of(self, "advantage", variants.ADVANTAGES)
+        _one_of(self, "precision", variants.PRECISIONS)
         _one_of(self, "loss", variants.LOSSES)
         _positive(self, "lr", "minibatches", "max_grad_norm", "is_cap", "microbatch_tokens")
         _non_negative(self, "eps_low", "eps_high", "kl_coef", "weight_decay", "threads", "warmup_steps",
@@ -155,6 +186,9 @@ class ShareConfig:
     per_peer_pool_cap: int = 64
     per_peer_batch_cap: int = 0  # 0: no per-peer limit within one batch beyond external_groups
     selection: str = "uniform"  # variants.SELECTIONS (sharing/selection.py)
+    # A peer's completion that is not well-formed (tasks.well_formed: the answer alone, then EOS) is re-scored 0.
+    # false only to measure what the defence is worth (bench/attack.py): peers' verifier-passing junk then counts.
+    require_well_formed: bool = True
 
     def validate(self) -> None:
         _non_negative(self, "local_groups", "external_groups", "max_external_age", "per_peer_batch_cap")
@@ -191,6 +225,13 @@ class PeersConfig:
 
     rescore_share: float = 0.2
     burst_s: float = 5.0
+    # Rollout messages per signer, before any decoding (sharing/budget.MessageRate; 0: no limit). A peer sends one
+    # message per training step (up to 16 groups); past the rate its messages are ignored unread (not held against
+    # it: a fast honest peer may exceed it). Measured once (40 s, loaded 2-core machine): 3 identities flooding
+    # valid 1-group messages at ~13/s each cost a sharing `join` 25% of its steps per minute without the cap, 17%
+    # with 5/s (issue 14).
+    max_messages_per_s: float = 5.0
+    message_burst: float = 50.0
     active_window_s: float = 60.0
     half_life_s: float = 600.0
     graylist_score: float = -20.0
@@ -202,6 +243,9 @@ class PeersConfig:
 
     def validate(self) -> None:
         _positive(self, "rescore_share", "burst_s", "active_window_s", "half_life_s", "ban_s")
+        _non_negative(self, "max_messages_per_s")
+        if self.message_burst < 1:
+            raise ConfigError(f"peers.message_burst must be >= 1, got {self.message_burst}")
         if not self.ban_score <= self.graylist_score < 0:
             raise ConfigError(f"peers needs ban_score <= graylist_score < 0, got ban_score {self.ban_score}, "
                               f"graylist_score {self.graylist_score}")
@@ -227,9 +271,16 @@ class NetworkConfig:
     announce_addr: list[str] = field(default_factory=list)
     bootstrap: list[str] = field(default_factory=list)
     identity: str = ""  # key file; empty: RUN_DIR/identity.key (created on first use)
+    # Serve as a circuit relay for peers behind NAT: auto = once AutoNAT says we are public (docs/NAT.md).
+    relay: str = "auto"  # auto | on | off
+    relay_circuit_mb: int = 64  # bytes one relayed circuit may carry before the relay resets it
+    relay_max_reservations: int = 32  # peers that may hold a slot on us as a relay
 
     def validate(self) -> None:
         _one_of(self, "role", variants.ROLES)
+        _one_of(self, "relay", variants.RELAY_MODES)
+        if self.relay_circuit_mb < 1 or self.relay_max_reservations < 0:
+            raise ConfigError("network.relay_circuit_mb must be >= 1 and network.relay_max_reservations >= 0")
         if self.role == "worker" and not self.learner:
             raise ConfigError("a worker needs the learner to follow: --learner PEER_ID (printed by the learner)")
         for addr in [self.listen, *self.announce_addr, *self.bootstrap]:

@@ -35,7 +35,8 @@ def error_line(proc: subprocess.CompletedProcess[str]) -> str:
 @pytest.mark.parametrize(("args", "expected"), [
     (["--model", "/nonexistent/model"], "model path '/nonexistent/model' is not a directory"),
     (["--task", "no_such_task"], "unknown task 'no_such_task'"),
-    (["--task-option", "wrong_option=3"], "bad options for task 'chain_sum'"),
+    (["--task", "chain_sum", "--task-option", "wrong_option=3"], "bad options for task 'chain_sum'"),
+    (["--task-option", "max_digits=2"], "task.options needs task.name (the dataset the options are for)"),
     (["--sampler", "gpu"], "sampler.kind 'gpu' unknown; choose one of auto, vllm, hf"),
 ])
 def test_bad_inputs_are_one_line(tmp_path: Path, args: list[str], expected: str) -> None:

@@ -331,7 +331,7 @@ bandwidth_mb_s = 10
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    (MINIMAL + "[extra]\n", "unknown section [extra] in the plan file; known: learner, network, workers"),
+    (MINIMAL + "[extra]\n", "unknown section [extra] in the plan file; known: devices, learner, network, workers"),
     (MINIMAL.replace("step_s = 10", "step_s = 10\nstep = 3"), "unknown key learner.step; known: cost_per_hour"),
     (MINIMAL.replace("step_s = 10", 'step_s = "ten"'), "learner.step_s must be a number, got 'ten'"),
     (MINIMAL.replace("step_s = 10", "step_s = true"), "learner.step_s must be a number, got True"),
@@ -350,7 +350,7 @@ bandwidth_mb_s = 10
     (MINIMAL + '[[workers]]\nname = "w"\nthroughput = 1\ncost_per_hour = 1\ncount = 0\n',
      "worker 'w': count must be an integer >= 1, got 0"),
     (MINIMAL + '[[workers]]\nname = "w"\nthroughput = 1\ncost_per_hour = 1\ngpu = "x"\n',
-     "unknown key workers[0].gpu; known: bandwidth_mb_s, cost_per_hour, count, name, throughput, tokens_per_s"),
+     "unknown key workers[0].gpu; known: bandwidth_mb_s, cost_per_hour, count, device, name, throughput, tokens_per_s"),
 ])
 def test_plan_file_errors(text: str, message: str) -> None:
     with pytest.raises(UserError) as err:

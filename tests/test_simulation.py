@@ -30,7 +30,7 @@ TINY = {"run": {"group_size": 4, "prompts_per_step": 2}, "sampler": {"kind": "hf
 @pytest.mark.parametrize(("data", "message"), [
     ({"simulation": {"nodez": 2}}, "unknown key 'nodez' in [simulation]"),
     ({"simulation": {"nodes": 0}}, "simulation.nodes must be in [1, 64], got 0"),
-    ({"simulation": {"mode": "fast"}}, "simulation.mode must be one of sync, async, echo, not 'fast'"),
+    ({"simulation": {"mode": "fast"}}, "simulation.mode must be one of sync, async, echo, attack, not 'fast'"),
     ({"network": {"loss": 1.5}}, "network.loss must be in [0, 1), got 1.5"),
     ({"network": {"latency_ms": "x"}}, "network.latency_ms must be float, got 'x'"),
     ({"config": {"share": {"is_cap": 3.0}}}, "share.is_cap must be <= 1"),
@@ -107,7 +107,8 @@ def _weak_reward_after(tiny_model_dir: Path, tmp_path: Path, external: int, roun
     apply_mapping(cfg, {**TINY, "train": {"threads": 1, "minibatches": 1, "lr": 1e-2, "warmup_steps": 0},
                         "share": {"local_groups": 1, "external_groups": external},
                         # two-digit sums: the tiny random model almost never answers them by chance
-                        "task": {"options": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}}})
+                        "task": {"name": "chain_sum",
+                                 "options": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}}})
     cfg.run.run_dir, cfg.run.seed, cfg.run.eval_problems, cfg.status.port = str(tmp_path / f"j{external}"), 0, 0, -1
     node = Node(cfg.validate(), events=NodeEvents(log=lambda _m: None), model_dir=tiny_model_dir)
     node.setup()

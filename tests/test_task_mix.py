@@ -48,6 +48,21 @@ accept = [{name = "chain_sum"}, {name = "leg_counting", options = {}}]
     assert (source.name, source.config) == ("chain_sum", default_config)  # a single task's view: the first
 
 
+def test_the_default_task_is_the_embedded_mix_and_a_name_replaces_it(tmp_path: Path) -> None:
+    default = load_config(None).task
+    source = default.build_source()
+    assert source.names == ("chain_sum", "basic_arithmetic", "gcd", "count_bits") and source.selection == "balanced"
+    assert [s.config for s in source.mix] == [tasks.canonical_config(tasks.resolve_options(e["name"], e["options"]))
+                                              for e in tasks.DEFAULT_MIX]
+    assert [r.dataset for r in source.draw(random.Random(0), 8)] == list(source.names) * 2  # one of each, in turn
+    default.specialties()[0]["options"]["max_digits"] = 9  # a copy: the embedded mix is not changed through it
+    assert tasks.DEFAULT_MIX[0]["options"]["max_digits"] == 1
+    one = load_config(toml(tmp_path, '[task]\nname = "gcd"\n[task.options]\nmax_value = 12\n')).task
+    assert one.build_source().names == ("gcd",) and one.build_source().options["max_value"] == 12
+    with pytest.raises(ConfigError, match=r"^task.options needs task.name \(the dataset the options are for\)$"):
+        load_config(toml(tmp_path, "[task.options]\nmax_value = 12\n"))
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ('mix = [{name = "chain_sum", weight = 0}]', "task.mix[0] ('chain_sum'): weight must be a number > 0, got 0"),
     ('mix = [{name = "chain_sum", weight = -1.5}]', "weight must be a number > 0, got -1.5"),

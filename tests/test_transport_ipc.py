@@ -137,3 +137,30 @@ def test_gossipsub_score_params_and_the_pushed_table_in_the_host() -> None:
     assert trio.run(verdict, bad.to_base58()) is ValidationResult.IGNORE  # no VALIDATE round trip to the node
     assert host.counters["graylisted_signer"] == 1
     assert trio.run(verdict, good.to_base58()) is ValidationResult.ACCEPT  # "t" is not a validated topic
+
+
+def test_the_node_answers_an_expired_validation_ignore_without_validating() -> None:
+    """Under a flood the host gives up on a VALIDATE after its timeout; the node must not spend its time validating
+    the backlog of such requests (that starved honest messages for ~80 s after one flood): past the deadline it
+    answers IGNORE at once, and only requests still in time reach the validator."""
+    import time
+
+    from swarm_node.identity import generate
+    from swarm_node.transport.base import ValidationResult
+    from swarm_node.transport.libp2p_transport import LibP2PTransport
+
+    seen: list[bytes] = []
+    sent: list[tuple] = []
+
+    class Recorder:
+        def send(self, *frame: object) -> None:
+            sent.append(frame)
+
+    transport = LibP2PTransport(generate(b"v" * 32))
+    transport._validators["t"] = lambda signer, data: (seen.append(data), ValidationResult.REJECT)[1]
+    now = time.time()
+    transport._dispatch(Recorder(), Op.VALIDATE, [1, "t", "peer", b"late", now - 1.0])  # type: ignore[arg-type]
+    transport._dispatch(Recorder(), Op.VALIDATE, [2, "t", "peer", b"fresh", now + 60.0])  # type: ignore[arg-type]
+    assert seen == [b"fresh"]
+    assert sent == [(Op.VERDICT, 1, int(ValidationResult.IGNORE)), (Op.VERDICT, 2, int(ValidationResult.REJECT))]
+    assert transport.stats.validation_expired == 1 and transport.stats.validated["REJECT"] == 1

@@ -2,7 +2,9 @@
 
 Contract: `input_from_mapping(data)` builds a PlanInput from [learner], [network] and [[workers]] tables (keys
 and units in docs/PLANNING.md; `count = n` expands a worker into n named copies, `tokens_per_s` converts through
-learner.tokens_per_rollout); unknown sections or keys, wrong types and missing required keys raise one UserError
+learner.tokens_per_rollout; `device = "NAME"` takes a [devices] class (train/device_classes.py): the worker's
+throughput defaults to the class's speed times learner.throughput_per_speed, and its memory is checked against
+learner.worker_memory_mib); unknown sections or keys, wrong types and missing required keys raise one UserError
 line. `measure_run(records)` takes medians over the trained steps of a node's metrics.jsonl records.
 """
 
@@ -16,12 +18,14 @@ from typing import Any
 from protocol.relay import DEFAULT_SCHEDULE
 from swarm_node.echo.plan_model import MB, PlanInput, WorkerSpec, check_int_at_least, check_non_negative, check_positive
 from swarm_node.errors import UserError
+from swarm_node.train.device_classes import device_class, parse_device_classes
 
 _LEARNER_KEYS = {"step_s": float, "rollouts_per_step": float, "delta_mb": float, "kappa": int,
-                 "max_staleness": int, "cost_per_hour": float, "tokens_per_rollout": float, "rollout_kb": float}
+                 "max_staleness": int, "cost_per_hour": float, "tokens_per_rollout": float, "rollout_kb": float,
+                 "throughput_per_speed": float, "worker_memory_mib": float}
 _NETWORK_KEYS = {"bandwidth_mb_s": float, "chunk_mb": float, "schedule": str, "hop_latency_s": float}
 _WORKER_KEYS = {"name": str, "throughput": float, "tokens_per_s": float, "cost_per_hour": float,
-                "bandwidth_mb_s": float, "count": int}
+                "bandwidth_mb_s": float, "count": int, "device": str}
 _SECTIONS = {"learner": _LEARNER_KEYS, "network": _NETWORK_KEYS}
 DEFAULT_CHUNK_MB = 1.0
 
@@ -68,8 +72,8 @@ def input_from_mapping(data: Mapping[str, Any], source: str = "the plan file") -
     """A PlanInput from a plan file's tables ([learner], [network], [[workers]]); see docs/PLANNING.md.
     Unknown sections or keys, wrong types and missing required keys are one UserError line."""
     for section in data:
-        if section not in (*_SECTIONS, "workers"):
-            raise UserError(f"unknown section [{section}] in {source}; known: learner, network, workers")
+        if section not in (*_SECTIONS, "workers", "devices"):
+            raise UserError(f"unknown section [{section}] in {source}; known: devices, learner, network, workers")
     learner = _table(data.get("learner", {}), _LEARNER_KEYS, "learner")
     network = _table(data.get("network", {}), _NETWORK_KEYS, "network")
     raw_workers = data.get("workers", [])
@@ -79,9 +83,16 @@ def input_from_mapping(data: Mapping[str, Any], source: str = "the plan file") -
     if tokens_per_rollout is not None:
         check_positive("learner.tokens_per_rollout", tokens_per_rollout)
     workers: list[WorkerSpec] = []
+    classes = parse_device_classes(data.get("devices", {}), "devices")
     for i, raw in enumerate(raw_workers):
         w = _table(raw, _WORKER_KEYS, f"workers[{i}]")
         name = _required(w, "name", f"workers[{i}]", "each worker needs a name")
+        cls = device_class(classes, w["device"], f"worker {name!r}") if "device" in w else None
+        if cls is not None and "throughput" not in w and "tokens_per_s" not in w:
+            per_speed = _required(learner, "throughput_per_speed", "learner",
+                                  f"worker {name!r} takes its throughput from device class {cls.name!r}")
+            check_positive("learner.throughput_per_speed", per_speed)
+            w["throughput"] = cls.speed * per_speed
         if ("throughput" in w) == ("tokens_per_s" in w):
             raise UserError(f"worker {name!r}: give exactly one of throughput (rollouts/s) or tokens_per_s")
         if "tokens_per_s" in w:
@@ -94,7 +105,8 @@ def input_from_mapping(data: Mapping[str, Any], source: str = "the plan file") -
         count = w.get("count", 1)
         check_int_at_least(f"worker {name!r}: count", count, 1)
         names = [name] if count == 1 else [f"{name}#{j}" for j in range(1, count + 1)]
-        workers.extend(WorkerSpec(n, throughput, cost, w.get("bandwidth_mb_s")) for n in names)
+        workers.extend(WorkerSpec(n, throughput, cost, w.get("bandwidth_mb_s"), cls.name if cls else "",
+                                  cls.memory_mib if cls else None) for n in names)
     hint = "in the plan file or as a flag"
     return PlanInput(
         learner_step_s=_required(learner, "step_s", "learner", f"{hint}, or --from-run RUN_DIR"),
@@ -109,6 +121,7 @@ def input_from_mapping(data: Mapping[str, Any], source: str = "the plan file") -
         hop_latency_s=network.get("hop_latency_s", 0.0),
         max_staleness=learner.get("max_staleness"),
         learner_cost_per_hour=learner.get("cost_per_hour", 0.0),
+        worker_memory_mib=learner.get("worker_memory_mib"),
     )
 
 

@@ -27,13 +27,15 @@ REL_TOL = 1e-9  # float slack when comparing times and rates that are equal on p
 # --------------------------------------------------------------------------------------------------- inputs
 @dataclass(frozen=True)
 class WorkerSpec:
-    """One inference worker: its rollout throughput (while generating), its price, and its link (None: as fast
-    as the learner's)."""
+    """One inference worker: its rollout throughput (while generating), its price, its link (None: as fast
+    as the learner's), and its device class with the memory it has (train/device_classes.py; None: not given)."""
 
     name: str
     throughput_rollouts_s: float
     cost_per_hour: float
     bandwidth_mb_s: float | None = None
+    device: str = ""
+    memory_mib: float | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -61,6 +63,7 @@ class PlanInput:
     max_staleness: int | None = None  # S cap: choose workers so that full utilisation holds within it
     learner_cost_per_hour: float = 0.0  # only for the cost per step
     exact_limit: int = EXACT_LIMIT
+    worker_memory_mib: float | None = None  # memory a worker needs (model + KV cache); less excludes it
 
     def __post_init__(self) -> None:
         check_positive("learner.step_s", self.learner_step_s)
@@ -75,6 +78,8 @@ class PlanInput:
         if self.max_staleness is not None:
             check_int_at_least("learner.max_staleness", self.max_staleness, 0)
         check_int_at_least("exact_limit", self.exact_limit, 0)
+        if self.worker_memory_mib is not None:
+            check_positive("learner.worker_memory_mib", self.worker_memory_mib)
         parse_schedule(self.schedule)
         if not self.workers:
             raise UserError("no workers: give at least one [[workers]] entry (or --worker)")

@@ -10,7 +10,8 @@ Contract (pure: no I/O, no clocks; docs/PLANNING.md derives every formula):
   cap is given, does so within it), the dissemination latency of a delta to that set under the chosen relay
   schedule (and a star's for comparison), the learner's utilisation for each staleness bound S, and the smallest
   S that sustains full utilisation. An unreachable demand is a `Plan` with `feasible=False` and a one-line
-  `reason` ("need X more rollouts/s"), computed for the best effort (every usable worker).
+  `reason` ("need X more rollouts/s"), computed for the best effort (every usable worker). A worker whose device
+  class has less memory than `worker_memory_mib` is excluded, with the reason.
 - `plan_search.cheapest_set(...)` is the selection the runtime activator reuses: exact branch and bound for up to
   `exact_limit` candidates, greedy by cost per throughput beyond (then a pass that drops what is not needed).
 - The timing model (steady state, deterministic, fluid): the learner trains T s per step and publishes every
@@ -80,7 +81,11 @@ def plan(inp: PlanInput) -> Plan:
         # A worker that cannot even take in one delta per kappa steps falls further behind every version. (A
         # worker on the learner's rate fails only if the learner's link does: checked once, below.)
         receive_s = inp.delta_bytes / ((w.bandwidth_mb_s or inp.bandwidth_mb_s) * MB)
-        if w.bandwidth_mb_s is not None and receive_s > kappa * t * (1 + REL_TOL):
+        need = inp.worker_memory_mib
+        if need is not None and w.memory_mib is not None and w.memory_mib < need:
+            excluded.append((w.name, f"its device class {w.device!r} has {w.memory_mib:g} MiB, a worker needs "
+                                     f"{need:g} MiB"))
+        elif w.bandwidth_mb_s is not None and receive_s > kappa * t * (1 + REL_TOL):
             excluded.append((w.name, f"its link needs {receive_s:.3g} s per delta, more than kappa steps "
                                      f"({kappa * t:.3g} s)"))
         else:

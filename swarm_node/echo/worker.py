@@ -4,7 +4,8 @@
 model, which is the base at version 0, `load_policy(state, version)` into its sampler, `generate_groups()`; a
 `Node` is one).
 `apply(update)` verifies and applies a learner update (delta or snapshot) and loads the result into the sampler
-(a refused one, e.g. `DeltaTooLarge` past `max_delta_norm` (0: unbounded), raises before the sampler sees it);
+(a refused one, e.g. `DeltaTooLarge` past `max_delta_norm` (0: unbounded), raises before the sampler sees it, and
+is remembered in `refused` as (version, base_version), which catch-up never fetches again: catch_up.py);
 `may_generate()` says whether a batch generated now can still be trained on within S; `generate()` samples and
 scores one batch, tagged with the published version it used. A worker's base is the model it loaded (version 0).
 """
@@ -16,7 +17,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from swarm_node.policy_sync.delta import PolicyFollower, PolicyUpdate, model_state, state_hash
+from swarm_node.policy_sync.delta import DeltaTooLarge, PolicyFollower, PolicyUpdate, model_state, state_hash
 from swarm_node.train.staleness import may_generate
 from swarm_node.types import ScoredGroup
 
@@ -42,6 +43,7 @@ class Worker:
         self.batches = 0  # batches generated so far
         self.forgiven = 0  # batches the learner evidently never got (lost): they no longer hold generation back
         self.known_version = 0  # newest published version we have heard of (announces may run ahead of payloads)
+        self.refused: set[tuple[int, int]] = set()  # (version, base_version) refused as too large, this lineage
 
     @property
     def version(self) -> int:
@@ -54,7 +56,11 @@ class Worker:
         return self.follower.state_sha256 if self.follower.version >= 0 else ""
 
     def apply(self, update: PolicyUpdate) -> None:
-        state = self.follower.apply(update)
+        try:
+            state = self.follower.apply(update)
+        except DeltaTooLarge:
+            self.refused.add((update.version, update.base_version))
+            raise
         self.host.load_policy(state, update.version)
         self.known_version = max(self.known_version, update.version)
 
@@ -67,6 +73,7 @@ class Worker:
         self.follower = PolicyFollower(None, keep=self.follower.keep, shapes=self.follower.shapes,
                                        max_delta_norm=self.follower.max_delta_norm)
         self.batches = self.forgiven = self.known_version = 0
+        self.refused = set()
 
     def generate(self) -> tuple[list[ScoredGroup], float, int]:
         """One batch (B groups), scored; completions carry the published version used. Also (seconds, tokens)."""

@@ -5,6 +5,9 @@ A checkpoint is written into a temporary directory, every file fsynced, MANIFEST
 written last, then the directory is renamed into place and its parent fsynced. A kill at any moment leaves
 either the previous checkpoints alone or a complete new one. Loading verifies the manifest and skips (with a
 warning) anything partial or corrupt. Safetensors and JSON only: nothing here unpickles.
+Device-independent: every tensor is written from an owned CPU copy (`device.host_copy`) and read onto the CPU,
+then copied into the model's and the optimizer's own device (torch moves optimizer state to its parameter's
+device), so a checkpoint written on a GPU resumes on a CPU and the other way round.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_file, load_model, save_file
 from transformers import PreTrainedModel
+
+from swarm_node.model.device import host_copy
 
 CHECKPOINT_DIR = "checkpoints"
 STEP_DIR = re.compile(r"^step-(\d{8})$")
@@ -68,10 +73,26 @@ def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
     for idx, entry in sd["state"].items():
         for key, value in entry.items():
             if isinstance(value, torch.Tensor):
-                tensors[f"{idx}.{key}"] = value.contiguous()
+                tensors[f"{idx}.{key}"] = value
             else:
                 scalars[f"{idx}.{key}"] = value
-    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+    return host_copy(tensors), {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def model_tensors(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The model's state as CPU copies, each storage once (a tied pair under its first name), and the metadata
+    naming each dropped twin's kept name (as safetensors' save_model writes it)."""
+    kept: dict[str, torch.Tensor] = {}
+    first: dict[tuple[torch.device, int, int], str] = {}
+    twins: dict[str, str] = {}
+    for name, t in model.state_dict().items():
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset())
+        if key in first and t.shape == kept[first[key]].shape:
+            twins[name] = first[key]
+            continue
+        first.setdefault(key, name)
+        kept[name] = t
+    return host_copy(kept), twins
 
 
 def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
@@ -104,7 +125,8 @@ def save_checkpoint(run_dir: Path, step: int, model: PreTrainedModel, optimizer:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        save_model(model, str(tmp / "model.safetensors"))
+        weights, twins = model_tensors(model)
+        save_file(weights, str(tmp / "model.safetensors"), metadata=twins or None)
         opt_tensors, opt_meta = _flatten_optimizer(optimizer)
         save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
         rng_tensors, rng_meta = rng_state()
@@ -180,12 +202,13 @@ def latest_checkpoint(run_dir: Path, warn: Callable[[str], None] = print) -> Che
 
 
 def restore(ckpt: Checkpoint, model: PreTrainedModel, optimizer: torch.optim.Optimizer) -> None:
-    """Load model, optimizer and RNG states from a verified checkpoint."""
-    missing, unexpected = load_model(model, str(ckpt.path / "model.safetensors"), strict=False)
+    """Load model, optimizer and RNG states from a verified checkpoint, whatever device wrote it: tensors are read
+    onto the CPU and copied into the model's and the optimizer's device."""
+    missing, unexpected = load_model(model, str(ckpt.path / "model.safetensors"), strict=False, device="cpu")
     if unexpected or [m for m in missing if "lm_head" not in m]:  # lm_head may be tied to the embedding
         raise ValueError(f"checkpoint {ckpt.path.name} does not match the model: missing {missing}, "
                          f"unexpected {unexpected}")
-    optimizer.load_state_dict(_unflatten_optimizer(load_file(str(ckpt.path / "optimizer.safetensors")),
+    optimizer.load_state_dict(_unflatten_optimizer(load_file(str(ckpt.path / "optimizer.safetensors"), device="cpu"),
                                                    ckpt.state["optimizer"]))
-    torch.random.set_rng_state(load_file(str(ckpt.path / "rng.safetensors"))["torch_cpu"])
+    torch.random.set_rng_state(load_file(str(ckpt.path / "rng.safetensors"), device="cpu")["torch_cpu"])
     random.setstate(state_from_json(ckpt.state["rng"]["python"]))

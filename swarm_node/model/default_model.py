@@ -46,17 +46,17 @@ class DefaultModelRecipe:
     kv_heads: int = 2
     intermediate_size: int = 512
     max_positions: int = 256
-    warmup_steps: int = 190  # ~30% exact answers on the default task: room for RL (measured: 120 -> 4%, 200 -> 88%)
+    # On tasks.DEFAULT_MIX, 380 steps leave 10-50% held-out accuracy per specialty (docs/TASK_MIX.md): room for RL.
+    warmup_steps: int = 380
     warmup_batch: int = 64
     warmup_lr: float = 3e-3
     seed: int = 1234
     task_seed: int = 987_654  # warm-up problems come from their own stream, not the RL or eval streams
 
     def key(self) -> str:
-        """Names the cache directory: the recipe and the task it is warmed up on."""
+        """Names the cache directory: the recipe and the mix it is warmed up on."""
         # The warm-up skips held-out problems (tasks/heldout.py): a change of the partition is a new model.
-        what = {**asdict(self), "task": tasks.DEFAULT_TASK, "task_options": tasks.DEFAULT_TASK_OPTIONS,
-                "heldout_percent": tasks.EVAL_PERCENT}
+        what = {**asdict(self), "mix": tasks.DEFAULT_MIX, "heldout_percent": tasks.EVAL_PERCENT}
         return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -78,33 +78,42 @@ def random_qwen2(tokenizer: PreTrainedTokenizerBase, recipe: DefaultModelRecipe,
 
 def warm_up(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, recipe: DefaultModelRecipe,
             progress: ProgressFn | None) -> None:
-    """Supervised steps on prompt -> answer + EOS, loss on the answer tokens only."""
-    source = tasks.TaskSource(tasks.DEFAULT_TASK, seed=recipe.task_seed)
+    """Supervised steps on prompt -> answer + EOS over the default mix, loss on the answer tokens only.
+
+    Every batch holds rows of every specialty (balanced draws), and each specialty's rows run as their own padded
+    micro-batch, the loss summed over all answer tokens of the batch and divided by their count. Measured: batches of
+    one specialty at a time make the model answer "1" to everything; mixed batches learn every specialty."""
+    source = tasks.TaskSource(seed=recipe.task_seed, selection="balanced", mix=tasks.DEFAULT_MIX)
     rng = random.Random(recipe.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.warmup_lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=recipe.warmup_lr, total_steps=recipe.warmup_steps,
                                                 pct_start=0.1)
     model.train()
     for step in range(recipe.warmup_steps):
-        seqs, labels = [], []
+        rows: dict[str, list[tuple[list[int], list[int]]]] = {}
         for ref in source.draw(rng, recipe.warmup_batch):
             inst = tasks.instance(ref)
             prompt = tokenizer.encode(inst.prompt)
             answer = tokenizer.encode(inst.answer) + [tokenizer.eos_token_id]
-            seqs.append(prompt + answer)
-            labels.append([-100] * len(prompt) + answer)
-        width = max(len(s) for s in seqs)
-        ids = torch.tensor([s + [tokenizer.pad_token_id] * (width - len(s)) for s in seqs])
-        lab = torch.tensor([x + [-100] * (width - len(x)) for x in labels])
-        loss = model(input_ids=ids, attention_mask=(lab != -100) | (ids != tokenizer.pad_token_id),
-                     labels=lab).loss
+            rows.setdefault(ref.dataset, []).append((prompt + answer, [-100] * len(prompt) + answer))
+        answer_tokens = sum(sum(t != -100 for t in labels) for group in rows.values() for _, labels in group)
         opt.zero_grad()
-        loss.backward()
+        total = 0.0
+        for group in rows.values():
+            width = max(len(seq) for seq, _ in group)
+            ids = torch.tensor([seq + [tokenizer.pad_token_id] * (width - len(seq)) for seq, _ in group])
+            lab = torch.tensor([labels + [-100] * (width - len(labels)) for _, labels in group])
+            logits = model(input_ids=ids, attention_mask=(lab != -100) | (ids != tokenizer.pad_token_id)).logits
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)),
+                                                     lab[:, 1:].reshape(-1), ignore_index=-100,
+                                                     reduction="sum") / answer_tokens
+            loss.backward()
+            total += loss.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         if progress is not None:
-            progress(step + 1, recipe.warmup_steps, f"loss {loss.item():.3f}")
+            progress(step + 1, recipe.warmup_steps, f"loss {total:.3f}")
     model.eval()
 
 

@@ -8,7 +8,8 @@ Contract:
 - `adapter_tensors(model)` is the adapter under peft's saved names (`base_model.model.<module>.lora_A.weight`);
   `merged_state(model)` is the base state dict with W + scale * B A folded in (for samplers that take plain
   weights); `write_adapter(dir, tensors, rank, alpha)` writes adapter_config.json + adapter_model.safetensors
-  atomically (a reader never sees a half-written adapter).
+  atomically (a reader never sees a half-written adapter). Adapters follow their base layer's device; their
+  initial values are drawn on the CPU, so a seed gives the same adapters on every device.
 - `WEIGHT_FORMS[name](model)` is the state dict a sampler of that weight form (`Sampler.weights`: "full",
   "base", "adapter"; names in `swarm_node.variants.WEIGHT_FORMS`) loads from a LoRA-trained model.
 Why our own layer and not peft: the node checkpoints, deltas and samplers address weights by the base model's
@@ -29,6 +30,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from swarm_node import variants
+from swarm_node.model.device import host_copy
 
 # Qwen2/Llama projection names: vLLM serves LoRA on each (q/k/v packed as qkv_proj, gate/up as gate_up_proj).
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -50,8 +52,11 @@ class LoRALinear(nn.Linear):
         self.lora_A = nn.Linear(base.in_features, rank, bias=False, **like)
         self.lora_B = nn.Linear(rank, base.out_features, bias=False, **like)
         bound = 1 / math.sqrt(base.in_features)  # kaiming_uniform_(a=sqrt(5)), peft's default init of A
+        # Drawn on the CPU (the seeded generator's device) and copied to the base's device: the same adapters
+        # whatever device the model is on.
+        init = torch.empty(rank, base.in_features, dtype=base.weight.dtype).uniform_(-bound, bound, generator=generator)
         with torch.no_grad():
-            self.lora_A.weight.uniform_(-bound, bound, generator=generator)
+            self.lora_A.weight.copy_(init)
             self.lora_B.weight.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -137,7 +142,7 @@ def write_adapter(directory: Path, tensors: dict[str, torch.Tensor], rank: int, 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     (tmp / ADAPTER_CONFIG).write_text(json.dumps(adapter_config(rank, alpha, adapter_targets(tensors)), indent=1))
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / ADAPTER_WEIGHTS))
+    save_file(host_copy(tensors), str(tmp / ADAPTER_WEIGHTS))
     if directory.exists():
         shutil.rmtree(directory)
     os.replace(tmp, directory)

@@ -35,6 +35,7 @@ from swarm_node.model import checkpoint, lora
 from swarm_node.model.default_model import load_model
 from swarm_node.model.tokenizer import tokenizer_hash
 from swarm_node.node.build import model_dir_for, sampler_settings
+from swarm_node.node.hardware import Hardware
 from swarm_node.node.run_files import (
     METRICS_FILE,
     NodeEvents,
@@ -52,7 +53,7 @@ from swarm_node.sharing.exchange import Exchange
 from swarm_node.sharing.ingest import Ingest, PeerGuard
 from swarm_node.sharing.pool import ExperiencePool, PoolEntry
 from swarm_node.sharing.rescore import CompletionBounds, External, ShareContext
-from swarm_node.sharing.wire import group_id_for, to_wire
+from swarm_node.sharing.wire import content_key, group_id_for, to_wire
 from swarm_node.status.stats import NodeStats
 from swarm_node.train.evaluate import EvalResult, evaluate, per_task_metrics
 from swarm_node.train.overlap import LatestWeights
@@ -90,15 +91,17 @@ class Node:
         cfg = self.cfg
         prepare_run_dir(self.run_dir)
         torch.set_num_threads(cfg.train.threads or os.cpu_count() or 1)
-        self.task_source = tasks.TaskSource(cfg.task.name, cfg.task.options, cfg.task.seed,
-                                            reward=cfg.task.reward, selection=cfg.task.selection,
-                                            mix=cfg.task.mix, accept=cfg.task.accept)
+        self.task_source = cfg.task.build_source()
         self.stats.set_phase("building-model")
         self.model_dir = model_dir_for(cfg, self.model_dir_override, self.events.build_progress)
+        # Device, precision and memory sizing (node/hardware.py), before any weights load.
+        self.hardware = Hardware.prepare(cfg, self.model_dir, self.task_source, self.events.log)
         self.model, self.tokenizer = load_model(self.model_dir)
         if cfg.train.lora_rank:
             lora.attach_lora(self.model, cfg.train.lora_rank, cfg.train.lora_alpha, seed=cfg.run.seed)
-        self.trainer = Trainer(self.model, cfg.train, cfg.sampler, self.tokenizer.pad_token_id, cfg.run.seed)
+        self.hardware.place(self.model)
+        self.trainer = Trainer(self.model, cfg.train, cfg.sampler, self.tokenizer.pad_token_id, cfg.run.seed,
+                               autocast=self.hardware.autocast)
         self.rng = random.Random(cfg.run.seed)
         sh = cfg.share
         self.pool = ExperiencePool(sh.pool_size, sh.per_peer_pool_cap, sh.max_external_age)
@@ -109,7 +112,7 @@ class Node:
                                   max_context=int(self.model.config.max_position_embeddings),
                                   vocab_size=int(self.model.config.vocab_size), group_size=cfg.run.group_size)
         self.share_ctx = ShareContext(self.tokenizer, self.tokenizer_hash, self.task_source, bounds,
-                                      cfg.train.advantage)
+                                      cfg.train.advantage, require_well_formed=sh.require_well_formed)
         # Per-peer budgets and reputation (bans kept in RUN_DIR/peers.json), shared by every ingest of this node.
         self.peer_guard = PeerGuard.from_config(cfg.peers, self.run_dir, self.stats, time.time())
         self.ingest = Ingest(self.share_ctx, self.stats, guard=self.peer_guard)
@@ -121,6 +124,7 @@ class Node:
                                         sampler_settings(cfg.sampler), self.version, self.events.log)
         if self.step > 0:
             self.sampler.load_weights(self.policy_weights(), self.version)
+        self.hardware.attach(self.sampler)
         self.ready = True
 
     @property
@@ -237,7 +241,7 @@ class Node:
         try:
             outputs = self.sampler.generate(prompts, cfg.run.group_size, params)
         except PromptTooLongError as exc:
-            raise UserError(f"task {cfg.task.name!r}: {exc}") from exc
+            raise UserError(f"task {', '.join(self.task_source.names)}: {exc}") from exc
         seconds = time.monotonic() - started
         special = frozenset(self.tokenizer.all_special_ids)  # a completion must be the answer alone, then EOS
         groups = [score_group(i, p, out, self.task_source.reward, cfg.train.advantage,
@@ -270,6 +274,8 @@ class Node:
         if self.exchange is not None:
             peer = self.exchange.peer_id
             self.exchange.publish(self.wire_groups(groups, peer, version, peer, self.draws))
+            # Our own groups replayed back by a peer are duplicates, not external groups (pool.mark_seen).
+            self.pool.mark_seen(content_key(g.inst.ref, [c.token_ids for c in g.completions]) for g in groups)
         return Draft(groups, gen_s, gen_tokens, step_started, version)
 
     def _pool_sink(self, ext: External, sender: str) -> list[tuple[str, str]]:
@@ -341,6 +347,7 @@ class Node:
             "gen_s": draft.gen_s, "train_s": train_s, "step_s": self._step_seconds(draft),
             "time": time.time(),
         }
+        metrics.update(self.hardware.after_step(self.step, self.trainer, self.sampler))  # the memory guard
         if peer_mode:
             ext_rewards = [r for e in externals for r in e.group.rewards]
             metrics.update({

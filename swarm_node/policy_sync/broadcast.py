@@ -15,7 +15,8 @@ Contract:
   stripe is pulled from its parent, and every verified chunk is served at once to the children waiting for it (a
   relay forwards chunk k as soon as it has it). A bad chunk or a failed/stalled peer moves the chunks still owed to
   the next ancestor (the source last), and the peer that sent a bad chunk is reported to `on_peer_event(peer,
-  "bad_chunk")` (a plain hook: the worker role scores it in its reputation, as for a bad gossip peer). A
+  "bad_chunk")` (a plain hook: the worker role scores it in its reputation, as for a bad gossip peer); a relay that
+  `blocked(peer)` names (the node's peer guard: graylisted, banned, denied) is not pulled from at all. A
   complete, verified payload goes to `completed` (an asyncio.Queue of (announce, payload), oldest dropped past
   `keep` unread entries) and to `on_payload` if given. (What `fetch` pulls is returned to its caller instead.)
 - Payloads are keyed by (owner, version, base_version): the delta to v and the snapshot of v are different ones.
@@ -65,6 +66,7 @@ class PolicyBroadcaster:
                  shaper: Shaper | None = None, stall_s: float = 30.0, announce_wait_s: float = 10.0,
                  on_payload: Callable[[PolicyAnnounce, bytes], None] | None = None,
                  on_peer_event: Callable[[str, str], None] | None = None,
+                 blocked: Callable[[str], bool] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.limits = limits or Limits()
         if not 1 <= chunk_bytes <= self.limits.max_chunk_bytes:
@@ -92,7 +94,7 @@ class PolicyBroadcaster:
         io = StreamIO(self.limits, stall_s, self.shaper, self.stats)
         self._server = ChunkServer(self._store, io, self.stats, announce_wait_s)
         self._puller = ChunkPuller(transport, io, self.limits, self.stats, self._tasks, self._deliver,
-                                  on_peer_event)
+                                  on_peer_event, blocked)
 
     # ------------------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:

@@ -8,6 +8,9 @@ On `Complete` the version keeps the whole payload, its `done` is set, and a vers
 is handed to `deliver(announce, payload)`; on `Failed` it records the error, fails `done` and closes its streams.
 Receiver counters are added to `stats` once a version completes or fails. A chunk that fails its SHA-256 is
 also reported as `on_peer_event(peer, "bad_chunk")` (if given: the node's reputation; never raises into a pull).
+A relay that `blocked(peer)` says is graylisted, banned or denied (the node's peer guard, if given) is never pulled
+from: its request fails at once, before any stream is opened, and what it owed moves to the next holder; the
+owner of the policy (the source, whose chunks are checked against its own signed digests) is always pulled from.
 `catalog(peer, owner)` lists the versions a peer holds (untrusted unless the peer is the owner);
 `trusted_announce` gets one from the owner.
 """
@@ -51,7 +54,8 @@ class ChunkPuller:
 
     def __init__(self, transport: Transport, io: StreamIO, limits: Limits, stats: BroadcastStats, tasks: TaskSet,
                  deliver: Callable[[PolicyAnnounce, bytes], None],
-                 on_peer_event: Callable[[str, str], None] | None = None) -> None:
+                 on_peer_event: Callable[[str, str], None] | None = None,
+                 blocked: Callable[[str], bool] | None = None) -> None:
         self.transport = transport
         self.io = io
         self.limits = limits
@@ -59,6 +63,7 @@ class ChunkPuller:
         self.tasks = tasks
         self.deliver = deliver
         self.on_peer_event = on_peer_event
+        self.blocked = blocked
 
     def start(self, held: HeldVersion, receiver: Receiver) -> None:
         held.receiver = receiver
@@ -116,6 +121,8 @@ class ChunkPuller:
         stream: Stream | None = None
         finished = False
         try:
+            if self.refuses(peer, announce):
+                raise _PeerFailed("blocked by our reputation")
             stream = await self.transport.open_stream(peer, PROTOCOL_ID)
             held.streams.setdefault(peer, set()).add(stream)
             await stream.write(encode_frame(ChunkRequest(announce.owner, announce.version, announce.base_version,
@@ -149,6 +156,10 @@ class ChunkPuller:
                 held.streams.get(peer, set()).discard(stream)
                 if not finished:
                     await reset_quietly(stream)
+
+    def refuses(self, peer: str, announce: PolicyAnnounce) -> bool:
+        """Whether `peer` is a relay we do not pull from (blocked); never the policy's owner."""
+        return (self.blocked is not None and peer != policy_owner(announce.owner) and self.blocked(peer))
 
     def report(self, peer: str, reason: str) -> None:
         """A peer misbehaved on a chunk stream: tell the hook (its failure is logged, never raised)."""

@@ -1,7 +1,8 @@
 """What every `swarm-node join` role shares: the libp2p start, the node it runs, and the channels over them.
 
 - `start_libp2p(cfg, stats, events)`: identity, the libp2p host on its own loop thread (`BackgroundTransport`),
-  our printed address, the bootstrap keeper; the network starts before the model loads.
+  our printed address, the bootstrap keeper; the network starts before the model loads. The host meets the swarm
+  in the DHT at the rollout topic and reports reachability, relays and relayed bytes into `stats.network`.
 - `joined(cfg, stats, events)`: a context giving (node set up, net, our peer id); it closes both. The node's peer
   guard pushes its reputation scores to the libp2p host (gossipsub's application-specific score, `push_scores`).
 - `open_exchange(net, node, policy)`: the rollout exchange with the node's wire limits (token ids bounded by its
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from protocol.limits import Limits
-from protocol.messages import RolloutGroup
+from protocol.messages import TOPIC_ROLLOUTS, RolloutGroup
 from protocol.validation import AcceptPolicy, ReplayGuard, validate_gossip
 from swarm_node.config import NodeConfig
 from swarm_node.identity import IDENTITY_FILENAME, Identity, load_or_create
@@ -70,7 +71,10 @@ def start_libp2p(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> tuple
     identity = load_or_create(Path(cfg.network.identity) if cfg.network.identity else run_dir / IDENTITY_FILENAME)
     stats.update(peer_id=identity.peer_id, role=cfg.network.role)
     stats.set_phase("connecting")
-    settings = HostSettings(listen=(cfg.network.listen,), announce=tuple(cfg.network.announce_addr))
+    settings = HostSettings(listen=(cfg.network.listen,), announce=tuple(cfg.network.announce_addr),
+                            rendezvous=TOPIC_ROLLOUTS, relay_service=cfg.network.relay,
+                            relay_circuit_bytes=cfg.network.relay_circuit_mb << 20,
+                            relay_max_reservations=cfg.network.relay_max_reservations)
     net = BackgroundTransport(lambda: LibP2PTransport(identity, LibP2PConfig(host=settings)))
     net.start()
     try:
@@ -79,7 +83,7 @@ def start_libp2p(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> tuple
         events.log(f"peer id {identity.peer_id}")
         for addr in addrs:
             events.log(f"join this node with: --bootstrap {addr}")
-        net.start_network(list(cfg.network.bootstrap))
+        net.start_network(list(cfg.network.bootstrap), on_nat=lambda summary: stats.update(network=summary))
     except BaseException:
         net.stop()
         raise

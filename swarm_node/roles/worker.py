@@ -6,11 +6,12 @@ to fetch, and when the learner restarted its lineage); generates when `Worker.ma
 not stopped it. Only updates of the followed learner (`network.learner`) are applied: the broadcaster keeps
 announces its owner signed and that we follow, catch-up asks the learner itself, and every update is checked
 again here before it reaches the worker; one that moves the policy past `echo.max_delta_norm` is refused (counted
-`dropped`/`delta_norm`). A broadcast relay that sends a bad chunk is scored in the node's reputation
-(`bad_chunk`), as a bad gossip peer is. `WorkerSource` is that loop as a rollout source; `run` publishes each
-draft it yields (tagged with the published version it sampled with, the node's tokenizer and model family) and
-records it as a step. It runs `run.steps` batches (or until Ctrl-C). A failed network call is counted and logged;
-the loop goes on.
+`dropped`/`delta_norm`) and never fetched again (`Worker.refused`: catch-up waits for a later snapshot instead).
+A broadcast relay that sends a bad chunk is scored in the node's reputation (`bad_chunk`), as a bad gossip peer is,
+and a relay the node's peer guard blocks (graylisted, banned, denied) is not pulled from. `WorkerSource` is that
+loop as a rollout source; `run` publishes each draft it yields (tagged with the published version it sampled with,
+the node's tokenizer and model family) and records it as a step. It runs `run.steps` batches (or until Ctrl-C).
+A failed network call is counted and logged; the loop goes on.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ class WorkerSource:
         self.broadcaster = PolicyBroadcaster(net.transport, limits=self.limits, chunk_bytes=echo.chunk_bytes,
                                              schedule=echo.schedule, keep=echo.keep_versions,
                                              follows=[self.learner_id],
-                                             on_peer_event=lambda peer, reason: self.peer_events.append((peer, reason)))
+                                             on_peer_event=lambda peer, reason: self.peer_events.append((peer, reason)),
+                                             blocked=node.peer_guard.blocked)
         start_inbox(net, TOPIC_CONTROL, self.limits, policy)
         net.call(lambda _t: self.broadcaster.start())
         self.active = True
@@ -155,7 +157,7 @@ class WorkerSource:
         try:
             while True:
                 held = self.net.call(lambda _t: self.broadcaster.catalog(learner, learner))
-                plan = plan_catch_up(held, worker.version, worker.state_sha256())
+                plan = plan_catch_up(held, worker.version, worker.state_sha256(), worker.refused)
                 if plan.reset:
                     self.events.log("worker: the learner restarted its policy lineage; following it from a snapshot")
                     worker.reset()

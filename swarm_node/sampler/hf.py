@@ -3,6 +3,11 @@
 Uses `generate(output_scores=True)`: the scores it returns are the logits after temperature and top-p warping,
 so their log-softmax is exactly the processed log-prob of `rl.logprobs`. Weights are shared by copy, not by
 reference, so the trainer can keep updating its own model while this one samples the version it was given.
+Device: the copy stays on the given model's device (model/device.py placed it); inputs go there and results come
+back as Python lists. A seeded call forks the RNG of that device too, so it leaves the caller's streams as they were.
+Memory: `max_rows` (0: no limit; set by the node's memory sizing, train/sizing.py) caps the rows of one
+`generate()` pass; a larger request runs in consecutive passes of whole prompts, the seeded RNG running on from
+one pass to the next. With no cap (the default) a call is one pass, as before.
 """
 
 from __future__ import annotations
@@ -21,6 +26,13 @@ class HFSampler(Sampler):
         self.tokenizer = tokenizer
         self.version = version
         self.max_len = int(getattr(model.config, "max_position_embeddings", 2048))
+        self.device = next(self.model.parameters()).device
+        self.max_rows = 0  # rows per generate() pass; 0: all rows in one pass
+
+    def passes(self, prompts: int, n: int) -> list[range]:
+        """Prompt index ranges, one per generate() pass: whole prompts, at most max_rows rows (at least one prompt)."""
+        per = max(1, self.max_rows // n) if self.max_rows else max(prompts, 1)
+        return [range(i, min(i + per, prompts)) for i in range(0, prompts, per)]
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         self.model.load_state_dict(state_dict, strict=False)
@@ -29,6 +41,14 @@ class HFSampler(Sampler):
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int, params: SamplingParams) -> list[list[Completion]]:
         check_prompt_lengths(prompts, params.max_new_tokens, self.max_len)
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices, enabled=params.seed is not None):
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            return [group for part in self.passes(len(prompts), n)
+                    for group in self._generate([prompts[i] for i in part], n, params)]
+
+    def _generate(self, prompts: list[list[int]], n: int, params: SamplingParams) -> list[list[Completion]]:
         eos = self.tokenizer.eos_token_id
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
         rows = [p for p in prompts for _ in range(n)]
@@ -40,23 +60,17 @@ class HFSampler(Sampler):
             input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             attention[i, width - len(p):] = 1
         greedy = params.temperature <= 0
-        generator_state = None
-        if params.seed is not None:
-            generator_state = torch.random.get_rng_state()
-            torch.manual_seed(params.seed)
-        try:
-            out = self.model.generate(
-                input_ids=input_ids, attention_mask=attention, max_new_tokens=params.max_new_tokens,
-                do_sample=not greedy, temperature=None if greedy else params.temperature,
-                top_p=None if greedy else params.top_p, top_k=None if greedy else 0,
-                output_scores=True, return_dict_in_generate=True, pad_token_id=pad, eos_token_id=eos)
-        finally:
-            if generator_state is not None:
-                torch.random.set_rng_state(generator_state)
+        out = self.model.generate(
+            input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
+            max_new_tokens=params.max_new_tokens, do_sample=not greedy,
+            temperature=None if greedy else params.temperature, top_p=None if greedy else params.top_p,
+            top_k=None if greedy else 0, output_scores=True, return_dict_in_generate=True, pad_token_id=pad,
+            eos_token_id=eos)
         new_tokens = out.sequences[:, width:]  # [rows, steps]
         # scores: one [rows, V] per generated step, already warped (temperature, top-p) when sampling.
         logps = torch.stack([s.float().log_softmax(-1) for s in out.scores], dim=1)  # [rows, steps, V]
-        token_logps = logps.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)  # [rows, steps]
+        token_logps = logps.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1).cpu()  # [rows, steps]
+        new_tokens = new_tokens.cpu()
         results: list[list[Completion]] = []
         for i in range(len(rows)):
             ids = new_tokens[i].tolist()

@@ -7,8 +7,10 @@ each sampled token (temperature and top-p applied, as the trainer computes them)
 transformers sampler's token for token (fp32); prompts that do not fit the context raise `PromptTooLongError`.
 The engine runs in-process and is not thread-safe: `generate` and `load_weights` take one lock. Importing this
 module sets VLLM_ENABLE_V1_MULTIPROCESSING=0 (and VLLM_LOGGING_LEVEL=ERROR by default), so import it before
-anything else imports vllm. Design notes (log-probs, process model, environment, threads, memory):
-docs/vllm_sampler.md.
+anything else imports vllm. On a GPU the engine shares the card with the trainer in this process: its
+`gpu_memory_utilization` is derived from its weights, its KV cache and an activation reserve
+(`gpu_memory_fraction`), not left at vLLM's 0.9, which would claim the trainer's memory. Design notes (log-probs,
+process model, environment, threads, memory): docs/vllm_sampler.md.
 """
 
 from __future__ import annotations
@@ -109,6 +111,23 @@ def derive_engine_sizes(settings: SamplerSettings, shape: ModelShape, cores: int
         kv = max(floor, min(wanted, int(available_bytes * KV_CACHE_MAX_FRACTION)))
     return EngineSizes(threads=settings.threads or cores, max_model_len=max_model_len,
                        max_num_seqs=max_num_seqs, kv_cache_bytes=kv)
+
+
+GPU_ACTIVATION_RESERVE = 1 << 30  # bytes: vLLM's activations and CUDA graphs beside its weights and KV cache
+GPU_FRACTION_FLOOR = 0.02
+
+
+def gpu_memory_fraction(weight_bytes: int, kv_cache_bytes: int, total_bytes: int, free_bytes: int,
+                        reserve_bytes: int = GPU_ACTIVATION_RESERVE) -> float:
+    """vLLM's gpu_memory_utilization for an engine that shares the card: (weights + KV cache + reserve) / total,
+    rounded up to 1/1000; vLLM refuses to start unless the card has that much free, so a share above the free
+    memory is a UserError naming both."""
+    need = weight_bytes + kv_cache_bytes + reserve_bytes
+    fraction = max(GPU_FRACTION_FLOOR, -(-need * 1000 // total_bytes) / 1000)
+    if fraction * total_bytes > free_bytes:
+        raise UserError(f"vLLM needs {need / 2**20:.0f} MiB of the GPU (weights, KV cache, activations) but "
+                        f"{free_bytes / 2**20:.0f} MiB are free; lower --memory-budget or sampler kv_cache_gb")
+    return fraction
 
 
 def checkpoint_weight_names(model_dir: Path, tied_embeddings: bool) -> set[str]:
@@ -220,6 +239,11 @@ class VLLMSampler(Sampler):
                                 f"{lora.max_rank}, {lora.adapters} adapters")
             lora_args = {"enable_lora": True, "max_lora_rank": rank, "max_loras": lora.adapters,
                          "max_cpu_loras": lora.adapters}
+        gpu: dict[str, object] = {}
+        if current_platform.is_cuda_alike():
+            free, total = torch.cuda.mem_get_info()
+            weights = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
+            gpu = {"gpu_memory_utilization": gpu_memory_fraction(weights, self.sizes.kv_cache_bytes, total, free)}
         with _preserved_process_state(), torch_threads(self.sizes.threads):
             self.llm = vllm.LLM(
                 model=str(model_dir), dtype=settings.dtype, seed=0,
@@ -240,7 +264,7 @@ class VLLMSampler(Sampler):
                 # offset"), and every seeded batch of more prompt tokens than the budget crashed.
                 enable_chunked_prefill=False,
                 max_num_batched_tokens=max(MAX_BATCHED_TOKENS, self.sizes.max_model_len),
-                **lora_args,
+                **lora_args, **gpu,
             )
             # Kernels are chosen and compiled lazily: one tiny sampled request makes a broken backend fail
             # here, where `--sampler auto` can still fall back, and not in the middle of a run.

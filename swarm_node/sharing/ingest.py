@@ -17,20 +17,23 @@ peers unban`) is read back first (a ban gone from the file is lifted in the runn
 bans are written; it also publishes the blocked peers to `blocked(signer)` (read by the gossip validator on the
 network thread: a whole-mapping swap, no lock), each peer's score and state to `NodeStats`, and the scores to
 `push` (the libp2p host's application-specific score), at once when the blocked set changes, else every
-`push_every_s`. The only I/O is the ban file and `push`.
+`push_every_s`. The only I/O is the ban file and `push`. `blocked(signer)` also spends the signer's message rate
+(budget.MessageRate, if any: `[peers] max_messages_per_s`): past it, the message is ignored unread too (counted
+`dropped`/"flood"), and the next `settle` records each such message as a "flood" event in the signer's reputation
+(weight 0 by default: a fast honest peer may exceed the rate; `[peers] weights` can make floods cost reputation).
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
 from swarm_node.config import PeersConfig
 from swarm_node.errors import UserError
-from swarm_node.sharing.budget import BudgetParams, PeerBudget
+from swarm_node.sharing.budget import FLOOD, BudgetParams, MessageRate, PeerBudget
 from swarm_node.sharing.exchange import Received
 from swarm_node.sharing.reputation import (
     BLOCKED,
@@ -52,13 +55,17 @@ class PeerGuard:
     """Per-peer budgets and reputation around the ingest path; see the module contract."""
 
     def __init__(self, reputation: Reputation, budget: PeerBudget | None = None, stats: NodeStats | None = None,
-                 bans_path: Path | None = None, push_every_s: float = 5.0) -> None:
+                 bans_path: Path | None = None, push_every_s: float = 5.0, rate: MessageRate | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.reputation = reputation
         self.budget = budget
         self.stats = stats or NodeStats()
         self.bans_path = bans_path
         self.push_every_s = push_every_s
         self.push: ScorePush | None = None  # set by the role wiring (libp2p); None: nothing to push to
+        self.rate = rate  # messages per signer, spent by `blocked` on the network thread only
+        self.clock = clock
+        self._flooded: deque[str] = deque(maxlen=1 << 16)  # signers refused by `rate`, for the next settle
         self._blocked: Mapping[str, str] = MappingProxyType({})
         self._file_sig: tuple[int, int, int] | None = None
         self._written: dict[str, float] | None = None
@@ -74,7 +81,8 @@ class PeerGuard:
                                   allow=frozenset(cfg.allow), deny=frozenset(cfg.deny))
         budget = PeerBudget(BudgetParams(share=cfg.rescore_share, burst_s=cfg.burst_s,
                                          window_s=cfg.active_window_s))
-        guard = cls(Reputation(params), budget, stats, run_dir / PEERS_FILE)
+        rate = MessageRate(cfg.max_messages_per_s, cfg.message_burst) if cfg.max_messages_per_s > 0 else None
+        guard = cls(Reputation(params), budget, stats, run_dir / PEERS_FILE, rate=rate)
         try:
             guard.settle(now)
         except ValueError as exc:
@@ -82,8 +90,12 @@ class PeerGuard:
         return guard
 
     def blocked(self, signer: str) -> bool:
-        """True if `signer`'s messages are to be ignored unread (graylisted, banned, denied); any thread."""
+        """True if `signer`'s message is to be ignored unread (graylisted, banned, denied, or past its message
+        rate); the network thread (one thread: the rate is its own state)."""
         state = self._blocked.get(signer)
+        if state is None and self.rate is not None and not self.rate.admit(signer, self.clock()):
+            state = FLOOD
+            self._flooded.append(signer)
         if state is None:
             return False
         self.stats.count("dropped", state)
@@ -106,6 +118,11 @@ class PeerGuard:
     def settle(self, now: float) -> None:
         """Sync the ban file, then publish states to the validator, the stats and the libp2p host."""
         rep = self.reputation
+        flooded: Counter[str] = Counter()
+        while self._flooded:
+            flooded[self._flooded.popleft()] += 1
+        for peer, n in flooded.items():
+            rep.record(peer, FLOOD, now, n)
         if self.bans_path is not None:
             self._read_file(now)
         rep.expire(now)

@@ -1,7 +1,9 @@
 """Experience pool: bounded store of re-scored external rollout groups.
 
 Contract: pure logic, no I/O, no clock. Entries arrive already re-scored by `sharing` (only groups with signal).
-- `add` refuses a content-hash duplicate ("duplicate": also of a group seen earlier and since evicted or used);
+- `add` refuses a content-hash duplicate ("duplicate": also of a group seen earlier and since evicted or used, and
+  of our own groups, which `mark_seen` records when we publish them: a peer replaying our groups back to us must
+  not make us train on them twice; `mark_seen` may run on another thread, each of its steps is one dict call);
   a sender over `per_peer_cap` loses its own oldest entry ("peer_cap"), so a flooding peer only ever churns its
   own share of the pool; a full pool loses its oldest entry ("pool_full").
 - `expire(step)` drops entries older than `max_age` of OUR training steps since they were received ("too_old"):
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter, OrderedDict
+from collections.abc import Iterable
 
 from swarm_node.sharing.selection import SELECTIONS
 from swarm_node.types import PoolEntry
@@ -57,6 +60,11 @@ class ExperiencePool:
             drops.append((oldest.sender, "pool_full"))
         self._entries[entry.key] = entry
         return drops
+
+    def mark_seen(self, keys: Iterable[bytes]) -> None:
+        """Remember content keys as seen without pooling them (our own published groups)."""
+        for key in keys:
+            self._remember(key)
 
     def expire(self, step: int) -> list[tuple[str, str]]:
         """Drop entries received more than `max_age` of our steps before `step`."""

@@ -8,10 +8,11 @@ With our tokenizer hash the token ids are used as they are and the text we score
 (the sender's text is ignored); with another tokenizer the sender's text is re-tokenized and the group is marked
 `retokenized`. A completion that is not well-formed (`tasks.well_formed`: the answer alone, then exactly one EOS as
 its last id, no other special id) is re-scored 0 whatever the verifier says; the outcome counts them (`malformed`).
-A re-tokenized completion gets our EOS appended, so only its text is checked. A group whose re-scored advantages
-are all zero is dropped (a group whose only "right" answers are malformed is one). The outcome says whether the sender's
-claimed rewards were wrong (`forged_reward`), which the node counts against the sender even when the group is
-usable. Pure: no I/O.
+A re-tokenized completion gets our EOS appended, so only its text is checked. With `ctx.require_well_formed` False
+(`share.require_well_formed`, for measuring the defence only) malformed completions keep their verifier score.
+A group whose re-scored advantages are all zero is dropped (a group whose only "right" answers are malformed is
+one). The outcome says whether the sender's claimed rewards were wrong (`forged_reward`), which the node counts
+against the sender even when the group is usable. Pure: no I/O.
 
 Bounds (`ctx.bounds`, a `CompletionBounds` built from our own configuration): whatever a peer sends may cost us
 only what one of our own groups costs. They are checked before any id is decoded, any completion re-scored or
@@ -75,6 +76,7 @@ class ShareContext:
     advantage: str = "grpo"
     max_clock_skew_s: float = 30.0
     max_age_s: float = 600.0
+    require_well_formed: bool = True  # False (measurements only): a malformed completion keeps its verifier score
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,7 @@ def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: flo
     malformed = sum(not tasks.well_formed(c.token_ids, c.text, eos, special) for c in completions)
     try:  # the same scoring as our own groups: well-formed or 0, then our verifier, then advantages
         group = score_group(inst, prompt_ids, completions, ctx.task_source.reward, ctx.advantage, source=sender,
-                            eos_id=eos, special_ids=special)
+                            eos_id=eos if ctx.require_well_formed else None, special_ids=special)
     except FloatingPointError:
         return Outcome(None, "non_finite_reward", malformed=malformed)
     forged = any(abs(c.claimed_reward - r) > REWARD_TOLERANCE for c, r in zip(wire.completions, group.rewards,

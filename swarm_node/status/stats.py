@@ -38,6 +38,7 @@ class NodeStats:
     last_checkpoint: dict[str, Any] | None = None
     pool_size: int = 0
     broadcast: dict[str, Any] = field(default_factory=dict)
+    network: dict[str, Any] = field(default_factory=dict)  # reachability, relays, relayed bytes (transport.nat_report)
     groups: Counter = field(default_factory=Counter)  # produced / received / used
     dropped: Counter = field(default_factory=Counter)  # reason -> count
     errors: Counter = field(default_factory=Counter)  # kind -> count
@@ -115,6 +116,7 @@ class NodeStats:
                 "pool_size": self.pool_size,
                 "staleness": {str(k): v for k, v in sorted(self.staleness.items())},
                 "broadcast": dict(self.broadcast),
+                "network": dict(self.network),
                 "last_checkpoint": self.last_checkpoint,
                 "peers": [vars(p).copy() for p in self.peers.values()],
                 "history": recent,

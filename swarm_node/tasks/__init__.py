@@ -19,6 +19,7 @@ from swarm_node.tasks.heldout import EVAL_PERCENT, bucket, is_heldout, is_heldou
 from swarm_node.tasks.reference import (
     ANSWER_PREFIX,
     DATASET_SIZE,
+    DEFAULT_MIX,
     DEFAULT_TASK,
     DEFAULT_TASK_OPTIONS,
     TaskInstance,
@@ -37,8 +38,9 @@ from swarm_node.tasks.selection import TASK_SELECTIONS, TaskSelection
 from swarm_node.tasks.source import EVAL_SEED_OFFSET, REWARD_MODES, Specialty, TaskSource, parse_specialties
 
 __all__ = [
-    "ANSWER_PREFIX", "DATASET_SIZE", "DEFAULT_TASK", "DEFAULT_TASK_OPTIONS", "EVAL_PERCENT", "EVAL_SEED_OFFSET",
-    "REWARD_MODES", "TASK_SELECTIONS", "Specialty", "TaskInstance", "TaskRef", "TaskSelection", "TaskSource",
+    "ANSWER_PREFIX", "DATASET_SIZE", "DEFAULT_MIX", "DEFAULT_TASK", "DEFAULT_TASK_OPTIONS", "EVAL_PERCENT",
+    "EVAL_SEED_OFFSET", "REWARD_MODES", "TASK_SELECTIONS", "Specialty", "TaskInstance", "TaskRef", "TaskSelection",
+    "TaskSource",
     "available_tasks", "bucket", "canonical_config", "dataset", "format_prompt", "instance", "is_heldout",
     "is_heldout_question", "parse_answer", "parse_specialties", "resolve_options", "score", "well_formed",
 ]

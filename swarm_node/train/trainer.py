@@ -13,12 +13,19 @@ most `microbatch_tokens` padded positions (or one row), and their gradients accu
 the whole minibatch's loss: every registered loss is a token mean over the minibatch (rl/loss.py), so micro-batch k
 with m_k of the minibatch's M completion tokens contributes its own token-mean loss times m_k / M. The reported
 statistics (clip fraction, KL, entropy) are token means weighted the same way.
+Device and precision: the trainer computes on its model's device (model/device.py places the model first);
+batches are collated on the CPU and moved there, so callers (sharing/corrections.py) pass CPU batches and get
+log-probs on that device. With `autocast` (a dtype, e.g. bf16) the forward passes run under torch.autocast and
+the logits are taken back to fp32 before the log-softmax; the weights and Adam's state stay fp32. Without it the
+computation is exactly the fp32 one. `microbatch_tokens` may be lowered between steps (the memory guard does).
 Shapes: N sequences, L positions.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
 import math
 import random
 from dataclasses import dataclass
@@ -61,10 +68,12 @@ class _MicroLoss:
 
 class Trainer:
     def __init__(self, model: PreTrainedModel, train: TrainConfig, sampling: SamplerConfig, pad_id: int,
-                 seed: int = 0) -> None:
+                 seed: int = 0, autocast: torch.dtype | None = None) -> None:
         if train.microbatch_tokens < 1:
             raise ValueError(f"train.microbatch_tokens must be positive, got {train.microbatch_tokens}")
         self.model = model
+        self.device = next(model.parameters()).device  # where the model was placed (model/device.py)
+        self.autocast = autocast  # None: plain fp32
         self.microbatch_tokens = train.microbatch_tokens  # padded positions per forward/backward (the contract)
         self.cfg = train
         self.temperature = sampling.temperature
@@ -88,11 +97,27 @@ class Trainer:
             group["lr"] = self.cfg.lr * scale
 
     def token_log_probs(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Processed log-probs [N, L-1] of each target token, and the entropy [N, L-1] at each position."""
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention).logits[:, :-1]
+        """Processed log-probs [N, L-1] of each target token, and the entropy [N, L-1] at each position, on the
+        model's device (the batch may be on the CPU)."""
+        batch = self.on_device(batch)
+        with self._autocast():
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention).logits[:, :-1]
+        logits = logits.float()  # a no-op in fp32; under autocast the log-softmax runs in fp32
         log_probs = processed_log_softmax(logits, self.temperature, self.top_p)
         token_lp = log_probs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
         return token_lp, entropy_from_log_probs(log_probs.detach())
+
+    def _autocast(self) -> contextlib.AbstractContextManager[object]:
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast)
+
+    def on_device(self, batch: Batch) -> Batch:
+        """The batch with every tensor on the trainer's device (the same batch when it is there already)."""
+        if batch.input_ids.device == self.device:
+            return batch
+        moved = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+        return Batch(**{k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in moved.items()})
 
     def microbatches(self, samples: list[TrainSample]) -> list[Batch]:
         """The samples as collated micro-batches under the token budget (see `microbatch_plan`)."""
@@ -162,6 +187,7 @@ class Trainer:
 
     def _micro_loss(self, batch: Batch) -> _MicroLoss:
         """One micro-batch's token-mean loss and statistics."""
+        batch = self.on_device(batch)
         logp, entropy = self.token_log_probs(self.model, batch)
         old_logp, is_weights = batch.behaviour, None
         if bool(batch.off_policy.any()):

@@ -131,6 +131,7 @@ class TransportStats:
     published: int = 0
     delivered: int = 0
     validated: dict[str, int] = field(default_factory=lambda: {v.name: 0 for v in ValidationResult})
+    validation_expired: int = 0  # requests past the host's deadline, answered IGNORE without validating
     restarts: int = 0
 
 

@@ -28,11 +28,13 @@ import logging
 import random
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgpack
 
 from swarm_node.transport.base import Stream, Transport, TransportError, TransportUnavailable
+from swarm_node.transport.nat_report import watch_nat
 from swarm_node.transport.supervisor import Backoff
 
 log = logging.getLogger(__name__)
@@ -365,10 +367,14 @@ class BootstrapKeeper:
             await asyncio.sleep(self.check_interval_s)
 
 
-async def start_network(transport: Transport, bootstrap: list[str], **keeper_args: object) -> BootstrapKeeper:
+async def start_network(transport: Transport, bootstrap: list[str],
+                        on_nat: Callable[[dict[str, object]], None] | None = None,
+                        **keeper_args: object) -> BootstrapKeeper:
     """Node start-up on a started transport: serve dial-back and peer exchange, log our addresses and what the
     local reachability check says, start the BootstrapKeeper, and once the first peer answers, log what its
-    dial-back says. Returns the keeper (its task runs on the loop; `state` says solo/connected)."""
+    dial-back says. A transport with NAT traversal (`nat_status`, libp2p) also gets `nat_report.watch_nat`: its
+    AutoNAT verdict logged in one line at each change, and `on_nat(summary)` for /status.
+    Returns the keeper (its task runs on the loop; `state` says solo/connected)."""
     await serve_dialback(transport)
     await serve_peer_exchange(transport)
     addrs = transport.listen_addrs()
@@ -389,6 +395,8 @@ async def start_network(transport: Transport, bootstrap: list[str], **keeper_arg
             log.warning("reachability: %s", line)
 
     keeper.tasks.append(loop.create_task(first_peer_check(), name="reachability"))
+    if hasattr(transport, "nat_status"):
+        keeper.tasks.append(loop.create_task(watch_nat(transport, on_nat), name="nat-report"))
     return keeper
 
 

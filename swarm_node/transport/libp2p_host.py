@@ -8,7 +8,9 @@ remote crash in py-libp2p ends only this process) or in a thread via `run_host(s
   socket closes, then exits.
 - CALL methods: subscribe(topic, validated), publish(topic, data), connect(multiaddr) -> peer id,
   peers() -> [[id, addrs, latency_ms | None, topics]], serve(protocol), open_stream(peer, protocol) -> sid,
-  counters() -> {name: count} of what the guards and validation dropped.
+  counters() -> {name: count} of what the guards and validation dropped, nat_status() -> libp2p_nat's view.
+- NAT traversal (`libp2p_nat.NatServices`, in the same nursery): DHT rendezvous, AutoNAT, circuit relay v2,
+  DCUtR; an incoming stream of a `no_relay_protocols` protocol over a relayed connection is reset at once.
 - Every subscription is drained continuously; messages signed by others go to the node as DELIVER. For a
   validated topic every message from a peer is first sent to the node as VALIDATE and waits (up to
   validation_timeout_s, then IGNORE) for its VERDICT before it is delivered or forwarded (libp2p_guards).
@@ -66,6 +68,7 @@ from swarm_node.transport.libp2p_ipc import (
     check_scores,
     encode,
 )
+from swarm_node.transport.libp2p_nat import NatServices
 from swarm_node.transport.libp2p_scoring import score_params
 
 log = logging.getLogger(__name__)
@@ -152,6 +155,7 @@ class NetworkHost:
         self._methods = {
             "subscribe": self.subscribe, "publish": self.publish, "connect": self.connect, "peers": self.peers,
             "serve": self.serve, "open_stream": self.open_stream, "counters": self.get_counters,
+            "nat_status": self.nat_status,
         }
         if settings.crash_guards:
             install_signature_guard(self.counters)
@@ -173,6 +177,7 @@ class NetworkHost:
             app_validate=self._app_validate, crash_guards=settings.crash_guards, counters=self.counters,
         )
         self.my_id_bytes = self.host.get_id().to_bytes()
+        self.nat = NatServices(self.host, settings, self.counters)  # DHT rendezvous, AutoNAT, relays
 
     def send(self, op: Op, *fields: Any) -> None:
         self.out_send.send_nowait(encode(op, *fields))
@@ -193,6 +198,7 @@ class NetworkHost:
                 self._nursery = nursery
                 nursery.start_soon(self._write_frames, conn)
                 nursery.start_soon(self._reap_stale_streams)
+                nursery.start_soon(self.nat.run)
                 await self._read_frames(conn, decoder, nursery)
                 nursery.cancel_scope.cancel()  # the node closed its socket: shut down
 
@@ -266,6 +272,10 @@ class NetworkHost:
             return
         self.send(Op.RESULT, req_id, True, value)
 
+    async def nat_status(self) -> dict[str, Any]:
+        """Reachability, relays, relayed bytes and DHT discovery (libp2p_nat.NatServices.status)."""
+        return self.nat.status()
+
     async def get_counters(self) -> dict[str, int]:
         """Guard and validation counters (undecodable_frame, malformed_key, validation_timeout, slow_peer, ...)."""
         return dict(self.counters)
@@ -281,7 +291,10 @@ class NetworkHost:
         event = trio.Event()
         result: list[ValidationResult] = []
         self._verdicts[vid] = (event, result)
-        self.send(Op.VALIDATE, vid, topic, signer, data)
+        # The deadline (wall clock: host and node share the machine) lets the node skip requests we have given up
+        # on: under a flood the backlog then drains at once instead of being validated for nothing, which had
+        # starved honest messages for ~80 s after a flood ended (issue 14).
+        self.send(Op.VALIDATE, vid, topic, signer, data, time.time() + self.settings.validation_timeout_s)
         try:
             with trio.move_on_after(self.settings.validation_timeout_s):
                 await event.wait()
@@ -366,6 +379,9 @@ class NetworkHost:
         self.host.set_stream_handler(protocol, self._incoming_stream)
 
     async def _incoming_stream(self, stream: Any) -> None:
+        if self.nat.refuses(stream):  # bulk protocols are not served through a relay (libp2p_nat)
+            await stream.reset()
+            return
         try:
             sid = next(self._sids)
             bridge = _StreamBridge(self, sid, stream)
@@ -417,7 +433,8 @@ def main(argv: list[str] | None = None) -> None:
                         format="%(asctime)s libp2p-host %(levelname)s %(name)s: %(message)s")
     # py-libp2p logs ordinary outcomes at ERROR (a peer that does not speak a protocol, a dial that fails, with
     # multi-line dumps); the node gets them as TransportError and reports them at its own level.
-    for name in ("libp2p.host.basic_host", "libp2p.transport.tcp.tcp"):
+    for name in ("libp2p.host.basic_host", "libp2p.transport.tcp.tcp", "libp2p.kad_dht", "libp2p.network.swarm",
+                 "libp2p.relay.circuit_v2.protocol", "libp2p.relay.circuit_v2.transport", "libp2p.host.autonat"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     # Ctrl-C reaches the whole process group; the node decides when we stop (it closes the socket).
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -8,7 +8,7 @@ decode error means a bug or a dying process, not an attack. `HostSettings` trave
 Ops and their fields (N = node, H = network host):
   N->H HELLO(key: bytes, settings: dict)            H->N READY(peer_id, listen: list, advertised: list)
   N->H CALL(req_id, method: str, args: list)        H->N RESULT(req_id, ok: bool, value | error text)
-  H->N VALIDATE(vid, topic, signer, data)           N->H VERDICT(vid, ValidationResult value)
+  H->N VALIDATE(vid, topic, signer, data, deadline) N->H VERDICT(vid, ValidationResult value)
   H->N DELIVER(topic, data, signer, received_at)
   N->H SCORES(scores: {peer_id: float}): the node's reputation scores, the whole table (replaces the last one), at
        most MAX_SCORES entries; gossipsub's application-specific score (P6) reads it, and a signer at or below
@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import msgpack
+
+from protocol.chunks import PROTOCOL_ID as CHUNKS_PROTOCOL_ID
 
 HEADER = struct.Struct("!I")
 MAX_FRAME_BYTES = 8 << 20  # > the 1 MiB gossip limit and the stream chunk, with room for msgpack overhead
@@ -73,7 +75,14 @@ class HostSettings:
     Thresholds, 0 > gossip > publish > graylist as the spec requires: under gossip_threshold no gossip to or from
     the peer; under publish_threshold its forwarded messages are dropped unread and we do not publish to it; under
     graylist_threshold all its RPCs are ignored. crash_guards: False only to test that the supervisor restarts a
-    dead host.
+    dead host. NAT traversal (libp2p_nat): rendezvous is the DHT key's name (the swarm topic; "" turns the DHT
+    off), looked up every dht_interval_s; autonat_confirmations distinct AutoNAT servers must dial us back before
+    we call ourselves public; relay_service on | off | auto (serve as a relay once public); relay_reservations:
+    relays we keep a slot on while not public; relay_max_*: what we grant as a relay (reservations, concurrent
+    circuits), relay_circuit_bytes / relay_circuit_s: bytes and seconds one relayed circuit may use. hole_punch:
+    run DCUtR, which tries to turn each relayed connection into a direct one. no_relay_protocols: stream protocols
+    we never serve over a relayed connection (policy-delta chunks: a node reachable only through a relay would
+    spend the relay's bandwidth; the puller moves on to the next holder, the source last).
     """
 
     listen: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
@@ -98,6 +107,18 @@ class HostSettings:
     graylist_threshold: float = -200.0
     connect_timeout_s: float = 10.0
     crash_guards: bool = True
+    rendezvous: str = ""
+    dht_interval_s: float = 5.0
+    autonat_confirmations: int = 3
+    autonat_interval_s: float = 5.0
+    relay_service: str = "auto"
+    relay_reservations: int = 2
+    relay_max_reservations: int = 32
+    relay_max_circuits: int = 16
+    relay_circuit_bytes: int = 64 << 20
+    relay_circuit_s: int = 3600
+    hole_punch: bool = True
+    no_relay_protocols: tuple[str, ...] = (CHUNKS_PROTOCOL_ID,)
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)

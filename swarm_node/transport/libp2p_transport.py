@@ -10,7 +10,8 @@ something the child must import and configure.
 
 Contract: implements `base.Transport`. Calls made while the host is down (crashed, restarting) raise
 `TransportUnavailable` at once instead of blocking the training loop. `stats.restarts` counts restarts;
-`host_counters()` returns the running host's guard/validation counters. `set_peer_scores(scores)` sends the
+`host_counters()` returns the running host's guard/validation counters; `nat_status()` its reachability,
+relays and DHT discovery (libp2p_nat). `set_peer_scores(scores)` sends the
 node's reputation table to the host (SCORES: gossipsub's application-specific score), re-sent after a restart.
 Construct with an `identity.Identity` (the peer id is stable across restarts) and a `LibP2PConfig`.
 """
@@ -39,6 +40,7 @@ from swarm_node.transport.base import (
     TransportError,
     TransportStats,
     TransportUnavailable,
+    ValidationResult,
     Validator,
     run_validator,
 )
@@ -235,9 +237,13 @@ class LibP2PTransport(Transport):
             req_id, ok, value = fields
             session.on_result(req_id, ok, value)
         elif op is Op.VALIDATE:
-            vid, topic, signer, data = fields
-            verdict = run_validator(self._validators.get(topic), signer, data)
-            self.stats.validated[verdict.name] += 1
+            vid, topic, signer, data, deadline = fields
+            if time.time() > deadline:  # the host has already ignored it: validating it would only delay the rest
+                self.stats.validation_expired += 1
+                verdict = ValidationResult.IGNORE
+            else:
+                verdict = run_validator(self._validators.get(topic), signer, data)
+                self.stats.validated[verdict.name] += 1
             session.send(Op.VERDICT, vid, int(verdict))
         elif op is Op.DELIVER:
             topic, data, signer, received_at = fields
@@ -347,6 +353,11 @@ class LibP2PTransport(Transport):
         if session is not None and self._up.is_set():
             session.send(Op.SCORES, table)
             await session.drain()
+
+    async def nat_status(self) -> dict[str, Any]:
+        """The host's view of NAT traversal (libp2p_nat.NatServices.status): "reachability" (public | private |
+        unknown) and its one-line summary "line", relay reservations, "relayed_bytes", DHT discoveries, paths."""
+        return dict(await self._call("nat_status"))
 
     async def host_counters(self) -> dict[str, int]:
         """What the current host's guards and validation dropped (counts restart from 0 with each host)."""

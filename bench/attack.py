@@ -1,0 +1,164 @@
+"""A byzantine swarm, measured (issue 14 item 6): what attackers cost honest nodes, with and without the defences.
+
+Parts (--parts, default all; each adds its fields to the results file, keeping the other parts' fields):
+- sim: simulations/scenarios/attack.toml (10 nodes, lockstep rounds, in-memory network model) per seed at attacker
+  fractions 0 / 0.1 / 0.3 / 0.5 (attackers on the last indices, kinds cycling through simulations/byzantine.py's
+  ATTACKS by seed), the same nodes training alone (J = 0), and 30% junk attackers with the well-formed defence on
+  and off (simulations/attack_grid.py). Fields: fractions, kinds, honest_eval_acc, honest_eval_vs_clean (paired
+  per node and seed), honest_solo_eval_acc, bad_groups_trained (per kind, summed over cells; forged_reward counts
+  only groups whose claimed rewards reached the loss), junk_groups_trained {with_defence, without},
+  external_groups_trained_per_step (per honest node per step). Cells resume mid-run (simulations/snapshots.py).
+- junk: the separate small measurement of item 5: one honest node and one peer sending only verifier-passing junk,
+  defence on and off, and the node alone (junk_pair: held-out accuracy and junk groups trained).
+- live: one real honest `swarm-node join` pinned to core 0 (taskset) against simulations/attack_peers.py pinned to
+  core 1 playing the rest of a `--nodes` swarm (honest identities and, at each fraction, attackers), in every run
+  including the clean one: max_rss_mib and steps_per_min_vs_clean per fraction, time_to_graylist_s per kind.
+- kill: kill -9 at random points of real processes, mid-checkpoint and mid-delta-apply included, then a resume
+  (simulations/attack_kill.py): kill_resume {points, unusable_runs}.
+
+    python -m bench.attack [--parts sim junk live kill] [--rounds N] [--seeds 0 1 2] [--nodes N]
+                           [--eval-problems N] [--live-seconds S] [--kill-points K] [--run-dir runs/attack] [--out P]
+
+Small scale (minutes): --rounds 3 --seeds 0 --nodes 4 --eval-problems 8 --live-seconds 40 --kill-points 3.
+To use both cores for the sim part, run one process per seed (--parts sim --seeds K, same --run-dir), then once
+more with every seed to gather the cells. Never run in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from simulations.attack_grid import FRACTIONS, JUNK_OFF, JUNK_ON, SOLO, Cell, grid, summarise
+from simulations.runner import run_cell
+from simulations.scenario import Scenario, Variant, load_scenario
+
+RESULTS = Path(__file__).parent / "results"
+SCENARIO = Path(__file__).resolve().parents[1] / "simulations" / "scenarios" / "attack.toml"
+PARTS = ("sim", "junk", "live", "kill")
+
+
+def run_cells(cells: list[Cell], run_dir: Path) -> list[dict[str, Any]]:
+    results = []
+    for cell in cells:
+        started = time.monotonic()
+
+        def progress(name: str, s: int, rnd: int, total: int, reward: float | None, t: float = started) -> None:
+            if rnd % 10 == 0 or rnd == total:
+                shown = "-" if reward is None else f"{reward:.3f}"
+                print(f"  [{name} seed {s}] round {rnd}/{total} honest reward {shown} ({time.monotonic() - t:.0f} s)",
+                      flush=True)
+
+        result = run_cell(cell.scenario, cell.variant, cell.seed, run_dir, progress, log=print)
+        print(f"{cell.variant.name} seed {cell.seed}: eval {result['final_eval_acc']}, bad trained "
+              f"{result['bad_groups_trained']} ({result['wall_s']:.0f} s)", flush=True)
+        results.append(result)
+    return results
+
+
+def sim_part(scn: Scenario, run_dir: Path) -> dict[str, Any]:
+    results = run_cells(grid(scn, FRACTIONS, scn.seeds), run_dir / "grid")
+    return summarise(results, FRACTIONS)
+
+
+def junk_part(scn: Scenario, run_dir: Path) -> dict[str, Any]:
+    """One honest node beside one junk peer, defence on and off, and alone."""
+    pair = dataclasses.replace(scn, nodes=2, attackers=((1, "junk"),))
+    base = scn.variants[0].config
+    share = dict(base.get("share", {}))
+    arms = {"with_defence": (pair, Variant(JUNK_ON, base)),
+            "without": (pair, Variant(JUNK_OFF, {**base, "share": {**share, "require_well_formed": False}})),
+            "alone": (dataclasses.replace(scn, nodes=1, attackers=()),
+                      Variant(SOLO, {**base, "share": {**share, "external_groups": 0}}))}
+    out: dict[str, Any] = {}
+    for arm, (s, variant) in arms.items():
+        cells = [Cell(s, variant, seed, 0.5) for seed in scn.seeds]
+        results = run_cells(cells, run_dir / "junk_pair")
+        accs = [r["final_eval_acc_per_node"]["0"] for r in results if r["final_eval_acc_per_node"]]
+        out[arm] = {"honest_eval_acc": sum(accs) / len(accs) if accs else None, "per_seed": accs,
+                    "junk_groups_trained": sum(r["bad_groups_trained"].get("junk", 0) for r in results)}
+    return {"junk_pair": out}
+
+
+def live_part(scn: Scenario, run_dir: Path, seconds: float) -> dict[str, Any]:
+    from simulations.attack_live import measure_live
+
+    return measure_live(scn, FRACTIONS, run_dir / "live", seconds, log=print)
+
+
+def kill_part(scn: Scenario, run_dir: Path, points: int, scn_file: Path) -> dict[str, Any]:
+    from simulations.attack_kill import kill_resume
+
+    return {"kill_resume": kill_resume(scn, run_dir / "kill", points, log=print, scn_file=scn_file)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    ap.add_argument("--file", type=Path, default=SCENARIO, help="the base scenario")
+    ap.add_argument("--rounds", type=int)
+    ap.add_argument("--seeds", type=int, nargs="+")
+    ap.add_argument("--nodes", type=int)
+    ap.add_argument("--eval-problems", type=int)
+    ap.add_argument("--live-seconds", type=float, default=180.0, help="measured time per fraction (live part)")
+    ap.add_argument("--kill-points", type=int, default=100)
+    ap.add_argument("--run-dir", type=Path)
+    ap.add_argument("--out", type=Path, default=RESULTS / "attack.json")
+    args = ap.parse_args()
+    scn = load_scenario(args.file)
+    changes: dict[str, Any] = {k: v for k, v in (("rounds", args.rounds), ("nodes", args.nodes),
+                                                 ("eval_problems", args.eval_problems)) if v}
+    if args.seeds:
+        changes["seeds"] = tuple(args.seeds)
+    scn = dataclasses.replace(scn, **changes)
+    run_dir = args.run_dir or Path(scn.run_dir)
+    started = time.monotonic()
+    result: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
+    scale = result.get("scale", {})
+    for part in PARTS:
+        if part not in args.parts:
+            continue
+        if part == "sim":
+            result.update(sim_part(scn, run_dir))
+        elif part == "junk":
+            result.update(junk_part(scn, run_dir))
+        elif part == "live":
+            result.update(live_part(scn, run_dir, args.live_seconds))
+        else:
+            result.update(kill_part(scn, run_dir, args.kill_points, args.file))
+        scale[part] = {"nodes": scn.nodes, "rounds": scn.rounds, "seeds": list(scn.seeds),
+                       "eval_problems": scn.eval_problems, "live_seconds": args.live_seconds,
+                       "kill_points": args.kill_points}
+    result["scale"] = scale
+    result["wall_s_this_run"] = time.monotonic() - started
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print("attack: " + summary_line(result))
+
+
+def summary_line(result: dict[str, Any]) -> str:
+    parts = []
+    for f, acc in result.get("honest_eval_acc", {}).items():
+        vs = result.get("honest_eval_vs_clean", {}).get(f)
+        parts.append(f"{f}: eval {acc:.3f}" + (f" ({vs:+.3f} vs clean)" if vs is not None else "")
+                     if acc is not None else f"{f}: eval -")
+    if "bad_groups_trained" in result:
+        parts.append(f"bad trained {sum(result['bad_groups_trained'].values())}")
+    if "junk_groups_trained" in result:
+        parts.append(f"junk trained {result['junk_groups_trained']}")
+    if "junk_pair" in result:
+        parts.append("junk pair " + ", ".join(f"{arm} eval {v['honest_eval_acc']} (junk trained "
+                                             f"{v['junk_groups_trained']})" for arm, v in result["junk_pair"].items()))
+    if "steps_per_min_vs_clean" in result:
+        parts.append(f"steps/min vs clean {result['steps_per_min_vs_clean']}")
+    if "kill_resume" in result:
+        parts.append(f"kill_resume {result['kill_resume']}")
+    return "; ".join(parts)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Memory benchmark: a `solo` run's peak RSS under several memory budgets, and RSS growth over a long soak.
+
+    python -m bench.memory [--budgets 950,1100,1400,1800] [--steps 6] [--sampler auto]   # the budgets part
+    python -m bench.memory --soak-hours 2 [--segment-hours 0.5] [--skip-budgets]          # the soak, resumable
+
+Budgets: each budget runs `swarm-node solo --memory-budget B` in its own process; its peak RSS is the kernel's
+(os.wait4's ru_maxrss), so nothing inside the node measures itself. The top-level budgets and peaks are this
+invocation's sampler; `by_sampler` keeps each sampler's last run, and `within_budget` is true when every peak of
+every sampler kept is at most its budget (and every run exited 0).
+Soak: one `solo` node trained for --soak-hours of wall time, its RSS (/proc/PID/status VmRSS) sampled every
+--sample-s seconds into bench/results/memory_soak.jsonl. Resumable and appendable: a run stops after
+--segment-hours (SIGTERM: the node checkpoints), and the next invocation resumes the node from its checkpoint and
+appends, with the soak clock running on from the samples already there, until --soak-hours are reached.
+`soak_rss_growth_frac` = median RSS of the last window / median of the first window - 1, over samples taken
+while training (not while a segment loads); the window is 10 minutes, or half the soak when it is shorter.
+Each segment is a new process, so a leak shows best within one: `soak_segments` has each segment's own figure,
+and the full soak is best run as one segment (the default --segment-hours is longer than any soak).
+Writes bench/results/memory.json (the budgets part and the soak part are merged with what is there) and prints
+one line. `gpu` is null: this benchmark runs on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from swarm_node.model.device_memory import status_kib
+
+RESULTS = Path(__file__).parent / "results"
+OUT = RESULTS / "memory.json"
+SOAK_FILE = RESULTS / "memory_soak.jsonl"
+RUN_ROOT = Path("runs/bench-memory")
+WINDOW_S = 600.0  # the soak's first (and last) 10 minutes
+CLI = [sys.executable, "-m", "cli.main", "solo"]
+SOAK_STEPS = 10_000_000  # the soak stops on time, not on steps
+GPU_NOTE = ("gpu: null; this benchmark measures CPU RSS. The GPU figures (device, steps/s against the CPU, peak "
+            "VRAM) come from a session lent a GPU")
+
+
+def solo_args(run_dir: Path, sampler: str, extra: list[str]) -> list[str]:
+    return [*CLI, "--run-dir", str(run_dir), "--sampler", sampler, "--status-port", "-1", "--eval-problems", "0",
+            *extra]
+
+
+def peak_of_run(budget_mib: int, steps: int, sampler: str) -> dict[str, Any]:
+    """One solo run under `budget_mib`: its kernel-measured peak RSS, exit code and what sizing chose."""
+    run_dir = RUN_ROOT / f"{sampler}-budget-{budget_mib}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    args = solo_args(run_dir, sampler, ["--steps", str(steps), "--memory-budget", str(budget_mib),
+                                        "--checkpoint-every", str(steps)])
+    log = RUN_ROOT / f"{sampler}-budget-{budget_mib}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    lines = log.read_text().splitlines()
+    return {"budget_mib": budget_mib, "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "exit_code": proc.returncode,
+            "sizing": next((line for line in lines if line.startswith("memory: budget")), ""),
+            "guard": [line for line in lines if line.startswith("memory: step")],
+            "error": next((line for line in lines if line.startswith("error:")), "")}
+
+
+def growth(samples: list[dict[str, Any]], window_s: float = WINDOW_S) -> tuple[float, float | None]:
+    """(soak hours, RSS growth fraction) over the training samples (see the module header); None: too few."""
+    train = [s for s in samples if s.get("phase") == "train"]
+    if len(train) < 2:
+        return 0.0, None
+    t0, t1 = train[0]["t"], train[-1]["t"]
+    window = min(window_s, (t1 - t0) / 2)
+    first = [s["rss_mib"] for s in train if s["t"] <= t0 + window]
+    last = [s["rss_mib"] for s in train if s["t"] >= t1 - window]
+    return round((t1 - t0) / 3600, 4), round(statistics.median(last) / statistics.median(first) - 1, 4)
+
+
+def read_samples(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def metrics_steps(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    return sum(1 for line in path.read_text().splitlines() if line.strip())
+
+
+def soak(hours: float, segment_hours: float, sample_s: float, sampler: str, budget_mib: int | None) -> None:
+    """Run (or continue) the soak for one segment, appending samples to SOAK_FILE."""
+    samples = read_samples(SOAK_FILE)
+    done_s = samples[-1]["t"] if samples else 0.0
+    if done_s >= hours * 3600:
+        return
+    run_dir = RUN_ROOT / "soak"
+    resume = ["--resume"] if (run_dir / "checkpoints").exists() else []
+    if not samples:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    extra = ["--steps", str(SOAK_STEPS), "--checkpoint-every", "50", *resume]
+    if budget_mib:
+        extra += ["--memory-budget", str(budget_mib)]
+    segment = 1 + max((s["segment"] for s in samples), default=0)
+    until = min(hours * 3600, done_s + segment_hours * 3600)
+    RUN_ROOT.mkdir(parents=True, exist_ok=True)
+    steps_before = metrics_steps(run_dir)
+    with open(RUN_ROOT / f"soak-{segment}.log", "w") as log, open(SOAK_FILE, "a") as out:
+        proc = subprocess.Popen(solo_args(run_dir, sampler, extra), stdout=log, stderr=subprocess.STDOUT)
+        started = time.monotonic()
+        try:
+            while proc.poll() is None:
+                t = done_s + time.monotonic() - started
+                rss = status_kib(Path(f"/proc/{proc.pid}/status").read_text(), "VmRSS") or 0
+                if not rss:  # the process is starting or gone: nothing to sample yet
+                    time.sleep(1.0)
+                    continue
+                steps = metrics_steps(run_dir)
+                phase = "train" if steps > steps_before else "start"
+                out.write(json.dumps({"t": round(t, 1), "rss_mib": round(rss / 1024, 1), "steps": steps,
+                                      "segment": segment, "phase": phase}) + "\n")
+                out.flush()
+                if t >= until:  # the last sample of this segment is written first
+                    break
+                time.sleep(sample_s)
+        except FileNotFoundError:  # the node exited between poll() and the read
+            pass
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # the node checkpoints, then exits
+                try:
+                    proc.wait(timeout=300)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    if proc.returncode not in (0, 130, -signal.SIGTERM):
+        raise SystemExit(f"soak segment {segment}: solo exited with {proc.returncode}; see "
+                         f"{RUN_ROOT / f'soak-{segment}.log'}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--budgets", default="950,1100,1400,1800", help="budgets in MiB, comma-separated (at least 3)")
+    ap.add_argument("--steps", type=int, default=6, help="solo steps per budget run")
+    ap.add_argument("--sampler", default="auto", help="sampler of every run (auto | vllm | hf)")
+    ap.add_argument("--skip-budgets", action="store_true", help="only the soak (keeps the budgets part on file)")
+    ap.add_argument("--soak-hours", type=float, default=0.0, help="total soak length (0: no soak)")
+    ap.add_argument("--segment-hours", type=float, default=24.0, help="stop this invocation after this long")
+    ap.add_argument("--sample-s", type=float, default=30.0, help="seconds between RSS samples")
+    ap.add_argument("--soak-budget", type=int, default=0, help="the soak node's --memory-budget in MiB (0: default)")
+    ap.add_argument("--restart-soak", action="store_true", help="discard the soak samples and start over")
+    args = ap.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = json.loads(OUT.read_text()) if OUT.exists() else {}
+    if not args.skip_budgets:
+        budgets = [int(b) for b in args.budgets.split(",") if b.strip()]
+        if len(budgets) < 3:
+            raise SystemExit("--budgets needs at least 3 budgets")
+        runs = [peak_of_run(b, args.steps, args.sampler) for b in budgets]
+        part = {"budgets_mib": budgets, "peak_rss_mib": [r["peak_rss_mib"] for r in runs],
+                "within_budget": all(r["exit_code"] == 0 and r["peak_rss_mib"] <= r["budget_mib"] for r in runs),
+                "steps": args.steps, "runs": runs}
+        by_sampler = {**result.get("by_sampler", {}), args.sampler: part}
+        result.update({**part, "sampler": args.sampler, "by_sampler": by_sampler,
+                       "within_budget": all(p["within_budget"] for p in by_sampler.values())})
+    if args.restart_soak:
+        SOAK_FILE.unlink(missing_ok=True)
+        shutil.rmtree(RUN_ROOT / "soak", ignore_errors=True)
+    if args.soak_hours > 0:
+        soak(args.soak_hours, args.segment_hours, args.sample_s, args.sampler, args.soak_budget or None)
+        result.update({"soak_target_hours": args.soak_hours, "soak_sampler": args.sampler})
+    samples = read_samples(SOAK_FILE)
+    hours, frac = growth(samples)
+    segments = sorted({s["segment"] for s in samples})
+    result["soak_segments"] = [dict(zip(("segment", "hours", "rss_growth_frac"),
+                                        (k, *growth([s for s in samples if s["segment"] == k])), strict=True))
+                               for k in segments]
+    result.update({"soak_hours": hours, "soak_rss_growth_frac": frac, "soak_samples": len(samples),
+                   "soak_complete": bool(samples) and samples[-1]["t"] >= result.get("soak_target_hours", 0) * 3600,
+                   "gpu": None, "note": GPU_NOTE})
+    OUT.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"memory: budgets {result.get('budgets_mib')} MiB -> peaks {result.get('peak_rss_mib')} MiB "
+          f"(within budget: {result.get('within_budget')}); soak {hours:.3g} h, RSS growth "
+          f"{'n/a' if frac is None else f'{frac:+.1%}'}; wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()

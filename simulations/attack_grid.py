@@ -1,0 +1,122 @@
+"""The byzantine grid of bench/attack.py: which attack cells to run, and what their results add up to.
+
+Contract (pure: scenarios in, cell plans out; results in, the bench's fields out):
+- `placement(nodes, fraction, seed, slots)`: k = round(fraction * nodes) attackers (at least 1 for a fraction > 0,
+  at most nodes - 1) on the LAST k indices, so the honest nodes of every fraction are nodes 0..n-k-1, the same
+  nodes with the same seeds as in the clean run: every comparison is paired per node and seed. Their kinds cycle
+  through `ATTACKS`, offset by seed * slots (slots: the attackers of the largest fraction), so that across seeds
+  every kind runs.
+- `grid(scn, fractions, seeds)`: per seed, one cell per fraction (the variant "f<fraction>", defence on; "f0.0" is
+  the clean run), "solo" (the same nodes with J = 0: each trains alone), and the well-formed defence measured at
+  fraction `JUNK_FRACTION` with every attacker of kind junk, defence on ("junk-defended") and off
+  ("junk-undefended", `share.require_well_formed = false`). Cell dirs: run_dir/<variant>/seed<k>.
+- `summarise(results, fractions)`: the bench's fields from the cells' result.json (see bench/attack.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from simulations.scenario import Scenario, Variant
+from swarm_node.variants import ATTACKS
+
+FRACTIONS = (0.0, 0.1, 0.3, 0.5)
+JUNK_FRACTION = 0.3
+SOLO, JUNK_ON, JUNK_OFF = "solo", "junk-defended", "junk-undefended"
+
+
+@dataclass(frozen=True)
+class Cell:
+    scenario: Scenario
+    variant: Variant
+    seed: int
+    fraction: float
+
+
+def key(fraction: float) -> str:
+    return str(float(fraction))
+
+
+def attackers_for(nodes: int, fraction: float) -> int:
+    if fraction <= 0:
+        return 0
+    return min(nodes - 1, max(1, round(fraction * nodes)))
+
+
+def placement(nodes: int, fraction: float, seed: int, slots: int, kinds: tuple[str, ...] = ATTACKS
+              ) -> tuple[tuple[int, str], ...]:
+    k = attackers_for(nodes, fraction)
+    return tuple((nodes - k + j, kinds[(seed * slots + j) % len(kinds)]) for j in range(k))
+
+
+def grid(scn: Scenario, fractions: tuple[float, ...], seeds: tuple[int, ...]) -> list[Cell]:
+    slots = max(attackers_for(scn.nodes, f) for f in fractions)
+    base = scn.variants[0].config
+    share = dict(base.get("share", {}))
+    solo = Variant(SOLO, {**base, "share": {**share, "external_groups": 0}})
+    off = Variant(JUNK_OFF, {**base, "share": {**share, "require_well_formed": False}})
+    cells = []
+    for seed in seeds:
+        for f in fractions:
+            attackers = placement(scn.nodes, f, seed, slots)
+            cells.append(Cell(dataclasses.replace(scn, attackers=attackers), Variant(f"f{key(f)}", base), seed, f))
+        cells.append(Cell(scn, solo, seed, 0.0))
+        junk = tuple((i, "junk") for i, _ in placement(scn.nodes, JUNK_FRACTION, seed, slots))
+        for variant in (Variant(JUNK_ON, base), off):
+            cells.append(Cell(dataclasses.replace(scn, attackers=junk), variant, seed, JUNK_FRACTION))
+    return cells
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def summarise(results: list[dict[str, Any]], fractions: tuple[float, ...]) -> dict[str, Any]:
+    """The bench's simulation fields from the cells' results (any subset: missing cells are left out)."""
+    by = {(r["variant"], r["seed"]): r for r in results}
+    seeds = sorted({r["seed"] for r in results})
+    acc: dict[str, float | None] = {}
+    vs_clean: dict[str, float | None] = {}
+    solo: dict[str, float | None] = {}
+    external: dict[str, float | None] = {}
+    bad: dict[str, int] = {}
+    used: dict[str, int] = {}  # every attacker group trained on, bad or not (e.g. forged claims re-scored)
+    laundered = 0
+    for f in fractions:
+        name = f"f{key(f)}"
+        cells = [by[(name, s)] for s in seeds if (name, s) in by]
+        acc[key(f)] = _mean([c["final_eval_acc"] for c in cells if c["final_eval_acc"] is not None])
+        external[key(f)] = _mean([c["external_groups_trained_per_step"] for c in cells])
+        diffs, alone = [], []
+        for c in cells:
+            own = c["final_eval_acc_per_node"]
+            clean = by.get((f"f{key(0.0)}", c["seed"]), {}).get("final_eval_acc_per_node", {})
+            solo_acc = by.get((SOLO, c["seed"]), {}).get("final_eval_acc_per_node", {})
+            if own and all(i in clean for i in own):
+                diffs.append(statistics.fmean(own[i] - clean[i] for i in own))
+            if own and all(i in solo_acc for i in own):
+                alone.append(statistics.fmean(solo_acc[i] for i in own))
+        vs_clean[key(f)] = _mean(diffs)
+        solo[key(f)] = _mean(alone)
+        for c in cells:
+            for kind, n in c.get("bad_groups_trained", {}).items():
+                bad[kind] = bad.get(kind, 0) + int(n)
+            for kind, n in c.get("attacker_groups_trained", {}).items():
+                used[kind] = used.get(kind, 0) + int(n)
+            laundered += int(c.get("replays_of_attackers", 0))
+    junk = {"with_defence": sum(r["bad_groups_trained"].get("junk", 0) for r in results if r["variant"] == JUNK_ON),
+            "without": sum(r["bad_groups_trained"].get("junk", 0) for r in results if r["variant"] == JUNK_OFF)}
+    junk_eval = {"with_defence": _mean([r["final_eval_acc"] for r in results if r["variant"] == JUNK_ON]),
+                 "without": _mean([r["final_eval_acc"] for r in results if r["variant"] == JUNK_OFF])}
+    blocks: dict[str, list[int | None]] = {}
+    for r in results:
+        for kind, rounds in r.get("rounds_to_block", {}).items():
+            blocks.setdefault(kind, []).extend(rounds)
+    return {"fractions": [float(f) for f in fractions], "kinds": [k for k in ATTACKS if k in bad],
+            "honest_eval_acc": acc, "honest_eval_vs_clean": vs_clean, "honest_solo_eval_acc": solo,
+            "bad_groups_trained": bad, "attacker_groups_trained": used, "replays_of_attackers": laundered,
+            "junk_groups_trained": junk, "junk_eval_acc": junk_eval,
+            "external_groups_trained_per_step": external, "sim_rounds_to_block": blocks, "sim_seeds": seeds}

@@ -1,0 +1,205 @@
+"""A node's hardware: its device, precision and memory sizing at start, and the memory guard after each step.
+
+Contract:
+- `Hardware.prepare(cfg, model_dir, task_source, log)`, before any weights load: resolves `run.device`
+  (model/device.py: one line saying what it picked; a device that is not there is a UserError), the precision
+  (`train.precision`), the budget (`run.memory_budget_mib`, else `device_memory.default_budget_bytes`), the model's
+  footprint (built on the meta device: no weights read) and one step's request (the longest of 32 drawn prompts,
+  + 25%, + max_new_tokens), then `sizing.choose`. The chosen sizes are written into the config (`share.local_groups`
+  when set, else `run.prompts_per_step`; `train.microbatch_tokens`; `sampler.kv_cache_gb` when vLLM is expected)
+  and one line says what was chosen and why. A run that cannot fit is a `SizingError` line before anything loads.
+  With the guard on it also fixes glibc's mmap threshold (`device_memory.return_freed_memory`).
+- `place(model)` moves the model to the device; `attach(trainer, sampler)` hands the sizes to the sampler (HF
+  rows per pass) and starts the peak meter.
+- `after_step(trainer, sampler)` (run.memory_guard on): the step's measured peak (`device_memory.PeakMeter`); when
+  `sizing.MemoryGuard` says so, the next step is one `sizing.shrink` notch smaller (the vLLM KV cache, fixed once the
+  engine runs, is left alone), said in one line. Returns {"mem_peak_mib": ...} for the step's metrics ({} when off).
+With run.memory_guard off (a node sharing its process: simulations) the runtime is `sizing.RUNTIME_BYTES`, not
+the process's measured memory, and nothing is watched.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from swarm_node import tasks
+from swarm_node.config import NodeConfig
+from swarm_node.errors import UserError
+from swarm_node.model import device as devices
+from swarm_node.model.default_model import load_tokenizer
+from swarm_node.model.device_memory import PeakMeter, default_budget_bytes, return_freed_memory
+from swarm_node.model.lora import TARGET_MODULES
+from swarm_node.sampler.base import Sampler
+from swarm_node.sampler.hf import HFSampler
+from swarm_node.train import sizing
+from swarm_node.train.trainer import Trainer
+
+PROMPT_PROBES = 32  # problems drawn to measure prompt lengths
+PROMPT_MARGIN = 1.25
+KV_BLOCK_TOKENS = 32  # vLLM's smallest KV block (sampler/vllm_sampler.py): its cache floor is whole blocks
+VLLM_DEFAULT_SEQS = 256  # vLLM's max_num_seqs default (sampler/vllm_sampler.py)
+VLLM_KV_FRACTION = 0.25  # vLLM's own cap on its derived KV cache (sampler/vllm_sampler.py), here of the budget
+
+LogFn = Callable[[str], None]
+
+
+def footprint(model_dir: Path, lora_rank: int) -> sizing.Footprint:
+    """The model's parameter counts and shapes, from a copy built on the meta device (no weights read). A path
+    that is not a model is the UserError line load_model gives for it."""
+    if not model_dir.is_dir():
+        raise UserError(f"model path {str(model_dir)!r} is not a directory")
+    if not (model_dir / "config.json").exists():
+        raise UserError(f"model path {str(model_dir)!r} has no config.json: not a Hugging Face model directory")
+    try:
+        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise UserError(f"cannot load a causal LM from {str(model_dir)!r}: {str(exc).splitlines()[0]}") from exc
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    params = sum(p.numel() for p in model.parameters())  # parameters() yields a tied pair once
+    trainable = params
+    if lora_rank:
+        trainable = sum(lora_rank * (m.in_features + m.out_features) for name, m in model.named_modules()
+                        if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in TARGET_MODULES)
+    heads = int(config.num_attention_heads)
+    hidden = int(config.hidden_size)
+    return sizing.Footprint(params=params, trainable=trainable, layers=int(config.num_hidden_layers), hidden=hidden,
+                            intermediate=int(getattr(config, "intermediate_size", 4 * hidden)), heads=heads,
+                            kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+                            head_dim=int(getattr(config, "head_dim", None) or hidden // heads),
+                            vocab=int(config.vocab_size))
+
+
+def longest_prompt(model_dir: Path, source: tasks.TaskSource) -> int:
+    """Tokens of the longest of PROMPT_PROBES drawn prompts (its own RNG; the source's turn is put back)."""
+    tokenizer = load_tokenizer(model_dir)
+    turn = source.turn
+    try:
+        refs = source.draw(random.Random(0x5EED), PROMPT_PROBES, turn=0)
+    finally:
+        source.turn = turn
+    return max(len(tokenizer.encode(tasks.instance(r).prompt)) for r in refs)
+
+
+def expected_sampler(kind: str) -> str:
+    """The sampler a kind will most likely run: "auto" starts vLLM when it is installed."""
+    if kind == "auto":
+        return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+    return kind
+
+
+@dataclass
+class Hardware:
+    cfg: NodeConfig
+    choice: devices.DeviceChoice
+    autocast: torch.dtype | None
+    sizing: sizing.Sizing
+    floor: sizing.Sizes
+    log: LogFn
+    meter: PeakMeter | None = None
+    guard: sizing.MemoryGuard | None = None
+    at_floor_said: bool = field(default=False)
+
+    @classmethod
+    def prepare(cls, cfg: NodeConfig, model_dir: Path, source: tasks.TaskSource, log: LogFn,
+                found: devices.Found | None = None) -> Hardware:
+        found = found or devices.Found.probe()
+        choice = devices.resolve_device(cfg.run.device, found)
+        log(choice.line)
+        autocast = devices.PRECISIONS[cfg.train.precision](choice, found)
+        if autocast is not None:
+            log(devices.precision_line(autocast))
+        budget = cfg.run.memory_budget_mib * sizing.MIB or default_budget_bytes(choice.device)
+        meter = PeakMeter.for_device(choice.device) if cfg.run.memory_guard else None
+        if meter is not None:
+            return_freed_memory()  # glibc: freed tensors go back to the OS, so RSS follows the live memory
+        fp = footprint(model_dir, cfg.train.lora_rank)
+        req = step_request(cfg, model_dir, source, fp, budget, choice, meter)
+        chosen = sizing.choose(fp, req, budget)
+        hw = cls(cfg, choice, autocast, chosen, replace(sizing.floors(req), kv_cache_bytes=chosen.sizes.kv_cache_bytes),
+                 log, meter, sizing.MemoryGuard(budget) if meter is not None else None)
+        hw.apply(chosen.sizes, req.sampler == "vllm")
+        log(chosen.line())
+        return hw
+
+    def apply(self, sizes: sizing.Sizes, vllm: bool = False) -> None:
+        """Write the sizes into the config the node reads."""
+        cfg = self.cfg
+        if cfg.share.local_groups:
+            cfg.share.local_groups = sizes.prompts_per_step
+        else:
+            cfg.run.prompts_per_step = sizes.prompts_per_step
+        cfg.train.microbatch_tokens = sizes.microbatch_tokens
+        if vllm:
+            cfg.sampler.kv_cache_gb = sizes.kv_cache_bytes / 2**30
+
+    def place(self, model: torch.nn.Module) -> torch.nn.Module:
+        return devices.place(model, self.choice.device)
+
+    def attach(self, sampler: Sampler) -> None:
+        self.attach_rows(sampler)
+        if self.meter is not None:
+            self.meter.reset()
+
+    def after_step(self, step: int, trainer: Trainer, sampler: Sampler | None) -> dict[str, float]:
+        if self.meter is None or self.guard is None:
+            return {}
+        peak = self.meter.peak()
+        self.meter.reset()
+        if self.guard.observe(peak):
+            lower = sizing.shrink(self.sizing.sizes, self.floor)
+            budget = sizing.mib(self.guard.budget)
+            head = f"memory: step {step} peaked at {sizing.mib(peak)} MiB of a {budget} MiB budget"
+            if lower is None:
+                if not self.at_floor_said:
+                    self.log(f"{head}; every size is at its floor already")
+                    self.at_floor_said = True
+            else:
+                said = sizing.changes(self.sizing.sizes, lower)
+                self.sizing = replace(self.sizing, sizes=lower)
+                self.apply(lower)
+                trainer.microbatch_tokens = lower.microbatch_tokens
+                if sampler is not None:
+                    self.attach_rows(sampler)
+                self.log(f"{head}; next steps: {'; '.join(said)}")
+        return {"mem_peak_mib": round(peak / sizing.MIB, 1)}
+
+    def attach_rows(self, sampler: Sampler) -> None:
+        if isinstance(sampler, HFSampler):
+            sampler.max_rows = self.sizing.sizes.gen_rows
+
+
+def step_request(cfg: NodeConfig, model_dir: Path, source: tasks.TaskSource, fp: sizing.Footprint, budget: int,
+                 choice: devices.DeviceChoice, meter: PeakMeter | None) -> sizing.StepRequest:
+    context = int(json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", 2048))
+    context = min(context, cfg.sampler.max_model_len or context)
+    prompt = math.ceil(longest_prompt(model_dir, source) * PROMPT_MARGIN)
+    seq = min(context, prompt + cfg.sampler.max_new_tokens)
+    kind = expected_sampler(cfg.sampler.kind)
+    per_token = fp.kv_bytes_per_token(sizing.FLOAT)  # vLLM runs float32 (SamplerSettings.dtype)
+    kv_floor = per_token * -(-context // KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS
+    kv = int(cfg.sampler.kv_cache_gb * 2**30)
+    if kind == "vllm" and not kv:  # what vLLM would derive itself, its cap taken of the budget
+        kv = max(kv_floor, min(per_token * context * (cfg.sampler.max_num_seqs or VLLM_DEFAULT_SEQS),
+                               int(budget * VLLM_KV_FRACTION)))
+    runtime = sizing.RUNTIME_BYTES
+    if choice.kind != "cpu":
+        runtime = 0  # the budget is the card's; the process's host memory is not in it
+    elif meter is not None:
+        runtime = meter.current()
+    return sizing.StepRequest(
+        prompts_per_step=cfg.share.local_groups or cfg.run.prompts_per_step, group_size=cfg.run.group_size,
+        seq_tokens=seq, max_new_tokens=cfg.sampler.max_new_tokens, microbatch_tokens=cfg.train.microbatch_tokens,
+        minibatches=cfg.train.minibatches, external_groups=cfg.share.external_groups,
+        reference=cfg.train.kl_coef > 0, sampler=kind, kv_cache_bytes=kv if kind == "vllm" else 0,
+        kv_floor_bytes=kv_floor if kind == "vllm" else 0, overlapped=cfg.train.max_staleness > 0,
+        runtime_bytes=runtime)

@@ -1,0 +1,52 @@
+"""Telling the user how peers reach us: the network host's NAT view, polled, logged once per change, summarised.
+
+Contract: `summarise(status)` turns a `LibP2PTransport.nat_status()` dict into the small JSON-ready summary that
+/status shows under "network": reachability (public | private | unknown), its one-line explanation, our relay
+reservations, relayed bytes (ours, and what we relayed for others), and how many peers we reach directly or
+through a relay. `watch_nat(transport, on_change, interval_s)` polls the transport (any transport with an async
+`nat_status()`), logs the line at WARNING (the user-facing level of `join`) each time it changes, the first time
+included, and calls `on_change(summary)` on every poll. A host that is down (restarting) is skipped quietly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from swarm_node.transport.base import TransportError
+
+log = logging.getLogger(__name__)
+
+
+def summarise(status: dict[str, Any]) -> dict[str, Any]:
+    paths = list(status.get("paths", {}).values())
+    return {
+        "reachability": status.get("reachability", "unknown"),
+        "line": status.get("line", ""),
+        "relay_reservations": list(status.get("reservations", [])),
+        "relay_service": bool(status.get("relay_service", False)),
+        "relayed_bytes": int(status.get("relayed_bytes", 0)),
+        "relay_served_bytes": int(status.get("relay_served_bytes", 0)),
+        "peers_direct": paths.count("direct"),
+        "peers_relayed": paths.count("relay"),
+        "dht_discovered": len(status.get("discovered", {})),
+    }
+
+
+async def watch_nat(transport: Any, on_change: Callable[[dict[str, Any]], None] | None = None,
+                    interval_s: float = 5.0) -> None:
+    last_line = None
+    while True:
+        try:
+            summary = summarise(await transport.nat_status())
+        except TransportError:
+            summary = None
+        if summary is not None:
+            if summary["line"] != last_line:
+                log.warning("%s", summary["line"])
+                last_line = summary["line"]
+            if on_change is not None:
+                on_change(summary)
+        await asyncio.sleep(interval_s)

@@ -1,0 +1,147 @@
+"""A node for the NAT tests, run inside a network namespace: LibP2PTransport with the DHT rendezvous on, driven by
+JSON lines. It dials only its bootstrap (no peer exchange): every other peer it meets comes through the DHT.
+
+Events: {"event": "ready", "peer_id", "addrs", "started_at"}. Commands (answers carry "rid"): nat -> "nat"
+{status}; publish {count} -> "published" {group_ids}; stats -> "stats" {delivered: {signer: [gid hex]},
+first_at: {signer: unix time of its first group}, deltas: verified policy payloads received, peers};
+echo {peer, data} -> "echo" {reply | error}: a stream to `peer` (through whatever connection we have);
+publish_delta {version, size, receivers} -> "delta_published": a policy payload through the ECHO-2 pipelined
+broadcast (policy_sync.PolicyBroadcaster: announce on gossip, chunks over streams); quit.
+With --publish-every S the node publishes one rollout group every S seconds from its start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+from swarm_node.identity import generate
+from swarm_node.policy_sync.broadcast import PolicyBroadcaster
+from swarm_node.transport.base import Delivery, Stream, TransportError
+from swarm_node.transport.libp2p_ipc import HostSettings
+from swarm_node.transport.libp2p_launch import LibP2PConfig
+from swarm_node.transport.libp2p_transport import LibP2PTransport
+from swarm_node.transport.supervisor import Backoff
+from tests.libp2p_helpers.rollouts import TOPIC, group_ids, protocol_validator, rollout_batch
+
+ECHO = "/swarm-node/test-echo/1.0.0"
+
+
+def emit(**event: Any) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+async def serve_echo(stream: Stream) -> None:
+    data = await stream.read(1 << 16)
+    await stream.write(b"echo:" + data)
+    await stream.close()
+    await stream.read()
+
+
+async def keep_bootstrap(transport: LibP2PTransport, addr: str) -> None:
+    while True:
+        if not await transport.peers():
+            try:
+                await transport.connect(addr)
+            except TransportError:
+                pass
+        await asyncio.sleep(1.0)
+
+
+async def main(args: argparse.Namespace) -> None:
+    settings = HostSettings(listen=(args.listen,), rendezvous=TOPIC, relay_service=args.relay,
+                            dht_interval_s=args.dht_interval, autonat_interval_s=2.0,
+                            autonat_confirmations=args.confirmations)
+    started_at = time.time()
+    transport = LibP2PTransport(generate(), LibP2PConfig(host=settings, restart=Backoff(initial_s=0.2)))
+    delivered: dict[str, list[str]] = {}
+    first_at: dict[str, float] = {}
+    deltas: list[int] = []
+
+    def on_delivery(delivery: Delivery) -> None:
+        first_at.setdefault(delivery.from_peer, time.time())
+        delivered.setdefault(delivery.from_peer, []).extend(g.hex() for g in group_ids(delivery.data))
+
+    broadcaster = PolicyBroadcaster(transport, chunk_bytes=64 << 10, keep=4,
+                                    on_payload=lambda announce, payload: deltas.append(announce.version))
+    await broadcaster.start()
+
+    transport.set_validator(TOPIC, protocol_validator())
+    await transport.subscribe(TOPIC, on_delivery)
+    await transport.serve_stream(ECHO, serve_echo)
+    await transport.start()
+    tasks = [asyncio.ensure_future(keep_bootstrap(transport, args.bootstrap))] if args.bootstrap else []
+    index = 0
+
+    async def publish_regularly() -> None:
+        nonlocal index
+        while True:
+            await asyncio.sleep(args.publish_every)
+            index += 1
+            try:
+                await transport.publish(TOPIC, rollout_batch(transport.peer_id, index)[1])
+            except TransportError:
+                pass
+
+    if args.publish_every > 0:
+        tasks.append(asyncio.ensure_future(publish_regularly()))
+    emit(event="ready", peer_id=transport.peer_id, addrs=transport.listen_addrs(), started_at=started_at)
+
+    reader = asyncio.StreamReader()
+    await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while line := await reader.readline():
+        cmd = json.loads(line)
+        rid = cmd.get("rid")
+        if cmd["cmd"] == "nat":
+            emit(event="nat", rid=rid, status=await transport.nat_status())
+        elif cmd["cmd"] == "publish":
+            gids = []
+            for _ in range(cmd["count"]):
+                index += 1
+                gid, data = rollout_batch(transport.peer_id, index)
+                await transport.publish(TOPIC, data)
+                gids.append(gid.hex())
+            emit(event="published", rid=rid, group_ids=gids)
+        elif cmd["cmd"] == "stats":
+            emit(event="stats", rid=rid, delivered=delivered, first_at=first_at, deltas=len(deltas),
+                 peers=[p.peer_id for p in await transport.peers()])
+        elif cmd["cmd"] == "publish_delta":
+            await broadcaster.publish(transport.peer_id, cmd["version"], cmd["version"] - 1, "bench",
+                                      os.urandom(cmd["size"]), "sha256:bench", cmd["receivers"])
+            emit(event="delta_published", rid=rid)
+        elif cmd["cmd"] == "echo":
+            try:
+                stream = await transport.open_stream(cmd["peer"], ECHO)
+                await stream.write(cmd["data"].encode())
+                await stream.close()
+                reply = b""
+                while chunk := await asyncio.wait_for(stream.read(), 10):
+                    reply += chunk
+                emit(event="echo", rid=rid, reply=reply.decode())
+            except (TransportError, asyncio.TimeoutError) as exc:
+                emit(event="echo", rid=rid, error=str(exc))
+        elif cmd["cmd"] == "quit":
+            break
+    for task in tasks:
+        task.cancel()
+    await broadcaster.stop()
+    await transport.stop()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--listen", default="/ip4/0.0.0.0/tcp/4001")
+    parser.add_argument("--bootstrap", default="")
+    parser.add_argument("--relay", default="auto")
+    parser.add_argument("--dht-interval", type=float, default=2.0)
+    parser.add_argument("--confirmations", type=int, default=2)
+    parser.add_argument("--publish-every", type=float, default=0.0)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    asyncio.run(main(parser.parse_args()))

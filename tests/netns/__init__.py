@@ -1,0 +1,1 @@
+"""Test helpers that build real NAT topologies with Linux network namespaces (see topology.py)."""

@@ -1,0 +1,132 @@
+"""Memory measurement: /proc parsing, the CPU peak meter, the default budget, the soak's growth figure, and the
+node's sizing at start (a budget below the model is one line; the chosen sizes reach the config)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.memory import growth
+from swarm_node.config import load_config
+from swarm_node.model import device_memory
+from swarm_node.model.device import Found
+from swarm_node.model.device_memory import MIB, PeakMeter, default_budget_bytes, machine_memory_bytes, status_kib
+from swarm_node.node.hardware import Hardware, footprint
+from swarm_node.train.sizing import SizingError
+
+ROOT = Path(__file__).resolve().parents[1]
+STATUS = "Name:\tpython\nVmPeak:\t  900 kB\nVmHWM:\t  512000 kB\nVmRSS:\t  256000 kB\nThreads:\t4\n"
+
+
+def test_status_kib() -> None:
+    assert (status_kib(STATUS, "VmHWM"), status_kib(STATUS, "VmRSS"), status_kib(STATUS, "VmSwap")) == (
+        512000, 256000, None)
+    assert status_kib(STATUS, "Threads") == 4
+
+
+def test_cpu_meter_reads_the_high_water_mark_and_never_lowers_it(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    status = tmp_path / "status"
+    status.write_text(STATUS)
+    monkeypatch.setattr(device_memory, "PROC_STATUS", status)
+    meter = PeakMeter.for_device("cpu")
+    assert (meter.peak(), meter.current()) == (512000 * 1024, 256000 * 1024)
+    meter.reset()  # a no-op: the kernel's mark is what an outside measurement (ru_maxrss) reads too
+    assert meter.peak() == 512000 * 1024
+
+
+def test_real_cpu_meter_reports_at_least_what_was_touched() -> None:
+    meter = PeakMeter.for_device("cpu")
+    before = meter.current()
+    block = bytearray(64 * MIB)  # zero-filled: every page touched
+    assert meter.peak() >= before + 60 * MIB
+    del block
+
+
+def test_default_budget_is_a_fraction_of_ram() -> None:
+    assert default_budget_bytes("cpu") == int(machine_memory_bytes() * 0.75)
+
+
+def test_soak_growth_over_first_and_last_windows() -> None:
+    start = [{"t": 0.0, "rss_mib": 100.0, "phase": "start"}]  # loading: not counted
+    train = [{"t": 60.0 * i, "rss_mib": rss, "phase": "train"} for i, rss in
+             enumerate([500, 510, 505, 520, 515, 530, 525, 540], start=1)]
+    # 7 minutes of training (t 60..480): windows of 3.5 min; first: t <= 270 -> 500, 510, 505, 520 (median 507.5);
+    # last: t >= 270 -> 515, 530, 525, 540 (median 527.5); 527.5 / 507.5 - 1 = 0.0394
+    hours, frac = growth(start + train)
+    assert (hours, frac) == (0.1167, 0.0394)
+    assert growth(start) == (0.0, None)
+
+
+def test_hardware_writes_the_chosen_sizes_into_the_config(tiny_model_dir: Path) -> None:
+    cfg = load_config(overrides={"model.path": str(tiny_model_dir), "sampler.kind": "hf", "run.memory_guard": False,
+                                 "run.memory_budget_mib": 460, "run.prompts_per_step": 16, "run.group_size": 8})
+    lines: list[str] = []
+    hw = Hardware.prepare(cfg, tiny_model_dir, cfg.task.build_source(size=64), lines.append, Found())
+    assert lines[0] == "device: auto picked cpu (no CUDA or MPS device found)"
+    assert lines[1].startswith("memory: budget 460 MiB, one step ~")
+    assert hw.sizing.estimate.total <= 460 * MIB and hw.sizing.reasons  # the runtime alone is 450 MiB
+    assert cfg.train.microbatch_tokens == hw.sizing.sizes.microbatch_tokens < 8192
+    assert cfg.run.prompts_per_step == hw.sizing.sizes.prompts_per_step
+    assert hw.meter is None and hw.after_step(1, None, None) == {}  # type: ignore[arg-type]
+
+
+def test_footprint_of_the_tiny_model(tiny_model_dir: Path) -> None:
+    fp = footprint(tiny_model_dir, lora_rank=0)
+    assert (fp.layers, fp.hidden, fp.intermediate, fp.heads, fp.kv_heads, fp.head_dim) == (2, 64, 128, 4, 2, 16)
+    # LoRA rank 2 on q, k, v, o (64->64, 64->32, 64->32, 64->64) and gate, up, down (64->128 x2, 128->64):
+    # 2 * (128 + 96 + 96 + 128 + 192 + 192 + 192) = 2048 per layer, 2 layers.
+    assert footprint(tiny_model_dir, lora_rank=2).trainable == 4096
+
+
+def test_budget_below_the_model_is_one_line_before_anything_loads(tiny_model_dir: Path) -> None:
+    cfg = load_config(overrides={"model.path": str(tiny_model_dir), "sampler.kind": "hf", "run.memory_guard": False,
+                                 "run.memory_budget_mib": 100})
+    with pytest.raises(SizingError, match=r"^memory budget 100 MiB is too small: this run needs at least \d+ MiB "
+                                          r"\(runtime 450, .*\); raise --memory-budget or use a smaller model$"):
+        Hardware.prepare(cfg, tiny_model_dir, cfg.task.build_source(size=64), print, Found())
+
+
+def test_solo_with_a_too_small_budget_is_one_line(tmp_path: Path, tiny_model_dir: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "solo", "--memory-budget", "64MiB", "--model",
+                           str(tiny_model_dir), "--sampler", "hf", "--status-port", "-1", "--run-dir",
+                           str(tmp_path / "r"), "--eval-problems", "0"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(errors) == 1, proc.stderr
+    assert errors[0].startswith("error: memory budget 64 MiB is too small: this run needs at least ")
+    assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+def test_guard_shrinks_the_next_step_instead_of_dying(tiny_model_dir: Path) -> None:
+    from swarm_node.model.default_model import load_model
+    from swarm_node.sampler.hf import HFSampler
+    from swarm_node.train.sizing import MemoryGuard
+    from swarm_node.train.trainer import Trainer
+
+    cfg = load_config(overrides={"model.path": str(tiny_model_dir), "sampler.kind": "hf", "run.memory_guard": False,
+                                 "run.prompts_per_step": 4, "run.group_size": 4, "train.microbatch_tokens": 1024})
+    lines: list[str] = []
+    hw = Hardware.prepare(cfg, tiny_model_dir, cfg.task.build_source(size=64), lines.append, Found())
+    assert hw.sizing.sizes.microbatch_tokens == 1024 and not hw.sizing.reasons  # the default budget: all fits
+    model, tokenizer = load_model(tiny_model_dir)
+    trainer = Trainer(model, cfg.train, cfg.sampler, pad_id=0)
+    sampler = HFSampler(model, tokenizer)
+    peaks = iter([800, 950, 955, 990])  # MiB, against a 1000 MiB budget
+    hw.meter = PeakMeter(lambda: next(peaks) * MIB, lambda: 0, lambda: None)
+    hw.guard = MemoryGuard(1000 * MIB)
+    seq = hw.floor.microbatch_tokens  # one full-length row: the micro-batch floor
+    assert hw.after_step(1, trainer, sampler) == {"mem_peak_mib": 800.0}
+    assert trainer.microbatch_tokens == 1024 and len(lines) == 2
+    hw.after_step(2, trainer, sampler)  # 950 >= 90%: halve the micro-batches
+    assert trainer.microbatch_tokens == cfg.train.microbatch_tokens == max(512, seq)
+    assert lines[-1] == (f"memory: step 2 peaked at 950 MiB of a 1000 MiB budget; next steps: microbatch_tokens "
+                         f"{max(512, seq)} (asked 1024; the same gradient in more passes)")
+    hw.after_step(3, trainer, sampler)  # 955: not 1% above the last trigger
+    assert len(lines) == 3
+    hw.after_step(4, trainer, sampler)  # 990: a new high, shrink again
+    assert trainer.microbatch_tokens == max(256, seq) and len(lines) == 4
+    assert cfg.run.prompts_per_step == 4 and sampler.max_rows == 0

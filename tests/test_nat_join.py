@@ -1,0 +1,66 @@
+"""End to end behind real NATs: `swarm-node join` nodes A and B, each behind its own cone NAT (network namespaces,
+nft masquerade), given only a public bootstrap started with `--relay on`, say they are private, and train on each
+other's rollout groups (metrics.jsonl)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.netns.topology import Topology, namespaces_unavailable
+
+ROOT = Path(__file__).resolve().parents[1]
+PEER_ID = re.compile(r"join this node with: --bootstrap /ip4/[\d.]+/tcp/\d+/p2p/(\w+)")
+WHY_NOT = namespaces_unavailable()
+pytestmark = [pytest.mark.libp2p, pytest.mark.slow,
+              pytest.mark.skipif(WHY_NOT is not None, reason=f"network namespaces unavailable: {WHY_NOT}")]
+
+
+def _join(topo: Topology, ns: str, run_dir: Path, model: Path, steps: int, *extra: str) -> subprocess.Popen[str]:
+    run_dir.mkdir(parents=True)
+    args = [sys.executable, "-m", "cli.main", "join", "--model", str(model), "--sampler", "hf", "--status-port", "-1",
+            "--run-dir", str(run_dir), "--steps", str(steps), "--eval-problems", "0", "--prompts-per-step", "4",
+            "--group-size", "8", "--external-groups", "4", "--max-external-age", "8",
+            "--listen", "/ip4/0.0.0.0/tcp/4001", *extra]
+    with (run_dir.parent / f"{run_dir.name}.log").open("w") as log:  # the child keeps its own descriptor
+        return topo.popen(ns, *args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
+
+
+def _peer_id(log: Path, deadline: float) -> str:
+    while time.monotonic() < deadline:
+        match = PEER_ID.search(log.read_text()) if log.exists() else None
+        if match:
+            return match.group(1)
+        time.sleep(0.5)
+    raise AssertionError(f"no address printed in {log}")
+
+
+def test_nodes_behind_nat_train_on_each_others_groups(tmp_path: Path, warm_tiny_model_dir: Path) -> None:
+    model = warm_tiny_model_dir
+    with Topology(homes={"a": "cone", "b": "cone"}, public=1) as topo:
+        started = time.time()
+        boot = _join(topo, topo.pub(0), tmp_path / "boot", model, 100_000, "--relay", "on")
+        boot_id = _peer_id(tmp_path / "boot.log", time.monotonic() + 120)
+        bootstrap = f"/ip4/{topo.pub_ip(0)}/tcp/4001/p2p/{boot_id}"
+        homes = {name: _join(topo, topo.home(name).host_ns, tmp_path / name, model, 40, "--bootstrap", bootstrap)
+                 for name in ("a", "b")}
+        ids = {name: _peer_id(tmp_path / f"{name}.log", time.monotonic() + 120) for name in homes}
+        for name, proc in homes.items():
+            proc.wait(timeout=600)
+            assert proc.returncode == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+        boot.send_signal(signal.SIGINT)
+        boot.wait(timeout=180)
+    for me, other in (("a", "b"), ("b", "a")):
+        metrics = [json.loads(line) for line in (tmp_path / me / "metrics.jsonl").read_text().splitlines()]
+        used = [m for m in metrics if ids[other] in m.get("external_sources", [])]
+        assert used, f"{me} never trained on {other}'s groups"
+        assert "reachability: private, behind NAT or firewall" in (tmp_path / f"{me}.log").read_text()
+        print(f"{me}: first step trained on {other}'s groups {used[0]['time'] - started:.1f} s after the swarm "
+              f"started (step {used[0]['step']})")
