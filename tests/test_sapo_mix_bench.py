@@ -1,0 +1,32 @@
+"""bench/sapo_mix.py's pure parts: the specialised arms' node mixes and the own-specialty accuracy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.sapo_mix import OWN_SHARE, SCENARIO, own_specialty_acc, specialised_arms
+from simulations.scenario import Variant, load_scenario
+
+
+def test_specialised_nodes_draw_their_own_specialty_70_percent_and_accept_the_whole_mix(tmp_path: Path) -> None:
+    scn = load_scenario(SCENARIO)
+    nodes, generalists, own = specialised_arms(scn)
+    names = ["chain_sum", "basic_arithmetic", "gcd", "count_bits"]
+    assert own == names and generalists.nodes == scn.nodes and generalists.node_specs == ()
+    for i in range(scn.nodes):
+        task = nodes.node_config(Variant("swarm"), i, 0, tmp_path).task
+        source = task.build_source()
+        assert source.names == tuple(names) and task.selection == "weighted"
+        # 0.7 + 0.3 / 4 for its own specialty, 0.3 / 4 for each other one: 77.5% of its draws are its own
+        assert source.weights == pytest.approx([OWN_SHARE + 0.075 if n == own[i] else 0.075 for n in names])
+        assert {name for name, _ in source.accepted} == set(names)  # learns every specialty from its peers
+
+
+def test_own_specialty_accuracy_of_specialists_and_of_generalists() -> None:
+    per_node = [{"a": 0.5, "b": 0.1}, {"a": 0.2, "b": 0.3}]
+    cells = [{"final_eval_per_task_per_node": per_node}]
+    assert own_specialty_acc(cells, ["a", "b"]) == pytest.approx((0.5 + 0.3) / 2)  # node i on own[i]
+    assert own_specialty_acc(cells, ["a", "b"], generalist=True) == pytest.approx((0.5 + 0.1 + 0.2 + 0.3) / 4)
+    assert own_specialty_acc([], ["a"]) is None
