@@ -42,25 +42,44 @@ def _peer_id(log: Path, deadline: float) -> str:
     raise AssertionError(f"no address printed in {log}")
 
 
+REACHABILITY_LINE = "reachability: private, behind NAT or firewall"
+
+
+def _trained_on(run_dir: Path, peer: str) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [m for m in map(json.loads, lines) if peer in m.get("external_sources", [])]
+
+
 def test_nodes_behind_nat_train_on_each_others_groups(tmp_path: Path, warm_tiny_model_dir: Path) -> None:
+    """A and B behind cone NATs, given only the bootstrap: each says it is private and trains on the other's
+    groups. The nodes run until both have happened (a busy machine slows AutoNAT's verdict, not its outcome)."""
     model = warm_tiny_model_dir
     with Topology(homes={"a": "cone", "b": "cone"}, public=1) as topo:
         started = time.time()
         boot = _join(topo, topo.pub(0), tmp_path / "boot", model, 100_000, "--relay", "on")
         boot_id = _peer_id(tmp_path / "boot.log", time.monotonic() + 120)
         bootstrap = f"/ip4/{topo.pub_ip(0)}/tcp/4001/p2p/{boot_id}"
-        homes = {name: _join(topo, topo.home(name).host_ns, tmp_path / name, model, 40, "--bootstrap", bootstrap)
-                 for name in ("a", "b")}
+        homes = {name: _join(topo, topo.home(name).host_ns, tmp_path / name, model, 100_000, "--bootstrap",
+                             bootstrap) for name in ("a", "b")}
         ids = {name: _peer_id(tmp_path / f"{name}.log", time.monotonic() + 120) for name in homes}
-        for name, proc in homes.items():
-            proc.wait(timeout=600)
-            assert proc.returncode == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
-        boot.send_signal(signal.SIGINT)
-        boot.wait(timeout=180)
-    for me, other in (("a", "b"), ("b", "a")):
-        metrics = [json.loads(line) for line in (tmp_path / me / "metrics.jsonl").read_text().splitlines()]
-        used = [m for m in metrics if ids[other] in m.get("external_sources", [])]
-        assert used, f"{me} never trained on {other}'s groups"
-        assert "reachability: private, behind NAT or firewall" in (tmp_path / f"{me}.log").read_text()
-        print(f"{me}: first step trained on {other}'s groups {used[0]['time'] - started:.1f} s after the swarm "
+        other = {"a": "b", "b": "a"}
+        deadline = time.monotonic() + 480
+        done: set[str] = set()
+        while done != set(homes) and time.monotonic() < deadline:
+            for me, proc in homes.items():
+                assert proc.poll() is None, (tmp_path / f"{me}.log").read_text()[-3000:]  # no node may die
+                if (REACHABILITY_LINE in (tmp_path / f"{me}.log").read_text()
+                        and _trained_on(tmp_path / me, ids[other[me]])):
+                    done.add(me)
+            time.sleep(1.0)
+        for proc in (*homes.values(), boot):
+            proc.send_signal(signal.SIGINT)
+        for proc in (*homes.values(), boot):
+            proc.wait(timeout=180)
+    for me in homes:
+        used = _trained_on(tmp_path / me, ids[other[me]])
+        assert used, f"{me} never trained on {other[me]}'s groups"
+        assert REACHABILITY_LINE in (tmp_path / f"{me}.log").read_text()
+        print(f"{me}: first step trained on {other[me]}'s groups {used[0]['time'] - started:.1f} s after the swarm "
               f"started (step {used[0]['step']})")
