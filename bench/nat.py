@@ -23,6 +23,10 @@ process start to the first of B's groups A accepted (these nodes validate groups
 groups_exchanged counts A's groups at B plus B's at A; relayed_bytes is what A's relayed connections carried.
 time_to_a_b_connected_s / time_to_direct_s: from A's start until A holds a connection to B that it found through
 the DHT / until that connection is direct (polled once a second, so up to ~1 s late).
+"upnp" (beside "scenarios"): the node's UPnP attempt (libp2p_upnp.PortMapper) behind one router per kind of
+gateway (tests/netns/upnp.py: miniupnpd that maps, refuses, or sits behind carrier-grade NAT; a fake one answering
+garbage, one never answering; none), all at once: per kind {"state", "line", "time_to_outcome_s"}, and for "mapped"
+whether stopping the mapper deleted the router's DNAT rule. {"skipped": why} without miniupnpd.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import asyncio
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +44,7 @@ from typing import Any
 from tests.libp2p_helpers.procs import JsonProc
 from tests.netns.swarm import PORT, public_addr, start_node
 from tests.netns.topology import Topology, namespaces_unavailable
+from tests.netns.upnp import igd_unavailable, probe_gateways
 
 RESULTS = Path(__file__).resolve().parent / "results" / "nat.json"
 SCENARIOS = {
@@ -185,6 +191,19 @@ async def relay_leaves(nodes: dict[str, JsonProc], ids: dict[str, str]) -> tuple
                 "time_to_reconnect_s": round(time.monotonic() - killed_at, 1) if ok else None}
 
 
+def upnp_outcomes() -> dict[str, Any]:
+    why_not = igd_unavailable()
+    if why_not is not None:
+        return {"skipped": why_not}
+    with tempfile.TemporaryDirectory() as workdir:
+        probed = probe_gateways(Path(workdir))
+    out: dict[str, Any] = {kind: {"state": row["state"], "line": row["line"],
+                                  "time_to_outcome_s": round(row["elapsed_s"], 2)} for kind, row in probed.items()}
+    out["mapped"]["mapping_removed_on_stop"] = bool(probed["mapped"]["rules_while_mapped"]
+                                                    and not probed["mapped"]["rules_after_stop"])
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", action="append", choices=sorted(SCENARIOS),
@@ -203,8 +222,12 @@ def main(argv: list[str] | None = None) -> None:
               f"direct_before={row['direct_dial_before_punch']} "
               f"first_group={row['time_to_first_external_group_s']} s groups={row['groups_exchanged']} "
               f"deltas={row['deltas_received']} relayed={row['relayed_bytes']} B", flush=True)
+    upnp = upnp_outcomes()
+    summary = upnp.get("skipped") or ", ".join(f"{kind}={row['state']} in {row['time_to_outcome_s']} s"
+                                               for kind, row in upnp.items())
+    print(f"nat upnp: {summary}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"scenarios": results, "load_avg": os.getloadavg()[0],
+    args.out.write_text(json.dumps({"scenarios": results, "upnp": upnp, "load_avg": os.getloadavg()[0],
                                     "note": "A and B validate groups but do not train (no model); see docstring"},
                                    indent=1) + "\n")
 

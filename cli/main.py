@@ -176,6 +176,8 @@ AnnounceOpt = Annotated[list[str] | None, typer.Option("--announce-addr", help="
 IdentityOpt = Annotated[str | None, typer.Option("--identity", help="key file [RUN_DIR/identity.key]")]
 RelayOpt = Annotated[str | None, typer.Option("--relay", help="serve as a circuit relay for peers behind NAT: "
                                                               "auto (once we are public) | on | off [auto]")]
+UpnpOpt = Annotated[bool | None, typer.Option("--upnp/--no-upnp", help="ask the router to forward our port by "
+                                                                     "UPnP first, where it offers that [on]")]
 RoleOpt = Annotated[str | None, typer.Option("--role", help="peer (SAPO) | learner | worker (ECHO-2) [peer]")]
 LearnerOpt = Annotated[str | None, typer.Option("--learner", help="worker: peer id of the learner to follow")]
 CostOpt = Annotated[float | None, typer.Option("--cost-per-hour", help="worker: its price, told to the learner")]
@@ -199,7 +201,7 @@ def join(bootstrap: BootstrapOpt = None, listen: ListenOpt = None, announce_addr
          status_port: StatusPortOpt = None, status_host: StatusHostOpt = None,
          status_token: StatusTokenOpt = None, learner: LearnerOpt = None,
          max_staleness: StalenessOpt = None, cost_per_hour: CostOpt = None, device: DeviceOpt = None,
-         memory_budget: BudgetOpt = None, relay: RelayOpt = None) -> None:
+         memory_budget: BudgetOpt = None, relay: RelayOpt = None, upnp: UpnpOpt = None) -> None:
     """Join a swarm over libp2p: as a peer, share rollouts and train on theirs (SAPO); as a learner or a worker
     following one (--role, --learner), the ECHO-2 mode. Prints the address others can join through; without
     --bootstrap it starts a new swarm."""
@@ -214,7 +216,7 @@ def join(bootstrap: BootstrapOpt = None, listen: ListenOpt = None, announce_addr
         overrides.update({
             "network.bootstrap": bootstrap, "network.listen": listen, "network.announce_addr": announce_addr,
             "network.identity": identity, "network.role": role, "network.learner": learner,
-            "network.relay": relay, "echo.cost_per_hour": cost_per_hour,
+            "network.relay": relay, "network.upnp": upnp, "echo.cost_per_hour": cost_per_hour,
             "share.local_groups": local_groups,
             "share.external_groups": external_groups, "share.max_external_age": max_external_age,
             "share.external_correction": external_correction,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs swarm-node into .venv at the repo root. Usage: scripts/install.sh [--test]
 #   --test  also installs the test tools and Debian's chromium + chromium-driver (the dashboard browser test),
-#           iproute2 and nftables (the NAT tests build network namespaces with them).
+#           iproute2 and nftables (the NAT tests build network namespaces with them), and miniupnpd (a UPnP
+#           gateway the UPnP tests run inside a router namespace; Debian's default leaves its own service off).
 # System packages (apt-get, only when missing): gcc and libgmp-dev, because py-libp2p depends on fastecdsa,
 # which builds from source.
 set -euo pipefail
@@ -10,7 +11,7 @@ extras="vllm"
 apt_pkgs=(gcc libgmp-dev)
 if [[ "${1:-}" == "--test" ]]; then
   extras="vllm,test"
-  apt_pkgs+=(chromium chromium-driver iproute2 nftables)
+  apt_pkgs+=(chromium chromium-driver iproute2 nftables miniupnpd)
 fi
 missing=()
 for p in "${apt_pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
@@ -31,7 +32,7 @@ quiet .venv/bin/pip install -q -c constraints.txt -e ".[$extras]"
 .venv/bin/python - <<'PY'
 import importlib
 mods = ["torch", "transformers", "safetensors", "msgpack", "typer", "rich", "aiohttp", "reasoning_gym",
-        "libp2p", "trio", "prometheus_client", "vllm"]
+        "libp2p", "miniupnpc", "trio", "prometheus_client", "vllm"]
 for m in mods:
     importlib.import_module(m)
 import torch, transformers, vllm

@@ -275,12 +275,16 @@ class NetworkConfig:
     relay: str = "auto"  # auto | on | off
     relay_circuit_mb: int = 64  # bytes one relayed circuit may carry before the relay resets it
     relay_max_reservations: int = 32  # peers that may hold a slot on us as a relay
+    # Ask the router to forward our listen port by UPnP first, where it offers that (docs/NAT.md).
+    upnp: bool = True
 
     def validate(self) -> None:
         _one_of(self, "role", variants.ROLES)
         _one_of(self, "relay", variants.RELAY_MODES)
         if self.relay_circuit_mb < 1 or self.relay_max_reservations < 0:
             raise ConfigError("network.relay_circuit_mb must be >= 1 and network.relay_max_reservations >= 0")
+        if not isinstance(self.upnp, bool):
+            raise ConfigError(f"network.upnp must be true or false, got {self.upnp!r}")
         if self.role == "worker" and not self.learner:
             raise ConfigError("a worker needs the learner to follow: --learner PEER_ID (printed by the learner)")
         for addr in [self.listen, *self.announce_addr, *self.bootstrap]:

@@ -1,4 +1,4 @@
-"""Connectivity: address helpers, bootstrap keeper with backoff, reachability checks, the sync facade."""
+"""Connectivity: address helpers, bootstrap keeper with backoff, the local address check, the sync facade."""
 
 from __future__ import annotations
 
@@ -6,24 +6,18 @@ import asyncio
 import logging
 import random
 
-import msgpack
 import pytest
 
 from swarm_node.transport.background import BackgroundTransport
-from swarm_node.transport.base import ValidationResult
+from swarm_node.transport.base import PeerInfo, ValidationResult
 from swarm_node.transport.connectivity import (
-    MAX_ADDRS_PER_PEER,
+    MAX_KNOWN_PEERS,
     BootstrapKeeper,
     Reach,
-    ask_dialback,
-    ask_peers,
     classify_host,
-    decode_peer_list,
-    encode_peer_list,
+    dialable_addr,
     expand_unspecified,
     local_self_check,
-    serve_dialback,
-    serve_peer_exchange,
     tcp_endpoint,
 )
 from swarm_node.transport.memory import MemoryHub, MemoryTransport, memory_addr
@@ -72,7 +66,7 @@ async def test_local_self_check_reports_and_advises() -> None:
     report = await local_self_check([f"/ip4/127.0.0.1/tcp/{port}/p2p/x"])
     assert report.reachable is False and "nothing accepts connections" in report.summary
     report = await local_self_check(["/ip4/8.8.8.8/tcp/1/p2p/x"])  # public: only a peer can confirm
-    assert report.reachable is None and "dial-back" in report.summary
+    assert report.reachable is None and "AutoNAT" in report.summary
 
 
 async def test_bootstrap_keeper_warns_retries_and_connects(caplog: pytest.LogCaptureFixture) -> None:
@@ -99,46 +93,44 @@ async def test_bootstrap_keeper_warns_retries_and_connects(caplog: pytest.LogCap
     assert any("connected to peer(s) boot" in r.message for r in caplog.records)
 
 
-def test_peer_list_round_trip_and_strict_decoding() -> None:
-    addrs = ["/ip4/10.0.0.2/tcp/4001/p2p/QmA", "/ip4/127.0.0.1/tcp/4001/p2p/QmA", "/ip4/10.0.0.3/tcp/1/p2p/QmB",
-             "/ip4/10.0.0.9/tcp/1/p2p/QmSelf"]
-    assert decode_peer_list(encode_peer_list(addrs), "QmSelf") == {
-        "QmA": ["/ip4/10.0.0.2/tcp/4001/p2p/QmA", "/ip4/127.0.0.1/tcp/4001/p2p/QmA"],
-        "QmB": ["/ip4/10.0.0.3/tcp/1/p2p/QmB"]}
-    many = [f"/ip4/10.0.0.{i}/tcp/1/p2p/QmA" for i in range(MAX_ADDRS_PER_PEER + 3)]
-    assert len(decode_peer_list(encode_peer_list(many), "x")["QmA"]) == MAX_ADDRS_PER_PEER
-    for bad in (b"\xc1", msgpack.packb({"a": 1}), msgpack.packb([1]), msgpack.packb(["/ip4/1.2.3.4/tcp/1"]),
-                msgpack.packb(["no-slash/p2p/QmA"]), msgpack.packb(["/ip4/1.2.3.4/tcp/1/p2p/" + "A" * 300]),
-                msgpack.packb(["/x/p2p/bad id"]), b"\x00" * 200_000):
-        with pytest.raises(ValueError):
-            decode_peer_list(bad, "QmSelf")
+def test_dialable_addr() -> None:
+    assert dialable_addr(PeerInfo("QmA", ("/ip4/0.0.0.0/tcp/1", "/ip4/10.0.0.2/tcp/4001"))) == (
+        "/ip4/10.0.0.2/tcp/4001/p2p/QmA")  # a wildcard is skipped, /p2p/<id> appended
+    assert dialable_addr(PeerInfo("QmA", ("/ip4/1.2.3.4/tcp/1/p2p/QmR/p2p-circuit/p2p/QmA",))) is None
+    assert dialable_addr(PeerInfo("a", (memory_addr("a"),))) == memory_addr("a")
+    assert dialable_addr(PeerInfo("QmA", ())) is None
 
 
-async def test_peer_exchange_connects_a_newcomer_to_the_swarm() -> None:
+async def test_keeper_redials_known_peers_when_alone_after_the_bootstrap_left() -> None:
+    """Discovery is the transport's (libp2p: the DHT); the keeper only remembers where its peers were, so a node
+    that loses every connection after its bootstrap left finds the swarm again."""
     hub = MemoryHub()
-    nodes = {n: MemoryTransport(hub, n) for n in ("a", "b", "c", "new")}
+    nodes = {n: MemoryTransport(hub, n) for n in ("boot", "a", "b")}
     for node in nodes.values():
         await node.start()
-        await serve_peer_exchange(node)
-    await nodes["a"].connect(memory_addr("b"))
-    await nodes["b"].connect(memory_addr("c"))
-    assert await ask_peers(nodes["new"], "b") == {}  # not connected yet: no answer, no exception
-    await nodes["new"].connect(memory_addr("b"))
-    assert await ask_peers(nodes["new"], "b") == {"a": [memory_addr("a")], "c": [memory_addr("c")]}
-    keeper = BootstrapKeeper(nodes["new"], [memory_addr("b")], min_peers=3, rng=random.Random(0))
-    assert sorted(await keeper.exchange({"b"})) == ["a", "c"]
-    assert sorted(p.peer_id for p in await nodes["new"].peers()) == ["a", "b", "c"]
-    assert await keeper.exchange({"a", "b", "c"}) == []  # enough peers: no more asking
-
-
-async def test_dialback_over_memory_is_unknown_without_an_observed_ip() -> None:
-    hub = MemoryHub()
-    a, b = MemoryTransport(hub, "a"), MemoryTransport(hub, "b")
-    await a.start()
-    await b.start()
-    await a.connect(memory_addr("b"))
-    await serve_dialback(b)
-    assert await ask_dialback(a, "b", 4001) is None  # memory streams have no remote IP to dial
+    await nodes["a"].connect(memory_addr("boot"))
+    await nodes["b"].connect(memory_addr("boot"))
+    await nodes["b"].connect(memory_addr("a"))  # what the DHT rendezvous does on libp2p
+    keeper = BootstrapKeeper(nodes["a"], [memory_addr("boot")], backoff=Backoff(initial_s=0.01, max_s=0.02),
+                             check_interval_s=0.01, rng=random.Random(0))
+    task = asyncio.create_task(keeper.run())
+    try:
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if set(keeper.known) == {"boot", "b"}:
+                break
+        assert keeper.known == {"boot": memory_addr("boot"), "b": memory_addr("b")}
+        await nodes["boot"].stop()  # the bootstrap leaves for good
+        hub.links.discard(frozenset(("a", "b")))  # and a loses its last connection
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if [p.peer_id for p in await nodes["a"].peers()] == ["b"] and keeper.state == "connected":
+                break
+        assert [p.peer_id for p in await nodes["a"].peers()] == ["b"] and keeper.state == "connected"
+    finally:
+        task.cancel()
+    keeper.remember([PeerInfo(f"p{i}", (memory_addr(f"p{i}"),)) for i in range(MAX_KNOWN_PEERS + 5)])
+    assert len(keeper.known) == MAX_KNOWN_PEERS and "p0" not in keeper.known  # bounded: the oldest go first
 
 
 def test_background_facade_with_memory_transport() -> None:

@@ -1,8 +1,9 @@
 """libp2p transport against real network hosts (child processes) on 127.0.0.1.
 
-Covers the interface contract (gossip with REJECT/IGNORE, streams with half-close, peers, dial-back), the two
-py-libp2p 0.8.1 remote crashes (guarded: the host survives and still delivers; unguarded: the host dies and the
-supervisor restarts it), and a host killed with SIGKILL coming back with the same peer id, port and subscriptions.
+Covers the interface contract (gossip with REJECT/IGNORE, streams with half-close, peers), the two py-libp2p 0.8.1
+remote crashes (guarded: the host survives and still delivers; unguarded: the host dies and the supervisor restarts
+it), a host killed with SIGKILL coming back with the same peer id, port and subscriptions, and discovery: nodes that
+know only their bootstrap find each other through the DHT rendezvous and stay connected once the bootstrap leaves.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 from swarm_node.identity import generate
 from swarm_node.transport.base import Delivery, StreamReset, TransportError, TransportUnavailable, ValidationResult
-from swarm_node.transport.connectivity import ask_dialback, local_self_check, serve_dialback, tcp_endpoint
+from swarm_node.transport.connectivity import local_self_check, start_network
 from swarm_node.transport.libp2p_ipc import HostSettings
 from swarm_node.transport.libp2p_launch import LibP2PConfig
 from swarm_node.transport.libp2p_transport import LibP2PTransport
@@ -84,7 +85,7 @@ async def link(a: LibP2PTransport, b: LibP2PTransport) -> None:
     await mutually_subscribed(a, b)
 
 
-async def test_gossip_streams_peers_dialback_and_sigkill_restart() -> None:
+async def test_gossip_streams_peers_and_sigkill_restart() -> None:
     async with transports(config(), config()) as (a, b):
         got_a: list[Delivery] = []
         got_b: list[Delivery] = []
@@ -124,13 +125,6 @@ async def test_gossip_streams_peers_dialback_and_sigkill_restart() -> None:
         with pytest.raises(TransportError):
             await a.open_stream(b.peer_id, "/test/nobody-serves-this/1")
 
-        # Dial-back: b dials a's listening port at the IP it sees a's connection come from (127.0.0.1).
-        await serve_dialback(b)
-        a_port = tcp_endpoint(a.listen_addrs()[0])[1]  # type: ignore[index]
-        assert await ask_dialback(a, b.peer_id, a_port) is True
-        with socket_closed_port() as closed_port:
-            assert await ask_dialback(a, b.peer_id, closed_port) is False
-
         # SIGKILL a's host: the supervisor restarts it with the same peer id and port, resubscribes, redials b.
         addr_before, pid_before = a.listen_addrs(), a.host_pid
         hanging = await a.open_stream(b.peer_id, "/test/reverse/1")
@@ -146,22 +140,12 @@ async def test_gossip_streams_peers_dialback_and_sigkill_restart() -> None:
         assert got_a[0].data.startswith(b"after-restart-b") and got_a[0].from_peer == b.peer_id
 
 
-@contextlib.contextmanager
-def socket_closed_port():  # type: ignore[no-untyped-def]
-    """A TCP port on 127.0.0.1 that nothing listens on (bound, never listening)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        yield sock.getsockname()[1]
-
-
 async def test_announce_addr_and_calls_while_host_is_down() -> None:
     async with transports(config(announce=("/ip4/1.2.3.4/tcp/4001",))) as (a,):
         # --announce-addr: what others should dial (port forwarding / NAT), whatever we listen on.
         assert a.listen_addrs() == [f"/ip4/1.2.3.4/tcp/4001/p2p/{a.peer_id}"]
         report = await local_self_check(a.listen_addrs())
-        assert report.reachable is None and "dial-back will confirm" in report.summary
+        assert report.reachable is None and "AutoNAT (peers' dial-back) will confirm" in report.summary
         a.kill_host_for_test()
         await wait_for(lambda: not a.is_up, what="a going down")
         with pytest.raises(TransportUnavailable):
@@ -254,6 +238,7 @@ def test_background_facade_start_network_over_libp2p(caplog: pytest.LogCaptureFi
         for net in (a, b):
             net.set_validator(TOPIC, lambda signer, data: ValidationResult.ACCEPT)
             net.subscribe_queue(TOPIC)
+        caplog.set_level(logging.WARNING, logger="swarm_node.transport.nat_report")
         with caplog.at_level(logging.WARNING, logger="swarm_node.transport.connectivity"):
             a.start_network([])
             keeper = b.start_network([a.listen_addrs()[0]], check_interval_s=0.2)
@@ -268,15 +253,63 @@ def test_background_facade_start_network_over_libp2p(caplog: pytest.LogCaptureFi
             while time.monotonic() < deadline and not (got := b.drain(TOPIC)):
                 time.sleep(0.05)
             assert [(d.data, d.from_peer) for d in got] == [(b"group-from-a", a.peer_id)]
-            while time.monotonic() < deadline and not any("dialled us back" in r.message for r in caplog.records):
+            while time.monotonic() < deadline and not any(r.name.endswith("nat_report") for r in caplog.records):
                 time.sleep(0.1)
         messages = [r.message for r in caplog.records]
         assert any(f"others can join with --bootstrap {a.listen_addrs()[0]}" in m for m in messages)
         assert any("loopback only" in m for m in messages)  # the local self-check's verdict and advice
-        assert any(f"peer {a.peer_id} dialled us back" in m for m in messages)  # b asked a for a dial-back
+        # AutoNAT's verdict (libp2p_nat), logged by start_network's watcher: a dial-back to 127.0.0.1 proves
+        # nothing about the internet, so unknown.
+        assert any(m.startswith("reachability: unknown so far") for m in messages)
     finally:
         b.stop()
         a.stop()
+
+
+async def test_dht_rendezvous_finds_peers_and_the_swarm_outlives_its_bootstrap() -> None:
+    """Discovery with no protocol of ours: b and c are given only the bootstrap a (start_network, as `join` does);
+    the Kademlia rendezvous on the swarm's topic (libp2p_nat) connects them to each other (gossipsub's own peer
+    exchange is off: nothing else could). Then a leaves for good: b and c still see each other, stay "connected",
+    and gossip flows both ways."""
+    dht = config(rendezvous=TOPIC, dht_interval_s=1.0)
+    async with transports(dht, dht, dht) as (a, b, c):
+        got: dict[str, list[Delivery]] = {b.peer_id: [], c.peer_id: []}
+        await a.subscribe(TOPIC, lambda d: None)
+        for node in (b, c):
+            await node.subscribe(TOPIC, got[node.peer_id].append)
+        boot = a.listen_addrs()[0]
+        keepers = [await start_network(a, []), await start_network(b, [boot], check_interval_s=0.2),
+                   await start_network(c, [boot], check_interval_s=0.2)]
+        try:
+            await mutually_subscribed(b, c, timeout=60)
+            discovered: dict[str, dict[str, str]] = {}
+
+            async def found_each_other() -> bool:
+                for x, y in ((b, c), (c, b)):
+                    discovered[x.peer_id] = (await x.nat_status())["discovered"]
+                    if discovered[x.peer_id].get(y.peer_id) != "dht":
+                        return False
+                return True
+            await wait_for_async(found_each_other, 30, what=lambda: f"DHT discoveries, got {discovered}")
+
+            await a.stop()  # the bootstrap leaves
+            sees: dict[str, list[str]] = {}
+
+            async def only_each_other() -> bool:
+                for x in (b, c):
+                    sees[x.peer_id] = [p.peer_id for p in await x.peers()]
+                return sees == {b.peer_id: [c.peer_id], c.peer_id: [b.peer_id]}
+            await wait_for_async(only_each_other, 30, what=lambda: f"b and c alone together, got {sees}")
+            await publish_until_received(b, got[c.peer_id], b"after-bootstrap-left-b")
+            await publish_until_received(c, got[b.peer_id], b"after-bootstrap-left-c")
+            assert all(d.from_peer == b.peer_id for d in got[c.peer_id])
+            assert all(d.from_peer == c.peer_id for d in got[b.peer_id])
+            await asyncio.sleep(0.5)  # a few keeper rounds without the bootstrap
+            assert keepers[1].state == keepers[2].state == "connected"
+            assert await only_each_other()
+        finally:
+            for keeper in keepers:
+                keeper.stop()
 
 
 async def test_pushed_reputation_graylists_a_signer_in_the_host() -> None:

@@ -1,6 +1,6 @@
 """The issue's integration test: real OS processes on 127.0.0.1 exchanging realistic RolloutGroups.
 
-Three nodes join through one bootstrap (node 1; peer exchange then connects 2 and 3 directly), each publishes
+Three nodes join through one bootstrap (node 1; the DHT rendezvous then connects 2 and 3 directly), each publishes
 rollout groups and receives all of the others'; the bootstrap is killed with SIGKILL and the other two keep
 exchanging; a fourth process (a raw py-libp2p peer) sends
 malformed, oversized, unsigned, wrongly-attributed and replayed messages, including a replay after gossipsub's
@@ -62,7 +62,7 @@ async def test_three_nodes_kill_one_and_an_adversary() -> None:
         ids["n2"] = n2_ready["peer_id"]
         ids["n3"] = (await n3.expect(lambda e: e.get("event") == "ready", 60))["peer_id"]
         await attacker.expect(lambda e: e.get("event") == "ready", 60)
-        # Nodes 2 and 3 only know the bootstrap; peer exchange through it connects them to each other too.
+        # Nodes 2 and 3 only know the bootstrap; the DHT rendezvous through it connects them to each other too.
         for node in (boot, n2, n3):
             await node.request("subscribed", cmd="wait_subscribed", n=2, timeout=30)
 

@@ -74,7 +74,7 @@ def start_libp2p(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> tuple
     settings = HostSettings(listen=(cfg.network.listen,), announce=tuple(cfg.network.announce_addr),
                             rendezvous=TOPIC_ROLLOUTS, relay_service=cfg.network.relay,
                             relay_circuit_bytes=cfg.network.relay_circuit_mb << 20,
-                            relay_max_reservations=cfg.network.relay_max_reservations)
+                            relay_max_reservations=cfg.network.relay_max_reservations, upnp=cfg.network.upnp)
     net = BackgroundTransport(lambda: LibP2PTransport(identity, LibP2PConfig(host=settings)))
     net.start()
     try:

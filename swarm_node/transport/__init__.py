@@ -7,10 +7,12 @@ libp2p.
 - `libp2p_launch.py`: starting the host process (or thread); `libp2p_session.py`: the IPC session and its streams.
 - `libp2p_ipc.py`: the IPC frame format; `libp2p_host.py`: the host itself (trio, runs in the child);
   `libp2p_guards.py`: guards around py-libp2p's remote crashes.
-- NAT traversal in the host (docs/NAT.md): `libp2p_nat.py` (DHT rendezvous, relays, DCUtR, status),
+- NAT traversal in the host (docs/NAT.md): `libp2p_upnp.py` (UPnP port mapping, the first attempt),
+  `libp2p_nat.py` (DHT rendezvous, relays, DCUtR, status),
   `libp2p_autonat.py` (AutoNAT with a fresh-connection dial-back), `libp2p_relay.py` (circuit relay v2, counted),
   `reachability.py` (verdicts, sans-I/O); in the node, `nat_report.py` (the log line and /status summary).
-- `connectivity.py`: bootstrap keeping, peer exchange, reachability (dial-back).
+- `connectivity.py`: bootstrap keeping (redial with backoff), the local address check, `start_network`
+  (no protocol of its own: discovery and reachability are the DHT's and AutoNAT's, above).
 - `background.py`: a transport on its own event-loop thread, for a synchronous node loop.
 - `libp2p_scoring.py`: gossipsub v1.1 peer-score parameters (the node's reputation as the app-specific score).
 - `supervisor.py`: restart back-off; `shaping.py`: app-level bandwidth shaping (rate limiters).

@@ -4,12 +4,12 @@ The node's training loop is plain synchronous Python (torch); the transports are
 owns a daemon thread running an event loop with the transport on it, and exposes blocking calls plus
 thread-safe inboxes. Typical wiring (what `swarm-node join` does):
 
-    net = BackgroundTransport(lambda: LibP2PTransport(identity, config))
+    net = BackgroundTransport(lambda: LibP2PTransport(identity, config))  # host.rendezvous=TOPIC: DHT discovery
     net.start()                                        # blocks until the network layer is up
     print("join with: --bootstrap", net.listen_addrs()[0])
     net.set_validator(TOPIC, validator)                # runs on the network thread: keep it fast, self-contained
     net.subscribe_queue(TOPIC)                         # deliveries pile up in a thread-safe inbox
-    net.start_network(bootstrap_addrs)                 # dial-back, peer exchange, reachability, bootstrap keeper
+    net.start_network(bootstrap_addrs)                 # our address, reachability, bootstrap keeper
     for step in ...:                                   # the training loop
         try:
             net.publish(TOPIC, encoded_group)          # back-pressure: may block briefly
@@ -20,7 +20,7 @@ thread-safe inboxes. Typical wiring (what `swarm-node join` does):
 
 Contract: every method may be called from any thread except the network thread itself. An inbox holds at most
 `inbox_limit` deliveries; past that new ones are counted in `inbox_dropped` and logged (never silently lost).
-`call(fn)` runs `await fn(transport)` on the network loop, for anything else (streams, peer checks).
+`call(fn)` runs `await fn(transport)` on the network loop, for anything else (streams, NAT status).
 """
 
 from __future__ import annotations

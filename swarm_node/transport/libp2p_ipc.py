@@ -82,7 +82,9 @@ class HostSettings:
     circuits), relay_circuit_bytes / relay_circuit_s: bytes and seconds one relayed circuit may use. hole_punch:
     run DCUtR, which tries to turn each relayed connection into a direct one. no_relay_protocols: stream protocols
     we never serve over a relayed connection (policy-delta chunks: a node reachable only through a relay would
-    spend the relay's bandwidth; the puller moves on to the next holder, the source last).
+    spend the relay's bandwidth; the puller moves on to the next holder, the source last). upnp: ask the router
+    to forward our TCP listen port by UPnP before AutoNAT's first round (libp2p_upnp); off here because it changes
+    the router of whoever runs the host (tests, benches), on in `join` (network.upnp).
     """
 
     listen: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
@@ -118,6 +120,7 @@ class HostSettings:
     relay_circuit_bytes: int = 64 << 20
     relay_circuit_s: int = 3600
     hole_punch: bool = True
+    upnp: bool = False
     no_relay_protocols: tuple[str, ...] = (CHUNKS_PROTOCOL_ID,)
 
     def to_wire(self) -> dict[str, Any]:

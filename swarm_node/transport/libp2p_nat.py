@@ -7,6 +7,9 @@ nursery, `status()` for the NAT_STATUS call):
   at the closest peers it is connected to, dials those it is not connected to (through the relay named in their
   /p2p-circuit address first), then announces itself to the same peers (ADD_PROVIDER). The library's own
   `find_providers`/`provide` are not used (docs/NAT.md says why). `discovered` says who was found through the DHT.
+- UPnP first (with `settings.upnp`): `libp2p_upnp.PortMapper` asks the router to forward our TCP listen port; its
+  mapped address comes first in what we advertise, and the first AutoNAT round waits for its outcome (at most
+  libp2p_upnp.BUDGET_S), so a mapped port is judged public from the first answers on.
 - Reachability: `libp2p_autonat.FreshDialAutoNAT` asks connected peers (over direct connections only) to dial us
   back; `reachability.Verdicts` turns the answers into public / private / unknown. One log line at each change.
 - Relays: with relay_service "on", or "auto" once we are public, we serve HOP with the configured limits. Once
@@ -38,6 +41,7 @@ from libp2p.utils.address_validation import expand_wildcard_address
 from swarm_node.transport.libp2p_autonat import FreshDialAutoNAT
 from swarm_node.transport.libp2p_ipc import HostSettings
 from swarm_node.transport.libp2p_relay import CountingRelayProtocol, RelayClient
+from swarm_node.transport.libp2p_upnp import OFF, PortMapper, mappable_port
 from swarm_node.transport.reachability import Reachability, status_line
 
 log = logging.getLogger(__name__)
@@ -93,20 +97,24 @@ class NatServices:
         self.dht = KadDHT(host, DHTMode.SERVER) if settings.rendezvous else None
         self.dcutr = DCUtRProtocol(host) if settings.hole_punch else None
         self.key = rendezvous_key(settings.rendezvous) if settings.rendezvous else ""
+        self.upnp = PortMapper() if settings.upnp else None
         self.discovered: dict[str, str] = {}  # peer id -> how we learnt of it ("dht")
         self.status_value = Reachability.UNKNOWN
         self.line = status_line(self.status_value, self.autonat.verdicts, [], [])
-        self._advertise_circuits()
+        self._extend_advertised_addrs()
 
-    def _advertise_circuits(self) -> None:
-        """Append our circuit addresses to what the host advertises. (The library's addrs_factory cannot carry
-        them: get_addrs strips everything from the first /p2p/ component, i.e. the relay's id, onwards.)"""
+    def _extend_advertised_addrs(self) -> None:
+        """Put our UPnP-mapped address first and append our circuit addresses to what the host advertises. (The
+        library's addrs_factory cannot carry circuits: get_addrs strips everything from the first /p2p/
+        component, i.e. the relay's id, onwards.)"""
         original = self.host.get_addrs
         me = self.host.get_id().to_base58()
 
         def get_addrs() -> list[multiaddr.Multiaddr]:
+            mapped = self.upnp.outcome.external_addr if self.upnp is not None else ""
+            upnp = [multiaddr.Multiaddr(f"{mapped}/p2p/{me}")] if mapped else []
             circuits = [multiaddr.Multiaddr(f"{c}/p2p/{me}") for c in self.relays.circuit_addrs()]
-            return [*concrete_addrs(original()), *circuits]
+            return list(dict.fromkeys([*upnp, *concrete_addrs(original()), *circuits]))
 
         self.host.get_addrs = get_addrs
 
@@ -115,6 +123,9 @@ class NatServices:
         without NAT traversal rather than the host dying with it."""
         try:
             async with background_trio_service(self.relay_protocol), trio.open_nursery() as nursery:
+                if self.upnp is not None:
+                    port = mappable_port([str(a) for a in self.host.get_transport_addrs()])
+                    nursery.start_soon(self.upnp.run, port)
                 if self.dcutr is not None:
                     nursery.start_soon(self._run_dcutr)
                 if self.settings.relay_service == "on":
@@ -178,6 +189,10 @@ class NatServices:
 
     # -- reachability and relays ----------------------------------------------------------------------------
     async def _reachability_loop(self, nursery: trio.Nursery) -> None:
+        if self.upnp is not None:
+            # UPnP first: asked before the port is mapped, AutoNAT's servers would fail to dial us, we would call
+            # ourselves private and reserve a relay we do not need. PortMapper settles within its budget.
+            await self.upnp.settled.wait()
         while True:
             peers = self._direct_peers()
             async with trio.open_nursery() as asks:
@@ -381,6 +396,8 @@ class NatServices:
                         "need_public": verdicts.need_public, "dialbacks_served": self.autonat.dialbacks_served,
                         "dialbacks_refused": self.autonat.refused_rate},
             "observed_addrs": self.autonat.observed_addrs(),
+            "advertised": [str(a) for a in self.host.get_addrs()],
+            "upnp": (self.upnp.outcome if self.upnp is not None else OFF).status(),
             "relay_service": self.relay_protocol.allow_hop,
             "reservations": [str(c) for c in self.relays.circuit_addrs()],
             "relayed_bytes": self.counters["relayed_bytes"],

@@ -22,7 +22,8 @@ def score_params(settings: HostSettings, app_score: Callable[[ID], float]) -> Sc
     -inf, and its own names: P4 invalidMessageDeliveries = `p4_invalid_messages` (weight, cap, decay; linear),
     P5 behaviourPenalty = `p5_behavior_penalty_*`, P6 appSpecificScore = `app_specific_score_fn` x
     `p6_appl_slack_weight`. P1-P3 and P7 stay 0 (P3 punishes quiet honest peers, P7 every node of a loopback
-    simulation or behind one NAT); accept_px_threshold stays open (peer exchange is how joiners find peers)."""
+    simulation or behind one NAT); accept_px_threshold stays open (other implementations' gossipsub PX may name
+    peers; our nodes send none and find peers through the DHT)."""
     return ScoreParams(
         p4_invalid_messages=TopicScoreParams(settings.invalid_penalty, cap=1e9, decay=SCORE_DECAY_PER_HEARTBEAT),
         p5_behavior_penalty_weight=settings.behaviour_penalty, p5_behavior_penalty_decay=BEHAVIOUR_DECAY_PER_HEARTBEAT,

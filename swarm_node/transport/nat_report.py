@@ -2,10 +2,12 @@
 
 Contract: `summarise(status)` turns a `LibP2PTransport.nat_status()` dict into the small JSON-ready summary that
 /status shows under "network": reachability (public | private | unknown), its one-line explanation, our relay
-reservations, relayed bytes (ours, and what we relayed for others), and how many peers we reach directly or
-through a relay. `watch_nat(transport, on_change, interval_s)` polls the transport (any transport with an async
-`nat_status()`), logs the line at WARNING (the user-facing level of `join`) each time it changes, the first time
-included, and calls `on_change(summary)` on every poll. A host that is down (restarting) is skipped quietly.
+reservations, relayed bytes (ours, and what we relayed for others), how many peers we reach directly or through a
+relay, and the UPnP attempt when the host reports one ("upnp": state, line, external_addr; libp2p_upnp).
+`watch_nat(transport, on_change, interval_s)` polls the transport (any transport with an async `nat_status()`), logs
+the reachability line at WARNING (the user-facing level of `join`) each time it changes, the first time included,
+and the UPnP line once it has an outcome and whenever it changes, and calls `on_change(summary)` on every poll. A
+host that is down (restarting) is skipped quietly.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from swarm_node.transport.base import TransportError
 
 log = logging.getLogger(__name__)
 
+UPNP_PENDING = ("off", "trying")  # no outcome to tell the user yet (off: they chose it)
+
 
 def summarise(status: dict[str, Any]) -> dict[str, Any]:
     paths = list(status.get("paths", {}).values())
+    upnp = {"upnp": dict(status["upnp"])} if "upnp" in status else {}
     return {
         "reachability": status.get("reachability", "unknown"),
         "line": status.get("line", ""),
@@ -32,12 +37,13 @@ def summarise(status: dict[str, Any]) -> dict[str, Any]:
         "peers_direct": paths.count("direct"),
         "peers_relayed": paths.count("relay"),
         "dht_discovered": len(status.get("discovered", {})),
+        **upnp,
     }
 
 
 async def watch_nat(transport: Any, on_change: Callable[[dict[str, Any]], None] | None = None,
                     interval_s: float = 5.0) -> None:
-    last_line = None
+    last_line = last_upnp = None
     while True:
         try:
             summary = summarise(await transport.nat_status())
@@ -47,6 +53,10 @@ async def watch_nat(transport: Any, on_change: Callable[[dict[str, Any]], None] 
             if summary["line"] != last_line:
                 log.warning("%s", summary["line"])
                 last_line = summary["line"]
+            upnp = summary.get("upnp", {"state": "off"})
+            if upnp["state"] not in UPNP_PENDING and upnp["line"] != last_upnp:
+                log.warning("%s", upnp["line"])
+                last_upnp = upnp["line"]
             if on_change is not None:
                 on_change(summary)
         await asyncio.sleep(interval_s)

@@ -3,7 +3,8 @@
 Events: {"event": "ready", "peer_id", "addr"} at start; answers carry the command's "rid".
 Commands: publish {count} -> "published" {group_ids}; stats -> "stats" {delivered: {signer: [gid hex]}, verdicts,
 restarts, host_counters, peers}; connect {addr} -> "connected"; wait_subscribed {n} (peers on the topic)
--> "subscribed"; quit. Joins through --bootstrap with connectivity.start_network (peer exchange included).
+-> "subscribed"; quit. Joins through --bootstrap with connectivity.start_network, as `join` does; the DHT rendezvous
+on the topic (libp2p_nat) finds the other nodes.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def emit(**event: Any) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
-    settings = HostSettings(listen=("/ip4/127.0.0.1/tcp/0",), seen_ttl_s=args.seen_ttl, sweep_s=args.sweep)
+    settings = HostSettings(listen=("/ip4/127.0.0.1/tcp/0",), seen_ttl_s=args.seen_ttl, sweep_s=args.sweep,
+                            rendezvous=TOPIC, dht_interval_s=1.0)
     transport = LibP2PTransport(generate(), LibP2PConfig(host=settings, restart=Backoff(initial_s=0.2)))
     delivered: dict[str, list[str]] = {}
 
@@ -42,7 +44,7 @@ async def main(args: argparse.Namespace) -> None:
     await transport.subscribe(TOPIC, on_delivery)
     await transport.start()
     await start_network(transport, [args.bootstrap] if args.bootstrap else [],
-                        backoff=Backoff(initial_s=0.2, max_s=1.0), check_interval_s=0.5, exchange_interval_s=1.0)
+                        backoff=Backoff(initial_s=0.2, max_s=1.0), check_interval_s=0.5)
     emit(event="ready", peer_id=transport.peer_id, addr=transport.listen_addrs()[0])
 
     reader = asyncio.StreamReader()
