@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from simulations.report import moving_average, node_mean_curve
-from simulations.runner import cell_dir, read_rows, run_cell
+from simulations.runner import cell_dir, finished_result, read_rows, run_cell
 from simulations.scenario import Scenario, Variant, load_scenario
 from swarm_node import tasks
 from swarm_node.config import NodeConfig, apply_mapping
@@ -155,12 +155,18 @@ def plot(curves: dict[str, list[list[dict[str, Any]]]], path: Path, title: str) 
     plt.close(fig)
 
 
-def run_configs(scn: Scenario, variants: list[Variant], run_dir: Path, wanted: set[str] | None
-                ) -> dict[str, list[dict[str, Any]]]:
+def run_configs(scn: Scenario, variants: list[Variant], run_dir: Path, wanted: set[str] | None,
+                finished_only: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """Each wanted configuration's cell results, seed by seed; with `finished_only`, only the cells that completed
+    (nothing is run: a report of a grid still in progress)."""
     results: dict[str, list[dict[str, Any]]] = {v.name: [] for v in variants if not wanted or v.name in wanted}
     for seed in scn.seeds:
         for variant in variants:
             if variant.name not in results:
+                continue
+            if finished_only:
+                if (done := finished_result(scn, variant, seed, run_dir)) is not None:
+                    results[variant.name].append(done)
                 continue
             started = time.monotonic()
 
@@ -183,8 +189,9 @@ def curves_of(run_dir: Path, results: dict[str, list[dict[str, Any]]]) -> dict[s
             for name, cells in results.items()}
 
 
-def homogeneous(scn: Scenario, run_dir: Path, wanted: set[str] | None, results_file: Path) -> dict[str, Any]:
-    results = run_configs(scn, HOMOGENEOUS, run_dir / "homogeneous", wanted)
+def homogeneous(scn: Scenario, run_dir: Path, wanted: set[str] | None, results_file: Path,
+                finished_only: bool = False) -> dict[str, Any]:
+    results = run_configs(scn, HOMOGENEOUS, run_dir / "homogeneous", wanted, finished_only)
     out = {name: summarise_config(run_dir / "homogeneous", name, cells) for name, cells in results.items()}
     base = out.get("8/0", {}).get("cum_reward_mean")
     for name, c in out.items():
@@ -197,12 +204,13 @@ def homogeneous(scn: Scenario, run_dir: Path, wanted: set[str] | None, results_f
     return out
 
 
-def specialised(scn: Scenario, run_dir: Path, wanted: set[str] | None, results_file: Path) -> dict[str, Any]:
+def specialised(scn: Scenario, run_dir: Path, wanted: set[str] | None, results_file: Path,
+                finished_only: bool = False) -> dict[str, Any]:
     nodes, alone, own = specialised_arms(scn)
     root = run_dir / "specialised"
     results = run_configs(nodes, [Variant("swarm", share(4, 4)), Variant("solo_specialist", share(4, 0))], root,
-                          wanted)
-    results.update(run_configs(alone, [Variant("solo_generalist", share(4, 0))], root, wanted))
+                          wanted, finished_only)
+    results.update(run_configs(alone, [Variant("solo_generalist", share(4, 0))], root, wanted, finished_only))
     out = {}
     for name, cells in results.items():
         summary = summarise_config(root, name, cells)
@@ -235,6 +243,8 @@ def main() -> None:
     ap.add_argument("--run-dir", type=Path)
     ap.add_argument("--cells", nargs="+", help="only these configurations (e.g. 8/0 4/4)")
     ap.add_argument("--out", type=Path, default=RESULTS / "sapo_mix.json")
+    ap.add_argument("--finished-only", action="store_true",
+                    help="run nothing: report the cells that completed (a grid still in progress; `complete` false)")
     args = ap.parse_args()
     scn = load_scenario(args.file)
     changes: dict[str, Any] = {k: v for k, v in (("rounds", args.rounds), ("nodes", args.nodes)) if v}
@@ -251,9 +261,11 @@ def main() -> None:
         previous = json.loads(args.out.read_text())
         result.update({k: previous[k] for k in ("homogeneous", "specialised") if k in previous})
     if args.scenario in ("homogeneous", "both"):
-        result["homogeneous"] = homogeneous(scn, run_dir, wanted, args.out)
+        result["homogeneous"] = homogeneous(scn, run_dir, wanted, args.out, args.finished_only)
     if args.scenario in ("specialised", "both"):
-        result["specialised"] = specialised(scn, run_dir, wanted, args.out)
+        result["specialised"] = specialised(scn, run_dir, wanted, args.out, args.finished_only)
+    result["complete"] = all(len(c["seeds_done"]) == len(scn.seeds)
+                             for part in ("homogeneous", "specialised") for c in result.get(part, {}).values())
     result["wall_s_this_run"] = time.monotonic() - started
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print("sapo_mix: " + summary_line(result))
@@ -262,6 +274,9 @@ def main() -> None:
 def summary_line(result: dict[str, Any]) -> str:
     parts = []
     for name, c in result.get("homogeneous", {}).items():
+        if c["cum_reward_mean"] is None:
+            parts.append(f"{name} -")
+            continue
         gain = c.get("gain_vs_8_0_pct")
         parts.append(f"{name} cum {c['cum_reward_mean']:.2f}±{c['cum_reward_std']:.2f}"
                      + (f" ({gain:+.0f}% vs 8/0)" if gain is not None and name != "8/0" else ""))
@@ -271,7 +286,8 @@ def summary_line(result: dict[str, Any]) -> str:
         if own is not None:
             parts[-1] += f" (own {own:.3f})"
     return "; ".join(parts) + (f"; {result['nodes']} nodes x {result['rounds']} rounds x {len(result['seeds'])} "
-                               f"seeds; held-out disjoint {result['heldout_disjoint']}")
+                               f"seeds; held-out disjoint {result['heldout_disjoint']}"
+                               + ("" if result.get("complete", True) else "; grid INCOMPLETE"))
 
 
 if __name__ == "__main__":

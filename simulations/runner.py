@@ -104,19 +104,26 @@ CELL_RUNNERS.add("echo", echo_cell)
 CELL_RUNNERS.add("attack", attack_cell)  # honest SAPO nodes and [[attacker]] nodes (attack_cell.py)
 
 
+def finished_result(scn: Scenario, variant: Variant, seed: int, run_dir: Path) -> dict[str, Any] | None:
+    """The result of a cell that completed for this very scenario (same fingerprint), else None; runs nothing."""
+    done = cell_dir(run_dir, variant.name, seed) / RESULT_FILE
+    if not done.exists():
+        return None
+    previous = json.loads(done.read_text())
+    return previous if previous.get("fingerprint") == cell_fingerprint(scn, variant) else None
+
+
 def run_cell(scn: Scenario, variant: Variant, seed: int, run_dir: Path,
              on_round: RoundFn | None = None, log: LogFn | None = None) -> dict[str, Any]:
     """Run one (variant, seed) cell, resume it from its last snapshot, or load its result if it completed before.
     `log` gets status URLs, resumes and warnings (default: dropped)."""
     say: LogFn = log or (lambda _m: None)
     root = cell_dir(run_dir, variant.name, seed)
-    done = root / RESULT_FILE
     fingerprint = cell_fingerprint(scn, variant)
     prior_wall_s = 0.0
-    if done.exists():
-        previous = json.loads(done.read_text())
-        if previous.get("fingerprint") == fingerprint:
-            return previous
+    if (previous := finished_result(scn, variant, seed, run_dir)) is not None:
+        return previous
+    if (root / RESULT_FILE).exists():
         # another scenario (or default model) ran here before: its result does not count
         say(f"{root}: result of a different scenario or model; running the cell again")
         shutil.rmtree(root)

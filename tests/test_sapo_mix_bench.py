@@ -30,3 +30,24 @@ def test_own_specialty_accuracy_of_specialists_and_of_generalists() -> None:
     assert own_specialty_acc(cells, ["a", "b"]) == pytest.approx((0.5 + 0.3) / 2)  # node i on own[i]
     assert own_specialty_acc(cells, ["a", "b"], generalist=True) == pytest.approx((0.5 + 0.1 + 0.2 + 0.3) / 4)
     assert own_specialty_acc([], ["a"]) is None
+
+
+def test_a_grid_in_progress_reports_only_cells_finished_for_this_very_scenario(tmp_path: Path) -> None:
+    """--finished-only runs nothing: a finished cell with this scenario's fingerprint counts, one from another
+    scenario (another fingerprint) and one still running (no result file) do not."""
+    import json
+
+    from bench.sapo_mix import run_configs
+    from simulations.results import RESULT_FILE
+    from simulations.runner import cell_dir, cell_fingerprint
+
+    scn = load_scenario(SCENARIO)
+    variants = [Variant("8/0"), Variant("4/4")]
+    mine = {"seed": 0, "cum_reward": 1.5, "fingerprint": cell_fingerprint(scn, variants[0])}
+    cell_dir(tmp_path, "8/0", 0).mkdir(parents=True)
+    (cell_dir(tmp_path, "8/0", 0) / RESULT_FILE).write_text(json.dumps(mine))
+    cell_dir(tmp_path, "8/0", 1).mkdir(parents=True)
+    (cell_dir(tmp_path, "8/0", 1) / RESULT_FILE).write_text(json.dumps({**mine, "seed": 1, "fingerprint": "other"}))
+    cell_dir(tmp_path, "4/4", 0).mkdir(parents=True)  # in progress
+    results = run_configs(scn, variants, tmp_path, None, finished_only=True)
+    assert results == {"8/0": [mine], "4/4": []}
