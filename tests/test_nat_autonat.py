@@ -160,7 +160,8 @@ def test_rendezvous_key_addresses_and_summary() -> None:
     assert concrete_addrs(mixed) == [multiaddr.Multiaddr("/ip4/11.0.0.5/tcp/1")]
     summary = summarise({"reachability": "private", "line": "l", "reservations": ["/x/p2p-circuit"],
                          "relay_service": False, "relayed_bytes": 7, "relay_served_bytes": 0,
-                         "paths": {"p1": "direct", "p2": "relay", "p3": "relay"}, "discovered": {"p2": "dht"}})
+                         "paths": {"p1": "direct", "p2": "relay", "p3": "relay"}, "discovered": {"p2": "dht"},
+                         "refused": {"dht_rate": 3, "relay_rate": 0}})
     assert summary == {"reachability": "private", "line": "l", "relay_reservations": ["/x/p2p-circuit"],
                        "relay_service": False, "relayed_bytes": 7, "relay_served_bytes": 0, "peers_direct": 1,
-                       "peers_relayed": 2, "dht_discovered": 1}
+                       "peers_relayed": 2, "dht_discovered": 1, "refused": {"dht_rate": 3}}

@@ -8,7 +8,7 @@ libp2p.
 - `libp2p_ipc.py`: the IPC frame format; `libp2p_host.py`: the host itself (trio, runs in the child);
   `libp2p_guards.py`: guards around py-libp2p's remote crashes.
 - NAT traversal in the host (docs/NAT.md): `libp2p_upnp.py` (UPnP port mapping, the first attempt),
-  `libp2p_nat.py` (DHT rendezvous, relays, DCUtR, status),
+  `libp2p_nat.py` (DHT rendezvous, relays, DCUtR, status), `libp2p_dht.py` (our DHT server: budgets, bounded records),
   `libp2p_autonat.py` (AutoNAT with a fresh-connection dial-back), `libp2p_relay.py` (circuit relay v2, counted),
   `reachability.py` (verdicts, sans-I/O); in the node, `nat_report.py` (the log line and /status summary).
 - `connectivity.py`: bootstrap keeping (redial with backoff), the local address check, `start_network`

@@ -85,6 +85,13 @@ class HostSettings:
     spend the relay's bandwidth; the puller moves on to the next holder, the source last). upnp: ask the router
     to forward our TCP listen port by UPnP before AutoNAT's first round (libp2p_upnp); off here because it changes
     the router of whoever runs the host (tests, benches), on in `join` (network.upnp).
+    Floods (libp2p_dht, libp2p_relay; docs/NAT.md): every incoming DHT request and relay HOP request (RESERVE,
+    CONNECT) takes a token from its peer's bucket (dht_peer_burst at once, refilled at dht_peer_rate per second;
+    relay_peer_*) and from one bucket for all peers (dht_total_*, relay_total_*); without one it is refused
+    before py-libp2p reads it. dht_max_record_bytes bounds a PUT_VALUE record and an ADD_PROVIDER provider entry;
+    dht_max_records bounds each store (provider records, values) and dht_max_records_per_peer what one peer may
+    have in each. relay_max_circuits_total: circuits we relay at once, all peers together (relay_max_circuits is
+    per peer, as source or as destination).
     """
 
     listen: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
@@ -122,6 +129,18 @@ class HostSettings:
     hole_punch: bool = True
     upnp: bool = False
     no_relay_protocols: tuple[str, ...] = (CHUNKS_PROTOCOL_ID,)
+    dht_peer_rate: float = 2.0
+    dht_peer_burst: int = 32
+    dht_total_rate: float = 50.0
+    dht_total_burst: int = 256
+    dht_max_record_bytes: int = 10 << 10  # IPNS's own limit for a record; ours are provider records of ~1 KiB
+    dht_max_records: int = 1024
+    dht_max_records_per_peer: int = 32
+    relay_peer_rate: float = 1.0
+    relay_peer_burst: int = 32
+    relay_total_rate: float = 20.0
+    relay_total_burst: int = 256
+    relay_max_circuits_total: int = 64
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)

@@ -7,6 +7,7 @@ nursery, `status()` for the NAT_STATUS call):
   at the closest peers it is connected to, dials those it is not connected to (through the relay named in their
   /p2p-circuit address first), then announces itself to the same peers (ADD_PROVIDER). The library's own
   `find_providers`/`provide` are not used (docs/NAT.md says why). `discovered` says who was found through the DHT.
+  What peers ask of our DHT server is budgeted and its stores bounded (`libp2p_dht.GuardedKadDHT`).
 - UPnP first (with `settings.upnp`): `libp2p_upnp.PortMapper` asks the router to forward our TCP listen port; its
   mapped address comes first in what we advertise, and the first AutoNAT round waits for its outcome (at most
   libp2p_upnp.BUDGET_S), so a mapped port is judged public from the first answers on.
@@ -15,7 +16,8 @@ nursery, `status()` for the NAT_STATUS call):
 - Relays: with relay_service "on", or "auto" once we are public, we serve HOP with the configured limits. Once
   private we keep a reservation on up to `relay_reservations` relays (peers that list the HOP protocol),
   advertise our circuit addresses (in identify and DHT provider records), and on a refused or lost reservation
-  log it and try the next relay.
+  log it and try the next relay. As a relay, floods of RESERVE and CONNECT are refused (`libp2p_relay`);
+  `status()["refused"]` counts what both refused, by reason.
 - Bulk over relays: an incoming stream of a `no_relay_protocols` protocol (policy-delta chunks) over a relayed
   connection is refused (`refuses`): a node reachable only through a relay serves no chunks through it.
 """
@@ -29,7 +31,6 @@ from typing import Any
 
 import multiaddr
 import trio
-from libp2p.kad_dht import DHTMode, KadDHT
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.relay.circuit_v2 import PROTOCOL_ID as HOP_PROTOCOL_ID
@@ -39,10 +40,13 @@ from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils.address_validation import expand_wildcard_address
 
 from swarm_node.transport.libp2p_autonat import FreshDialAutoNAT
+from swarm_node.transport.libp2p_dht import REFUSALS as DHT_REFUSALS
+from swarm_node.transport.libp2p_dht import GuardedKadDHT
 from swarm_node.transport.libp2p_ipc import HostSettings
-from swarm_node.transport.libp2p_relay import CountingRelayProtocol, RelayClient
+from swarm_node.transport.libp2p_relay import HOP_REFUSALS, CountingRelayProtocol, RelayClient
 from swarm_node.transport.libp2p_upnp import OFF, PortMapper, mappable_port
 from swarm_node.transport.reachability import Reachability, status_line
+from swarm_node.transport.shaping import RequestBudget
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +96,12 @@ class NatServices:
         limits = RelayLimits(duration=settings.relay_circuit_s, data=settings.relay_circuit_bytes,
                              max_circuit_conns=settings.relay_max_circuits,
                              max_reservations=settings.relay_max_reservations)
-        self.relay_protocol = CountingRelayProtocol(host, limits, counters)
+        hop_budget = RequestBudget(settings.relay_peer_rate, settings.relay_peer_burst, settings.relay_total_rate,
+                                   settings.relay_total_burst)
+        self.relay_protocol = CountingRelayProtocol(host, limits, counters, hop_budget,
+                                                    settings.relay_max_circuits_total)
         self.relays = RelayClient(host, self.relay_protocol, counters)
-        self.dht = KadDHT(host, DHTMode.SERVER) if settings.rendezvous else None
+        self.dht = GuardedKadDHT(host, settings, counters) if settings.rendezvous else None
         self.dcutr = DCUtRProtocol(host) if settings.hole_punch else None
         self.key = rendezvous_key(settings.rendezvous) if settings.rendezvous else ""
         self.upnp = PortMapper() if settings.upnp else None
@@ -237,8 +244,14 @@ class NatServices:
         for relay in list(self.relays.reservations):
             if relay not in connected:
                 log.warning("relay %s went away; reserving on another", relay)
-                self.counters["relay_lost"] += 1
-                self.relays.drop(relay)
+            elif relay not in self.relays.transport._reservations:
+                # The library forgets a reservation once it expired with its refreshes refused (a relay that
+                # dropped it, or restarted behind the same connection): our circuit address through it is dead.
+                log.warning("relay %s dropped our reservation; reserving on another", relay)
+            else:
+                continue
+            self.counters["relay_lost"] += 1
+            self.relays.drop(relay)
         for relay in self._relay_candidates():
             if len(self.relays.reservations) >= self.settings.relay_reservations:
                 break
@@ -405,6 +418,9 @@ class NatServices:
             "relayed_streams_refused": self.counters["relayed_stream_refused"],
             "no_relay_streams_served": self.counters["no_relay_streams_served"],
             "dht_peers": self.dht.get_routing_table_size() if self.dht is not None else 0,
+            # requests refused before py-libp2p saw them (libp2p_dht, libp2p_relay; docs/NAT.md "Floods")
+            "refused": {**{f"dht_{why}": self.counters[f"dht_refused_{why}"] for why in DHT_REFUSALS},
+                        **{f"hop_{why}": self.counters[f"hop_refused_{why}"] for why in HOP_REFUSALS}},
             "discovered": dict(self.discovered),
             "paths": self.paths(),
             "relays_in_use": self.relays_in_use(),

@@ -3,7 +3,8 @@
 Contract: `summarise(status)` turns a `LibP2PTransport.nat_status()` dict into the small JSON-ready summary that
 /status shows under "network": reachability (public | private | unknown), its one-line explanation, our relay
 reservations, relayed bytes (ours, and what we relayed for others), how many peers we reach directly or through a
-relay, and the UPnP attempt when the host reports one ("upnp": state, line, external_addr; libp2p_upnp).
+relay, the DHT and relay requests refused from peers by reason (flood budgets, bounded records: only the nonzero
+counts), and the UPnP attempt when the host reports one ("upnp": state, line, external_addr; libp2p_upnp).
 `watch_nat(transport, on_change, interval_s)` polls the transport (any transport with an async `nat_status()`), logs
 the reachability line at WARNING (the user-facing level of `join`) each time it changes, the first time included,
 and the UPnP line once it has an outcome and whenever it changes, and calls `on_change(summary)` on every poll. A
@@ -37,6 +38,7 @@ def summarise(status: dict[str, Any]) -> dict[str, Any]:
         "peers_direct": paths.count("direct"),
         "peers_relayed": paths.count("relay"),
         "dht_discovered": len(status.get("discovered", {})),
+        "refused": {why: int(n) for why, n in status.get("refused", {}).items() if n},
         **upnp,
     }
 

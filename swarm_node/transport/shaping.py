@@ -1,16 +1,22 @@
-"""App-level bandwidth shaping: a node's uplink and downlink as reservation-based rate limiters.
+"""App-level bandwidth shaping (a node's uplink and downlink as reservation-based rate limiters), and request budgets.
 
 Contract: `RateLimiter(rate, burst)`: `await acquire(n)` returns once n more bytes fit under `rate` bytes/s, allowing
 bursts of `burst` bytes after idle time. Concurrent callers are served in call order (each reserves the next slot),
 so streams sharing one limiter share its rate about evenly when they move data in equal pieces. `Shaper` pairs an
 uplink and a downlink limiter (None: unlimited). Time comes from an injectable monotonic clock; asyncio only.
+`RequestBudget(rate, burst, total_rate, total_burst, max_keys)` decides, without waiting, whether one more request
+from a key (a peer) is served: a token bucket per key (at most `max_keys` of them, the least recently used
+forgotten first) and one bucket for all keys together; `take(key)` answers "ok" (one token taken from both), "peer"
+or "total" (refused, nothing taken); `peek(key)` answers the same without taking. Pure: no event loop, no I/O.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Literal
 
 
 class RateLimiter:
@@ -46,3 +52,58 @@ class Shaper:
     async def down(self, n: int) -> None:
         if self._down is not None:
             await self._down.acquire(n)
+
+
+Verdict = Literal["ok", "peer", "total"]
+
+
+class RequestBudget:
+    """Token buckets: `burst` requests at once per key, refilled at `rate` per second; and `total_burst` /
+    `total_rate` for all keys together, so that many identities together are bounded too. A rate of 0 never
+    refills (tests count exact budgets that way)."""
+
+    def __init__(self, rate: float, burst: float, total_rate: float, total_burst: float, max_keys: int = 4096,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if rate < 0 or total_rate < 0 or burst < 1 or total_burst < 1 or max_keys < 1:
+            raise ValueError(f"need rates >= 0, bursts >= 1 and max_keys >= 1, got {rate}, {burst}, "
+                             f"{total_rate}, {total_burst}, {max_keys}")
+        self.rate, self.burst = float(rate), float(burst)
+        self.total_rate, self.total_burst = float(total_rate), float(total_burst)
+        self.max_keys = max_keys
+        self._clock = clock
+        self._keys: OrderedDict[Hashable, tuple[float, float]] = OrderedDict()  # key -> (tokens, as of when)
+        self._total = (self.total_burst, clock())
+
+    @staticmethod
+    def _refill(bucket: tuple[float, float], rate: float, burst: float, now: float) -> float:
+        tokens, then = bucket
+        return min(burst, tokens + max(0.0, now - then) * rate)
+
+    def _peek(self, key: Hashable, now: float) -> tuple[float, float]:
+        bucket = self._keys.get(key)
+        mine = self.burst if bucket is None else self._refill(bucket, self.rate, self.burst, now)
+        return mine, self._refill(self._total, self.total_rate, self.total_burst, now)
+
+    def peek(self, key: Hashable) -> Verdict:
+        """What `take(key)` would answer now; nothing is taken and no key is added."""
+        mine, total = self._peek(key, self._clock())
+        return "peer" if mine < 1 else "total" if total < 1 else "ok"
+
+    def take(self, key: Hashable) -> Verdict:
+        now = self._clock()
+        mine, total = self._peek(key, now)
+        if mine < 1:
+            return "peer"
+        if total < 1:  # nothing taken from the key either: a peer refused for the crowd keeps its own budget
+            return "total"
+        if key not in self._keys and len(self._keys) >= self.max_keys:
+            # Bounded: forget the least recently used key. A peer forgotten comes back with a full bucket; what
+            # cycling through more identities than max_keys could gain is bounded by the total bucket.
+            self._keys.popitem(last=False)
+        self._keys[key] = (mine - 1, now)
+        self._keys.move_to_end(key)
+        self._total = (total - 1, now)
+        return "ok"
+
+    def __len__(self) -> int:
+        return len(self._keys)
