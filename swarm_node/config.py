@@ -293,6 +293,11 @@ class NetworkConfig:
         for addr in self.bootstrap:
             if "/p2p/" not in addr:
                 raise ConfigError(f"bootstrap address {addr!r} lacks the peer id (/p2p/...)")
+        if "/tcp/" not in self.listen or "/udp/" in self.listen:
+            # py-libp2p 0.8.1's QUIC loses data and cannot hole-punch (docs/NAT.md): the host builds TCP only, and
+            # a QUIC listen address would silently listen on nothing.
+            raise ConfigError(f"network.listen {self.listen!r}: the node listens on TCP only "
+                              f"(/ip4/0.0.0.0/tcp/PORT); py-libp2p 0.8.1's QUIC is not used (docs/NAT.md)")
 
 
 @dataclass

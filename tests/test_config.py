@@ -80,3 +80,13 @@ def test_bad_peers_table_is_one_line(tmp_path: Path, section: str, message: str)
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")) as err:
         load_config(path)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("listen", ["/ip4/0.0.0.0/udp/4001/quic-v1", "/ip4/0.0.0.0/udp/4001/quic-v1/tcp/1"])
+def test_a_quic_listen_address_is_a_one_line_error(tmp_path: Path, listen: str) -> None:
+    """py-libp2p 0.8.1's QUIC is not used (docs/NAT.md): the host would silently listen on nothing."""
+    path = tmp_path / "node.toml"
+    path.write_text(f'[network]\nlisten = "{listen}"\n')
+    with pytest.raises(ConfigError, match="listens on TCP only") as err:
+        load_config(path)
+    assert "\n" not in str(err.value)
