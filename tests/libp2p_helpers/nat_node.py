@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from swarm_node.identity import generate
@@ -43,6 +44,28 @@ async def serve_echo(stream: Stream) -> None:
     await stream.write(b"echo:" + data)
     await stream.close()
     await stream.read()
+
+
+async def echo_once(transport: LibP2PTransport, peer: str, data: str) -> dict[str, str]:
+    """One round trip on the echo protocol: {"reply": ...} or {"error": ...}."""
+    try:
+        stream = await transport.open_stream(peer, ECHO)
+        await stream.write(data.encode())
+        await stream.close()
+        reply = b""
+        while chunk := await asyncio.wait_for(stream.read(), 10):
+            reply += chunk
+        return {"reply": reply.decode()}
+    except (TransportError, asyncio.TimeoutError) as exc:
+        return {"error": str(exc)}
+
+
+async def commands() -> AsyncIterator[dict[str, Any]]:
+    """The JSON commands the test writes to our stdin, one per line, until it closes it."""
+    reader = asyncio.StreamReader()
+    await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while line := await reader.readline():
+        yield json.loads(line)
 
 
 async def keep_bootstrap(transport: LibP2PTransport, addr: str) -> None:
@@ -94,10 +117,7 @@ async def main(args: argparse.Namespace) -> None:
         tasks.append(asyncio.ensure_future(publish_regularly()))
     emit(event="ready", peer_id=transport.peer_id, addrs=transport.listen_addrs(), started_at=started_at)
 
-    reader = asyncio.StreamReader()
-    await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    while line := await reader.readline():
-        cmd = json.loads(line)
+    async for cmd in commands():
         rid = cmd.get("rid")
         if cmd["cmd"] == "nat":
             emit(event="nat", rid=rid, status=await transport.nat_status())
@@ -117,16 +137,7 @@ async def main(args: argparse.Namespace) -> None:
                                       os.urandom(cmd["size"]), "sha256:bench", cmd["receivers"])
             emit(event="delta_published", rid=rid)
         elif cmd["cmd"] == "echo":
-            try:
-                stream = await transport.open_stream(cmd["peer"], ECHO)
-                await stream.write(cmd["data"].encode())
-                await stream.close()
-                reply = b""
-                while chunk := await asyncio.wait_for(stream.read(), 10):
-                    reply += chunk
-                emit(event="echo", rid=rid, reply=reply.decode())
-            except (TransportError, asyncio.TimeoutError) as exc:
-                emit(event="echo", rid=rid, error=str(exc))
+            emit(event="echo", rid=rid, **await echo_once(transport, cmd["peer"], cmd["data"]))
         elif cmd["cmd"] == "quit":
             break
     for task in tasks:

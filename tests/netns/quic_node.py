@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import sys
 from typing import Any
@@ -24,14 +23,14 @@ import multiaddr
 
 from swarm_node.identity import generate
 from swarm_node.transport import libp2p_host
-from swarm_node.transport.base import Delivery, TransportError
+from swarm_node.transport.base import Delivery
 from swarm_node.transport.libp2p_ipc import HostSettings
 from swarm_node.transport.libp2p_launch import LibP2PConfig
 from swarm_node.transport.libp2p_relay import RelayClient
 from swarm_node.transport.libp2p_transport import LibP2PTransport
 from swarm_node.transport.reachability import Reachability, Verdicts
 from swarm_node.transport.supervisor import Backoff
-from tests.libp2p_helpers.nat_node import ECHO, emit, keep_bootstrap, serve_echo
+from tests.libp2p_helpers.nat_node import ECHO, commands, echo_once, emit, keep_bootstrap, serve_echo
 from tests.libp2p_helpers.rollouts import TOPIC, group_ids, protocol_validator, rollout_batch
 
 DEBUG_LOGGERS = ("libp2p.relay.circuit_v2.dcutr", "libp2p.transport.quic", "swarm_node.transport",
@@ -111,10 +110,7 @@ async def main(args: argparse.Namespace) -> None:
     tasks = [asyncio.ensure_future(keep_bootstrap(transport, args.bootstrap))] if args.bootstrap else []
     emit(event="ready", peer_id=transport.peer_id, addrs=transport.listen_addrs())
     index = 0
-    reader = asyncio.StreamReader()
-    await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    while line := await reader.readline():
-        cmd: dict[str, Any] = json.loads(line)
+    async for cmd in commands():
         rid = cmd.get("rid")
         if cmd["cmd"] == "nat":
             emit(event="nat", rid=rid, status=await transport.nat_status())
@@ -131,16 +127,7 @@ async def main(args: argparse.Namespace) -> None:
         elif cmd["cmd"] == "stats":
             emit(event="stats", rid=rid, delivered=delivered, peers=[p.peer_id for p in await transport.peers()])
         elif cmd["cmd"] == "echo":
-            try:
-                stream = await transport.open_stream(cmd["peer"], ECHO)
-                await stream.write(cmd["data"].encode())
-                await stream.close()
-                reply = b""
-                while chunk := await asyncio.wait_for(stream.read(), 10):
-                    reply += chunk
-                emit(event="echo", rid=rid, reply=reply.decode())
-            except (TransportError, asyncio.TimeoutError) as exc:
-                emit(event="echo", rid=rid, error=str(exc))
+            emit(event="echo", rid=rid, **await echo_once(transport, cmd["peer"], cmd["data"]))
         elif cmd["cmd"] == "quit":
             break
     for task in tasks:

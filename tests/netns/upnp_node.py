@@ -11,23 +11,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import sys
-from typing import Any
 
 from swarm_node.identity import generate
 from swarm_node.transport.base import TransportError
 from swarm_node.transport.libp2p_ipc import HostSettings
 from swarm_node.transport.libp2p_launch import LibP2PConfig
 from swarm_node.transport.libp2p_transport import LibP2PTransport
+from tests.libp2p_helpers.nat_node import commands, emit
 
 PORT = 4001
-
-
-def emit(**event: Any) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
-    sys.stdout.flush()
 
 
 async def connect_until(transport: LibP2PTransport, addr: str, timeout: float = 60.0) -> None:
@@ -53,10 +47,7 @@ async def main(args: argparse.Namespace) -> None:
         await connect_until(transport, addr)
     emit(event="ready", peer_id=transport.peer_id)
 
-    reader = asyncio.StreamReader()
-    await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    while line := await reader.readline():
-        cmd = json.loads(line)
+    async for cmd in commands():
         rid = cmd.get("rid")
         if cmd["cmd"] == "nat":
             emit(event="nat", rid=rid, status=await transport.nat_status())
