@@ -8,7 +8,8 @@ behind NAT looks like from outside): the stock server answers OK ("reachable"), 
 from __future__ import annotations
 
 import socket
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import multiaddr
@@ -64,36 +65,35 @@ def test_stock_autonat_calls_an_unreachable_asker_reachable_and_ours_does_not() 
     assert trio.run(_ask, FreshDialAutoNAT, unreachable) == (int(Message.E_DIAL_ERROR), 0)
 
 
+@asynccontextmanager
+async def _served_asker() -> AsyncIterator[tuple[FreshDialAutoNAT, AutoNATService, Any, list[bytes]]]:
+    """Our AutoNAT server and a connected, reachable asker on loopback: (service, asker, server id, its addrs)."""
+    server, client = _host(), _host()
+    async with AsyncExitStack() as stack:
+        for host in (server, client):
+            await stack.enter_async_context(host.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]))
+        service = FreshDialAutoNAT(server, need_public=1)
+        asker = AutoNATService(client, serve=False)
+        await client.connect(PeerInfo(server.get_id(), server.get_addrs()))
+        yield service, asker, server.get_id(), [a.to_bytes() for a in client.get_transport_addrs()]
+
+
 def test_our_autonat_confirms_a_reachable_asker_on_a_fresh_connection() -> None:
     async def run() -> tuple[int, int]:
-        server, client = _host(), _host()
-        async with AsyncExitStack() as stack:
-            for host in (server, client):
-                await stack.enter_async_context(host.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]))
-            service = FreshDialAutoNAT(server, need_public=1)
-            asker = AutoNATService(client, serve=False)
-            await client.connect(PeerInfo(server.get_id(), server.get_addrs()))
-            listen = [a.to_bytes() for a in client.get_transport_addrs()]
+        async with _served_asker() as (service, asker, server_id, listen):
             with trio.fail_after(30):
-                status, _ = await asker.query_server(server.get_id(), listen)
+                status, _ = await asker.query_server(server_id, listen)
             return status, service.dialbacks_served
     assert trio.run(run) == (int(Message.OK), 1)
 
 
 def test_dialback_requests_are_rate_limited_per_asking_ip() -> None:
     async def run() -> tuple[list[int], int, int]:
-        server, client = _host(), _host()
-        async with AsyncExitStack() as stack:
-            for host in (server, client):
-                await stack.enter_async_context(host.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]))
-            service = FreshDialAutoNAT(server, need_public=1)
-            asker = AutoNATService(client, serve=False)
-            await client.connect(PeerInfo(server.get_id(), server.get_addrs()))
-            listen = [a.to_bytes() for a in client.get_transport_addrs()]
+        async with _served_asker() as (service, asker, server_id, listen):
             statuses = []
             with trio.fail_after(30):
                 for _ in range(3):
-                    statuses.append((await asker.query_server(server.get_id(), listen))[0])
+                    statuses.append((await asker.query_server(server_id, listen))[0])
             return statuses, service.dialbacks_served, service.refused_rate
     assert trio.run(run) == ([int(Message.OK), int(Message.E_DIAL_REFUSED), int(Message.E_DIAL_REFUSED)], 1, 2)
 

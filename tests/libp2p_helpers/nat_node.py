@@ -60,6 +60,16 @@ async def echo_once(transport: LibP2PTransport, peer: str, data: str) -> dict[st
         return {"error": str(exc)}
 
 
+async def publish_groups(transport: LibP2PTransport, index: int, count: int) -> list[str]:
+    """Publish `count` rollout groups numbered after `index`; their group ids (hex)."""
+    gids = []
+    for i in range(index + 1, index + count + 1):
+        gid, data = rollout_batch(transport.peer_id, i)
+        await transport.publish(TOPIC, data)
+        gids.append(gid.hex())
+    return gids
+
+
 async def commands() -> AsyncIterator[dict[str, Any]]:
     """The JSON commands the test writes to our stdin, one per line, until it closes it."""
     reader = asyncio.StreamReader()
@@ -122,12 +132,8 @@ async def main(args: argparse.Namespace) -> None:
         if cmd["cmd"] == "nat":
             emit(event="nat", rid=rid, status=await transport.nat_status())
         elif cmd["cmd"] == "publish":
-            gids = []
-            for _ in range(cmd["count"]):
-                index += 1
-                gid, data = rollout_batch(transport.peer_id, index)
-                await transport.publish(TOPIC, data)
-                gids.append(gid.hex())
+            gids = await publish_groups(transport, index, cmd["count"])
+            index += len(gids)
             emit(event="published", rid=rid, group_ids=gids)
         elif cmd["cmd"] == "stats":
             emit(event="stats", rid=rid, delivered=delivered, first_at=first_at, deltas=len(deltas),

@@ -30,8 +30,16 @@ from swarm_node.transport.libp2p_relay import RelayClient
 from swarm_node.transport.libp2p_transport import LibP2PTransport
 from swarm_node.transport.reachability import Reachability, Verdicts
 from swarm_node.transport.supervisor import Backoff
-from tests.libp2p_helpers.nat_node import ECHO, commands, echo_once, emit, keep_bootstrap, serve_echo
-from tests.libp2p_helpers.rollouts import TOPIC, group_ids, protocol_validator, rollout_batch
+from tests.libp2p_helpers.nat_node import (
+    ECHO,
+    commands,
+    echo_once,
+    emit,
+    keep_bootstrap,
+    publish_groups,
+    serve_echo,
+)
+from tests.libp2p_helpers.rollouts import TOPIC, group_ids, protocol_validator
 
 DEBUG_LOGGERS = ("libp2p.relay.circuit_v2.dcutr", "libp2p.transport.quic", "swarm_node.transport",
                  "libp2p.host.observed_addr_manager", "libp2p.identity.identify")
@@ -117,12 +125,8 @@ async def main(args: argparse.Namespace) -> None:
         elif cmd["cmd"] == "conns":
             emit(event="conns", rid=rid, conns=_connections())
         elif cmd["cmd"] == "publish":
-            gids = []
-            for _ in range(cmd["count"]):
-                index += 1
-                gid, data = rollout_batch(transport.peer_id, index)
-                await transport.publish(TOPIC, data)
-                gids.append(gid.hex())
+            gids = await publish_groups(transport, index, cmd["count"])
+            index += len(gids)
             emit(event="published", rid=rid, group_ids=gids)
         elif cmd["cmd"] == "stats":
             emit(event="stats", rid=rid, delivered=delivered, peers=[p.peer_id for p in await transport.peers()])
