@@ -209,13 +209,11 @@ def parse_scenario(data: dict[str, Any], name: str = "scenario") -> Scenario:
         raise UserError(f"network.round_s must be > 0, got {network.round_s}")
     config = _table(data, "config")
     variants_raw = data.get("variants", [{"name": "default"}])
-    if not isinstance(variants_raw, list) or not variants_raw:
+    if isinstance(variants_raw, list) and not variants_raw:
         raise UserError("[[variants]] must be a non-empty array of tables")
     variants = []
-    for i, v in enumerate(variants_raw):
-        if not isinstance(v, dict):
-            raise UserError(f"variants[{i}] must be a table")
-        _check_keys(v, {"name", "config"}, f"variants[{i}]")
+    for i, v in enumerate(_array_of_tables(variants_raw, "variants", {"name", "config"},
+                                           "a non-empty array of tables")):
         vname = _typed(v, "name", str, f"v{i}", f"variants[{i}]")
         if not vname or any(ch in vname for ch in "\\\0") or vname in (".", ".."):
             raise UserError(f"variants[{i}].name {vname!r} is not usable as a directory name")
@@ -272,15 +270,21 @@ def parse_scenario(data: dict[str, Any], name: str = "scenario") -> Scenario:
     return scenario
 
 
+def _array_of_tables(raw: Any, name: str, keys: set[str], what: str = "an array of tables") -> list[dict[str, Any]]:
+    """A TOML [[name]] array: each entry a table with only `keys`; one-line errors naming the entry."""
+    if not isinstance(raw, list):
+        raise UserError(f"[[{name}]] must be {what}")
+    for i, table in enumerate(raw):
+        if not isinstance(table, dict):
+            raise UserError(f"{name}[{i}] must be a table")
+        _check_keys(table, keys, f"{name}[{i}]")
+    return raw
+
+
 def parse_attackers(raw: Any, nodes: int, mode: str) -> tuple[tuple[int, str], ...]:
     """[[attacker]] tables as (index, kind), sorted; mode "attack" only, with at least one honest node."""
-    if not isinstance(raw, list):
-        raise UserError("[[attacker]] must be an array of tables")
     out = []
-    for i, a in enumerate(raw):
-        if not isinstance(a, dict):
-            raise UserError(f"attacker[{i}] must be a table")
-        _check_keys(a, {"index", "kind"}, f"attacker[{i}]")
+    for i, a in enumerate(_array_of_tables(raw, "attacker", {"index", "kind"})):
         index, kind = _typed(a, "index", int, -1, f"attacker[{i}]"), _typed(a, "kind", str, "", f"attacker[{i}]")
         if not 0 <= index < nodes:
             raise UserError(f"attacker[{i}].index must be in [0, {nodes}), got {index}")
