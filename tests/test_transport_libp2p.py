@@ -340,6 +340,37 @@ async def test_pushed_reputation_graylists_a_signer_in_the_host() -> None:
         assert not any(d.data.startswith(b"after") for d in got) and len(validated) == seen
 
 
+async def test_a_forwarder_past_its_validation_budget_is_ignored_unread() -> None:
+    """forward_peer_burst 3 and rate 0: of 8 distinct messages a forwards, b's host validates exactly 3 and ignores
+    5 before their signature or a VALIDATE round trip (counted). a has the same budget: its own publishes take
+    nothing from it (else b would see at most 3 arrive)."""
+    budget = {"forward_peer_rate": 0.0, "forward_peer_burst": 3}
+    async with transports(config(**budget), config(**budget)) as (a, b):
+        got: list[Delivery] = []
+        validated: list[bytes] = []
+
+        def validator(_signer: str, data: bytes) -> ValidationResult:
+            validated.append(data)
+            return ValidationResult.ACCEPT
+        await a.subscribe(TOPIC, lambda d: None)
+        b.set_validator(TOPIC, validator)
+        await b.subscribe(TOPIC, got.append)
+        await link(a, b)
+        await mutually_subscribed(a, b)
+        for i in range(8):
+            await a.publish(TOPIC, b"m-%d" % i)
+        counters: dict[str, int] = {}
+
+        async def all_handled() -> bool:
+            counters.update(await b.host_counters())
+            return len(validated) + counters.get("forwarder_over_budget", 0) >= 8
+        await wait_for_async(all_handled, what=lambda: f"8 messages handled, got {validated} and {counters}")
+        await asyncio.sleep(0.5)  # nothing more arrives
+        counters.update(await b.host_counters())
+        assert len(validated) == 3 and counters["forwarder_over_budget"] == 5
+        assert sorted(d.data for d in got) == sorted(validated)
+
+
 async def wait_for_async(predicate: Callable[[], object], timeout: float = 20.0,
                          what: str | Callable[[], str] = "condition") -> None:
     async def poll() -> None:

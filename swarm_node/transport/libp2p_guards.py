@@ -21,6 +21,10 @@ Runs inside the network host (trio). Contract:
   delivered twice, and an honest forwarder could be penalised by the replay guard).
 - Graylist: `push_msg` ignores, before validation, a message from a forwarder whose router score is under the
   graylist threshold (py-libp2p 0.8.1 checks that threshold only for gossip and GRAFTs, not for messages).
+- Validation budget: each unseen message takes a token from its forwarder's bucket and from one for all
+  forwarders (`forward_budget`, a shaping.RequestBudget); without one it is ignored before its signature is
+  checked (counters["forwarder_over_budget"]), so a peer relaying floods of freshly made identities costs us a
+  bounded number of validations per second.
 - Stale streams: `reap_stale_streams` drops a peer's pubsub stream whose connection has closed (a peer that
   restarted and redialled before we noticed), so the library re-opens one on the live connection.
 - `raise_library_limits` patches the hard-coded per-peer outbound queue (32 RPCs) and subscription channel (32).
@@ -52,6 +56,7 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.validators import signature_validator as library_signature_validator
 
 from swarm_node.transport.base import ValidationResult
+from swarm_node.transport.shaping import RequestBudget
 
 log = logging.getLogger(__name__)
 
@@ -128,10 +133,12 @@ class GuardedPubsub(Pubsub):
     """Pubsub with the crash guards, application verdicts (with IGNORE) and in-flight de-duplication."""
 
     def __init__(self, *args: Any, app_validate: AppValidate, crash_guards: bool = True,
-                 counters: Counter[str] | None = None, **kwargs: Any) -> None:
+                 counters: Counter[str] | None = None, forward_budget: RequestBudget | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.app_validate = app_validate
         self.crash_guards = crash_guards
+        self.forward_budget = forward_budget
         self.counters: Counter[str] = counters if counters is not None else Counter()
         self._validating: set[bytes] = set()
 
@@ -216,6 +223,10 @@ class GuardedPubsub(Pubsub):
         msg_id = self._msg_id_constructor(msg)
         if msg_id in self._validating:
             self.counters["duplicate_in_flight"] += 1
+            return
+        if (self.forward_budget is not None and msg_forwarder != self.my_id and not self._is_msg_seen(msg)
+                and self.forward_budget.take(msg_forwarder) != "ok"):
+            self.counters["forwarder_over_budget"] += 1  # seen copies cost nothing: the library drops them unread
             return
         self._validating.add(msg_id)
         try:

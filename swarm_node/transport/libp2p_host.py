@@ -21,7 +21,8 @@ remote crash in py-libp2p ends only this process) or in a thread via `run_host(s
 - Peer score (`libp2p_scoring.py`): gossipsub v1.1 scoring with non-zero weights (py-libp2p ships all at 0); its
   application-specific part is the node's reputation table, pushed as SCORES frames (kept across calls, replaced
   whole). A signer whose pushed score is at or below graylist_threshold is IGNOREd at once (no VALIDATE round
-  trip), and a forwarder the router graylists is ignored before validation (libp2p_guards).
+  trip), and a forwarder the router graylists, or past its validation budget, is ignored before validation
+  (libp2p_guards).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from swarm_node.transport.libp2p_ipc import (
 )
 from swarm_node.transport.libp2p_nat import NatServices
 from swarm_node.transport.libp2p_scoring import score_params
+from swarm_node.transport.shaping import RequestBudget
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +177,8 @@ class NetworkHost:
             self.host, self.gossipsub, strict_signing=True, seen_ttl=settings.seen_ttl_s,
             sweep_interval=settings.sweep_s, max_inbound_rpc_size=settings.max_message_bytes,
             app_validate=self._app_validate, crash_guards=settings.crash_guards, counters=self.counters,
+            forward_budget=RequestBudget(settings.forward_peer_rate, settings.forward_peer_burst,
+                                         settings.forward_total_rate, settings.forward_total_burst),
         )
         self.my_id_bytes = self.host.get_id().to_bytes()
         self.nat = NatServices(self.host, settings, self.counters)  # DHT rendezvous, AutoNAT, relays

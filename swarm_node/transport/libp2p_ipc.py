@@ -91,7 +91,11 @@ class HostSettings:
     before py-libp2p reads it. dht_max_record_bytes bounds a PUT_VALUE record and an ADD_PROVIDER provider entry;
     dht_max_records bounds each store (provider records, values) and dht_max_records_per_peer what one peer may
     have in each. relay_max_circuits_total: circuits we relay at once, all peers together (relay_max_circuits is
-    per peer, as source or as destination).
+    per peer, as source or as destination). forward_peer_rate/forward_peer_burst: unseen messages one forwarder
+    may make us validate (a signature check, then a VALIDATE round trip to the node), and forward_total_*: all
+    forwarders together; past either the message is ignored unread and unpenalised (another mesh peer or gossip
+    delivers it again). The node's per-signer rate (peers.max_messages_per_s) cannot bound this: a forwarder may
+    relay messages of any number of fresh identities.
     """
 
     listen: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
@@ -141,6 +145,11 @@ class HostSettings:
     relay_total_rate: float = 20.0
     relay_total_burst: int = 256
     relay_max_circuits_total: int = 64
+    # An honest forwarder relays each signer's messages once: 10 signers at the per-signer cap (5/s) make 50/s.
+    forward_peer_rate: float = 50.0
+    forward_peer_burst: int = 500
+    forward_total_rate: float = 200.0
+    forward_total_burst: int = 2000
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
