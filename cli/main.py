@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 
@@ -50,6 +51,9 @@ def main() -> None:
     # background, where the shell hands it SIGINT already ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
+    # `kill -USR1 PID` writes every thread's Python stack to the log and goes on: how to report a node that hangs
+    # (faulthandler writes from the signal itself, so it works while the main thread is stuck in native code).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file (flags override it)")]

@@ -5,6 +5,7 @@ other's rollout groups (metrics.jsonl)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -51,6 +52,16 @@ def _trained_on(run_dir: Path, peer: str) -> list[dict]:
     return [m for m in map(json.loads, lines) if peer in m.get("external_sources", [])]
 
 
+def _dump_stacks(procs: dict[str, subprocess.Popen[str]], logs: Path) -> str:
+    """Every thread's stack of each node and its network host (`kill -USR1`, cli/main.py), from their logs: what
+    a failure shows when a node stops stepping or does not stop."""
+    for proc in procs.values():
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGUSR1)  # the node and its host share the session Topology started
+    time.sleep(2.0)
+    return "\n".join(f"--- {name} ---\n{(logs / f'{name}.log').read_text()[-6000:]}" for name in procs)
+
+
 def test_nodes_behind_nat_train_on_each_others_groups(tmp_path: Path, warm_tiny_model_dir: Path) -> None:
     """A and B behind cone NATs, given only the bootstrap: each says it is private and trains on the other's
     groups. The nodes run until both have happened (a busy machine slows AutoNAT's verdict, not its outcome)."""
@@ -73,10 +84,16 @@ def test_nodes_behind_nat_train_on_each_others_groups(tmp_path: Path, warm_tiny_
                         and _trained_on(tmp_path / me, ids[other[me]])):
                     done.add(me)
             time.sleep(1.0)
-        for proc in (*homes.values(), boot):
+        procs = {**homes, "boot": boot}
+        stacks = "" if done == set(homes) else _dump_stacks(procs, tmp_path)
+        for proc in procs.values():
             proc.send_signal(signal.SIGINT)
-        for proc in (*homes.values(), boot):
-            proc.wait(timeout=180)
+        for name, proc in procs.items():
+            try:
+                proc.wait(timeout=180)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"{name} did not stop on SIGINT\n{_dump_stacks(procs, tmp_path)}") from None
+        assert done == set(homes), f"only {sorted(done)} trained on their peer's groups\n{stacks}"
     for me in homes:
         used = _trained_on(tmp_path / me, ids[other[me]])
         assert used, f"{me} never trained on {other[me]}'s groups"

@@ -51,6 +51,27 @@ def test_generator_errors_surface_in_the_consumer() -> None:
     gen.stop()
 
 
+def test_closing_returns_when_a_batch_never_ends(caplog: pytest.LogCaptureFixture) -> None:
+    """A generator stuck inside produce() (holding the sampler lock) must not keep the node from exiting: close()
+    gives up after its timeout, says so, and does not sync the sampler; a finished generator is synced."""
+    release = threading.Event()
+    synced: list[bool] = []
+
+    def produce() -> int:
+        release.wait()
+        return 0
+
+    stuck = OverlappedSource.start(produce, 1, lambda: 0, lambda *_: None, lambda: synced.append(True))
+    time.sleep(0.2)  # inside produce()
+    stuck.close(timeout_s=0.2)
+    assert synced == [] and "still busy after 0.2 s" in caplog.text
+    release.set()
+    stuck.generator.stop()
+    idle = OverlappedSource.start(lambda: 0, 1, lambda: 0, lambda *_: None, lambda: synced.append(True))
+    idle.close(timeout_s=5.0)
+    assert synced == [True] and not idle.generator.running
+
+
 def test_latest_weights_hands_out_copies_of_newer_versions_only() -> None:
     slot = LatestWeights()
     assert slot.newer_than(-1) is None

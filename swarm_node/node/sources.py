@@ -7,7 +7,8 @@ nothing, with its reason); it never ends by itself (the node stops at `run.steps
 - `paused()`: a context in which nobody else uses the sampler (the node evaluates inside it).
 - `trained(metrics)`: told after each step trained on one of its drafts, before the step is recorded (an
   ECHO-2 learner publishes its update here and adds the fields it wants in the metrics).
-- `close()`: stop whatever runs in the background; the sampler is then the node's again.
+- `close()`: stop whatever runs in the background; the sampler is then the node's again. It returns within its
+  timeout even when a background batch never ends (the node must still checkpoint and exit; it logs why).
 Sources here: `SequentialSource` (sample, then train, in turn) and `OverlappedSource` (a generator thread
 bounded by S, train/overlap.py). The ECHO-2 learner's buffer is one too (roles/learner.py). No node import.
 """
@@ -15,6 +16,7 @@ bounded by S, train/overlap.py). The ECHO-2 learner's buffer is one too (roles/l
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
@@ -24,6 +26,7 @@ from swarm_node.train.staleness import drop_reason
 from swarm_node.types import Draft, SkippedStep
 
 Item = Draft | SkippedStep
+log = logging.getLogger(__name__)
 
 
 class RolloutSource(Protocol):
@@ -105,7 +108,11 @@ class OverlappedSource(BaseSource):
     def paused(self) -> AbstractContextManager[object]:
         return self.generator.lock
 
-    def close(self) -> None:
-        self.generator.stop()
-        with self.generator.lock:  # a batch still being generated finishes first
+    def close(self, timeout_s: float = 120.0) -> None:
+        self.generator.stop(timeout_s)  # a batch still being generated finishes first
+        if self.generator.running:  # stuck in a batch that never ends: it must not keep the node from exiting
+            log.warning("the generator thread is still busy after %g s; stopping without it (the sampler keeps "
+                        "its last policy)", timeout_s)
+            return
+        with self.generator.lock:
             self.sync()

@@ -84,6 +84,10 @@ class OverlappedGenerator(Generic[T]):
     def done(self) -> None:
         self._permits.release()
 
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     def stop(self, timeout: float = 120.0) -> None:
         self._stop.set()
         if self._thread.is_alive():

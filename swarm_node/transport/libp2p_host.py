@@ -28,6 +28,7 @@ remote crash in py-libp2p ends only this process) or in a thread via `run_host(s
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import itertools
 import logging
 import math
@@ -442,6 +443,7 @@ def main(argv: list[str] | None = None) -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
     # Ctrl-C reaches the whole process group; the node decides when we stop (it closes the socket).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # as the node: `kill -USR1` dumps our stacks
     trio.run(run_host, socket.socket(fileno=args.ipc_fd))
 
 
