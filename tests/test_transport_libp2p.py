@@ -312,20 +312,28 @@ async def test_dht_rendezvous_finds_peers_and_the_swarm_outlives_its_bootstrap()
                 keeper.stop()
 
 
+async def validating_receiver(a: LibP2PTransport,
+                               b: LibP2PTransport) -> tuple[list[Delivery], list[tuple[str, bytes]]]:
+    """a and b linked on TOPIC; b validates it, recording (signer, data) of each message it is asked about, and
+    accepts all. Returns what b delivers and what it validated."""
+    got: list[Delivery] = []
+    validated: list[tuple[str, bytes]] = []
+
+    def validator(signer: str, data: bytes) -> ValidationResult:
+        validated.append((signer, data))
+        return ValidationResult.ACCEPT
+    await a.subscribe(TOPIC, lambda d: None)
+    b.set_validator(TOPIC, validator)
+    await b.subscribe(TOPIC, got.append)
+    await link(a, b)
+    return got, validated
+
+
 async def test_pushed_reputation_graylists_a_signer_in_the_host() -> None:
     """SCORES over the real IPC: once the node pushes a blocked score for a peer, its host drops that peer's
     messages itself (no VALIDATE round trip, nothing delivered), and the router's own graylist applies."""
     async with transports(config(), config()) as (a, b):
-        got: list[Delivery] = []
-        validated: list[str] = []
-
-        def validator(signer: str, _data: bytes) -> ValidationResult:
-            validated.append(signer)
-            return ValidationResult.ACCEPT
-        await a.subscribe(TOPIC, lambda d: None)
-        b.set_validator(TOPIC, validator)
-        await b.subscribe(TOPIC, got.append)
-        await link(a, b)
+        got, validated = await validating_receiver(a, b)
         await publish_until_received(a, got, b"before")
         await b.set_peer_scores({a.peer_id: -1000.0})
         seen = len(validated)
@@ -346,16 +354,7 @@ async def test_a_forwarder_past_its_validation_budget_is_ignored_unread() -> Non
     nothing from it (else b would see at most 3 arrive)."""
     budget = {"forward_peer_rate": 0.0, "forward_peer_burst": 3}
     async with transports(config(**budget), config(**budget)) as (a, b):
-        got: list[Delivery] = []
-        validated: list[bytes] = []
-
-        def validator(_signer: str, data: bytes) -> ValidationResult:
-            validated.append(data)
-            return ValidationResult.ACCEPT
-        await a.subscribe(TOPIC, lambda d: None)
-        b.set_validator(TOPIC, validator)
-        await b.subscribe(TOPIC, got.append)
-        await link(a, b)
+        got, validated = await validating_receiver(a, b)
         await mutually_subscribed(a, b)
         for i in range(8):
             await a.publish(TOPIC, b"m-%d" % i)
@@ -368,7 +367,7 @@ async def test_a_forwarder_past_its_validation_budget_is_ignored_unread() -> Non
         await asyncio.sleep(0.5)  # nothing more arrives
         counters.update(await b.host_counters())
         assert len(validated) == 3 and counters["forwarder_over_budget"] == 5
-        assert sorted(d.data for d in got) == sorted(validated)
+        assert sorted(d.data for d in got) == sorted(data for _signer, data in validated)
 
 
 async def wait_for_async(predicate: Callable[[], object], timeout: float = 20.0,
