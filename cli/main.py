@@ -9,6 +9,12 @@ import signal
 # OpenMP's default busy-waiting makes 2 threads on 2 shared cores 3-5x slower than 1 (measured with vLLM on CPU);
 # it is read once, when torch loads, so it must be set before anything imports torch.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# vLLM's CPU GEMMs (oneDNN) add a primitive to oneDNN's global cache (default 1024 entries) for each new row count,
+# and a run meets hundreds of them: RSS grew for ~1000 steps (+18% over a soak). With the global cache off, vLLM's
+# per-layer caches still reuse primitives: on 350 varied generate calls, RSS 600 -> 1130 MiB and still rising with
+# the default, 600 -> ~730 MiB and flat from call 100 with 0, at about the same speed (bench/memory.py's soak).
+# Read once, when oneDNN starts.
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")
 
 from collections.abc import Callable
 from pathlib import Path
