@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 from swarm_node.identity import generate
@@ -60,14 +61,35 @@ async def echo_once(transport: LibP2PTransport, peer: str, data: str) -> dict[st
         return {"error": str(exc)}
 
 
-async def publish_groups(transport: LibP2PTransport, index: int, count: int) -> list[str]:
-    """Publish `count` rollout groups numbered after `index`; their group ids (hex)."""
+async def publish_groups(transport: LibP2PTransport, numbers: Iterator[int], count: int) -> list[str]:
+    """Publish `count` rollout groups, numbered from `numbers` (shared by everything this node publishes); their
+    group ids (hex)."""
     gids = []
-    for i in range(index + 1, index + count + 1):
-        gid, data = rollout_batch(transport.peer_id, i)
+    for _ in range(count):
+        gid, data = rollout_batch(transport.peer_id, next(numbers))
         await transport.publish(TOPIC, data)
         gids.append(gid.hex())
     return gids
+
+
+Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+async def serve_commands(transport: LibP2PTransport, numbers: Iterator[int], extra: dict[str, Handler]) -> None:
+    """Answer the test's commands until "quit" or the end of stdin: nat, publish and echo here, the driver's own
+    commands through `extra` (name -> handler returning the answer event's fields, "event" included)."""
+    async for cmd in commands():
+        rid, name = cmd.get("rid"), cmd["cmd"]
+        if name == "quit":
+            return
+        if name == "nat":
+            emit(event="nat", rid=rid, status=await transport.nat_status())
+        elif name == "publish":
+            emit(event="published", rid=rid, group_ids=await publish_groups(transport, numbers, cmd["count"]))
+        elif name == "echo":
+            emit(event="echo", rid=rid, **await echo_once(transport, cmd["peer"], cmd["data"]))
+        else:
+            emit(rid=rid, **await extra[name](cmd))
 
 
 async def commands() -> AsyncIterator[dict[str, Any]]:
@@ -111,41 +133,29 @@ async def main(args: argparse.Namespace) -> None:
     await transport.serve_stream(ECHO, serve_echo)
     await transport.start()
     tasks = [asyncio.ensure_future(keep_bootstrap(transport, args.bootstrap))] if args.bootstrap else []
-    index = 0
+    numbers = itertools.count(1)
 
     async def publish_regularly() -> None:
-        nonlocal index
         while True:
             await asyncio.sleep(args.publish_every)
-            index += 1
             try:
-                await transport.publish(TOPIC, rollout_batch(transport.peer_id, index)[1])
+                await transport.publish(TOPIC, rollout_batch(transport.peer_id, next(numbers))[1])
             except TransportError:
                 pass
+
+    async def stats(_cmd: dict[str, Any]) -> dict[str, Any]:
+        return {"event": "stats", "delivered": delivered, "first_at": first_at, "deltas": len(deltas),
+                "peers": [p.peer_id for p in await transport.peers()]}
+
+    async def publish_delta(cmd: dict[str, Any]) -> dict[str, Any]:
+        await broadcaster.publish(transport.peer_id, cmd["version"], cmd["version"] - 1, "bench",
+                                  os.urandom(cmd["size"]), "sha256:bench", cmd["receivers"])
+        return {"event": "delta_published"}
 
     if args.publish_every > 0:
         tasks.append(asyncio.ensure_future(publish_regularly()))
     emit(event="ready", peer_id=transport.peer_id, addrs=transport.listen_addrs(), started_at=started_at)
-
-    async for cmd in commands():
-        rid = cmd.get("rid")
-        if cmd["cmd"] == "nat":
-            emit(event="nat", rid=rid, status=await transport.nat_status())
-        elif cmd["cmd"] == "publish":
-            gids = await publish_groups(transport, index, cmd["count"])
-            index += len(gids)
-            emit(event="published", rid=rid, group_ids=gids)
-        elif cmd["cmd"] == "stats":
-            emit(event="stats", rid=rid, delivered=delivered, first_at=first_at, deltas=len(deltas),
-                 peers=[p.peer_id for p in await transport.peers()])
-        elif cmd["cmd"] == "publish_delta":
-            await broadcaster.publish(transport.peer_id, cmd["version"], cmd["version"] - 1, "bench",
-                                      os.urandom(cmd["size"]), "sha256:bench", cmd["receivers"])
-            emit(event="delta_published", rid=rid)
-        elif cmd["cmd"] == "echo":
-            emit(event="echo", rid=rid, **await echo_once(transport, cmd["peer"], cmd["data"]))
-        elif cmd["cmd"] == "quit":
-            break
+    await serve_commands(transport, numbers, {"stats": stats, "publish_delta": publish_delta})
     for task in tasks:
         task.cancel()
     await broadcaster.stop()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import logging
 import sys
 from typing import Any
@@ -30,15 +31,7 @@ from swarm_node.transport.libp2p_relay import RelayClient
 from swarm_node.transport.libp2p_transport import LibP2PTransport
 from swarm_node.transport.reachability import Reachability, Verdicts
 from swarm_node.transport.supervisor import Backoff
-from tests.libp2p_helpers.nat_node import (
-    ECHO,
-    commands,
-    echo_once,
-    emit,
-    keep_bootstrap,
-    publish_groups,
-    serve_echo,
-)
+from tests.libp2p_helpers.nat_node import ECHO, emit, keep_bootstrap, serve_commands, serve_echo
 from tests.libp2p_helpers.rollouts import TOPIC, group_ids, protocol_validator
 
 DEBUG_LOGGERS = ("libp2p.relay.circuit_v2.dcutr", "libp2p.transport.quic", "swarm_node.transport",
@@ -117,23 +110,13 @@ async def main(args: argparse.Namespace) -> None:
     await transport.start()
     tasks = [asyncio.ensure_future(keep_bootstrap(transport, args.bootstrap))] if args.bootstrap else []
     emit(event="ready", peer_id=transport.peer_id, addrs=transport.listen_addrs())
-    index = 0
-    async for cmd in commands():
-        rid = cmd.get("rid")
-        if cmd["cmd"] == "nat":
-            emit(event="nat", rid=rid, status=await transport.nat_status())
-        elif cmd["cmd"] == "conns":
-            emit(event="conns", rid=rid, conns=_connections())
-        elif cmd["cmd"] == "publish":
-            gids = await publish_groups(transport, index, cmd["count"])
-            index += len(gids)
-            emit(event="published", rid=rid, group_ids=gids)
-        elif cmd["cmd"] == "stats":
-            emit(event="stats", rid=rid, delivered=delivered, peers=[p.peer_id for p in await transport.peers()])
-        elif cmd["cmd"] == "echo":
-            emit(event="echo", rid=rid, **await echo_once(transport, cmd["peer"], cmd["data"]))
-        elif cmd["cmd"] == "quit":
-            break
+
+    async def conns(_cmd: dict[str, Any]) -> dict[str, Any]:
+        return {"event": "conns", "conns": _connections()}
+
+    async def stats(_cmd: dict[str, Any]) -> dict[str, Any]:
+        return {"event": "stats", "delivered": delivered, "peers": [p.peer_id for p in await transport.peers()]}
+    await serve_commands(transport, itertools.count(1), {"conns": conns, "stats": stats})
     for task in tasks:
         task.cancel()
     await transport.stop()
