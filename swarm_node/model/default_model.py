@@ -24,6 +24,7 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
@@ -157,15 +158,24 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
-def load_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a local HF causal-LM directory (fp32 on CPU); any problem is one UserError line."""
+def model_config(path: str | Path) -> PretrainedConfig:
+    """The config of a local HF model directory; any problem is one UserError line."""
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"model path {str(path)!r} is not a directory")
     if not (path / "config.json").exists():
         raise UserError(f"model path {str(path)!r} has no config.json: not a Hugging Face model directory")
     try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        return AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise UserError(f"cannot load a causal LM from {str(path)!r}: {str(exc).splitlines()[0]}") from exc
+
+
+def load_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a local HF causal-LM directory (fp32 on CPU); any problem is one UserError line."""
+    path = Path(path)
+    config = model_config(path)
+    try:
         tokenizer = load_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32,
                                                      config=config)

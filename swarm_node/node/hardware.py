@@ -29,13 +29,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 
 from swarm_node import tasks
 from swarm_node.config import NodeConfig
-from swarm_node.errors import UserError
 from swarm_node.model import device as devices
-from swarm_node.model.default_model import load_tokenizer
+from swarm_node.model.default_model import load_tokenizer, model_config
 from swarm_node.model.device_memory import PeakMeter, default_budget_bytes, return_freed_memory
 from swarm_node.model.lora import TARGET_MODULES
 from swarm_node.sampler.base import Sampler
@@ -54,15 +53,8 @@ LogFn = Callable[[str], None]
 
 def footprint(model_dir: Path, lora_rank: int) -> sizing.Footprint:
     """The model's parameter counts and shapes, from a copy built on the meta device (no weights read). A path
-    that is not a model is the UserError line load_model gives for it."""
-    if not model_dir.is_dir():
-        raise UserError(f"model path {str(model_dir)!r} is not a directory")
-    if not (model_dir / "config.json").exists():
-        raise UserError(f"model path {str(model_dir)!r} has no config.json: not a Hugging Face model directory")
-    try:
-        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
-    except (OSError, ValueError, KeyError) as exc:
-        raise UserError(f"cannot load a causal LM from {str(model_dir)!r}: {str(exc).splitlines()[0]}") from exc
+    that is not a model is the UserError line model_config gives for it."""
+    config = model_config(model_dir)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     params = sum(p.numel() for p in model.parameters())  # parameters() yields a tied pair once
