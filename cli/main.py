@@ -5,6 +5,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
+import sys
 
 # OpenMP's default busy-waiting makes 2 threads on 2 shared cores 3-5x slower than 1 (measured with vLLM on CPU);
 # it is read once, when torch loads, so it must be set before anything imports torch.
@@ -59,7 +60,9 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
     # `kill -USR1 PID` writes every thread's Python stack to the log and goes on: how to report a node that hangs
     # (faulthandler writes from the signal itself, so it works while the main thread is stuck in native code).
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # The process's own stderr: sys.stderr may be a capture without a file descriptor (typer's test runner).
+    if sys.__stderr__ is not None:
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
 
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file (flags override it)")]

@@ -21,8 +21,7 @@ remote crash in py-libp2p ends only this process) or in a thread via `run_host(s
 - Peer score (`libp2p_scoring.py`): gossipsub v1.1 scoring with non-zero weights (py-libp2p ships all at 0); its
   application-specific part is the node's reputation table, pushed as SCORES frames (kept across calls, replaced
   whole). A signer whose pushed score is at or below graylist_threshold is IGNOREd at once (no VALIDATE round
-  trip), and a forwarder the router graylists, or past its validation budget, is ignored before validation
-  (libp2p_guards).
+  trip); a forwarder the router graylists, or past its validation budget, is ignored unvalidated (libp2p_guards).
 """
 
 from __future__ import annotations
