@@ -9,13 +9,17 @@ default task mix):
   accepts the whole mix from peers. Three arms at equal local completions (I = 4 per round):
   `swarm` (these nodes, J = 4), `solo_specialist` (the same nodes, J = 0), `solo_generalist` (nodes alone,
   drawing the whole mix, J = 0: N of them per seed, for N samples of one node alone).
+- controls (not part of the issue's grid; an extra question): is a sharing node's reward bought with its peers'
+  data, or would it learn as well from its own few completions? 2/0 and 4/0 are 2/6 and 4/4 without the peers:
+  the same local completions per round. `controls[...]["sharing_gain_pct"]` is the sharing configuration's
+  cumulative reward over its control's, on the seeds both finished.
 Measures: cumulative reward per local completion at equal rounds (the paper's measure: sum over rounds of the
 mean reward per LOCAL completion, mean over nodes), final greedy accuracy on held-out problems (never drawn for
 training: swarm_node/tasks/heldout.py), per specialty, and reward against local completion tokens generated
 (the compute sharing saves). Cells resume mid-run (snapshots every `checkpoint_rounds`), never run in CI.
 Writes bench/results/sapo_mix.json (or --out) and one plot per scenario beside it, and prints one line.
 
-    python -m bench.sapo_mix [--scenario homogeneous|specialised|both] [--rounds N] [--seeds 0 1 2]
+    python -m bench.sapo_mix [--scenario homogeneous|specialised|both|controls] [--rounds N] [--seeds 0 1 2]
                              [--nodes N] [--run-dir runs/sapo_mix] [--out PATH] [--cells NAME ...]
 
 To use both cores, run one process per seed (`--seeds K`, same --run-dir), then once more without --seeds to
@@ -51,6 +55,7 @@ def share(local: int, external: int, **extra: Any) -> dict[str, Any]:
 
 HOMOGENEOUS = [Variant("8/0", share(8, 0)), Variant("6/2", share(6, 2)), Variant("4/4", share(4, 4)),
                Variant("2/6", share(2, 6)), Variant("4/4+none", share(4, 4, external_correction="none"))]
+CONTROLS = {"2/0": "2/6", "4/0": "4/4"}  # control (J = 0) -> the sharing configuration with its local completions
 
 
 def mix_of(scn: Scenario) -> list[dict[str, Any]]:
@@ -221,6 +226,27 @@ def specialised(scn: Scenario, run_dir: Path, wanted: set[str] | None, results_f
     return out
 
 
+def controls(scn: Scenario, run_dir: Path, wanted: set[str] | None, results_file: Path,
+             finished_only: bool = False) -> dict[str, Any]:
+    """The J = 0 controls, beside the homogeneous cells they control (which are only read, never run here)."""
+    root = run_dir / "homogeneous"
+    variants = [Variant(name, share(int(name.split("/")[0]), 0)) for name in CONTROLS]
+    results = run_configs(scn, variants, root, wanted, finished_only)
+    reference = [v for v in HOMOGENEOUS if v.name in ("8/0", *CONTROLS.values())]
+    shared = run_configs(scn, reference, root, None, finished_only=True)
+    out = {}
+    for name, cells in results.items():
+        mine = {c["seed"]: c["cum_reward"] for c in cells}
+        theirs = {c["seed"]: c["cum_reward"] for c in shared[CONTROLS[name]] if c["seed"] in mine}
+        gain = 100 * (sum(theirs.values()) / sum(mine[k] for k in theirs) - 1) if theirs else None
+        out[name] = {**summarise_config(root, name, cells), "controls": CONTROLS[name], "paired_seeds": sorted(theirs),
+                     "sharing_gain_pct": gain}
+    plot(curves_of(root, {**shared, **results}),
+         results_file.with_name(f"{results_file.stem}_controls.png"),
+         f"Sharing against the same local completions without peers: {scn.nodes} nodes, G = 8")
+    return out
+
+
 def heldout_disjoint(scn: Scenario, draws: int = 2000) -> bool:
     """No training draw of the scenario's mix is a held-out problem (the partition's check, on this mix)."""
     import random
@@ -235,7 +261,7 @@ def heldout_disjoint(scn: Scenario, draws: int = 2000) -> bool:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenario", choices=["homogeneous", "specialised", "both"], default="both")
+    ap.add_argument("--scenario", choices=["homogeneous", "specialised", "both", "controls"], default="both")
     ap.add_argument("--file", type=Path, default=SCENARIO, help="the base scenario")
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--seeds", type=int, nargs="+")
@@ -259,11 +285,13 @@ def main() -> None:
                               "seeds": list(scn.seeds), "mix": mix_of(scn), "own_share": OWN_SHARE}
     if args.out.exists():  # keep the other scenario's results when only one is run
         previous = json.loads(args.out.read_text())
-        result.update({k: previous[k] for k in ("homogeneous", "specialised") if k in previous})
+        result.update({k: previous[k] for k in ("homogeneous", "specialised", "controls") if k in previous})
     if args.scenario in ("homogeneous", "both"):
         result["homogeneous"] = homogeneous(scn, run_dir, wanted, args.out, args.finished_only)
     if args.scenario in ("specialised", "both"):
         result["specialised"] = specialised(scn, run_dir, wanted, args.out, args.finished_only)
+    if args.scenario == "controls":
+        result["controls"] = controls(scn, run_dir, wanted, args.out, args.finished_only)
     result["complete"] = all(len(c["seeds_done"]) == len(scn.seeds)
                              for part in ("homogeneous", "specialised") for c in result.get(part, {}).values())
     result["wall_s_this_run"] = time.monotonic() - started
@@ -280,6 +308,9 @@ def summary_line(result: dict[str, Any]) -> str:
         gain = c.get("gain_vs_8_0_pct")
         parts.append(f"{name} cum {c['cum_reward_mean']:.2f}±{c['cum_reward_std']:.2f}"
                      + (f" ({gain:+.0f}% vs 8/0)" if gain is not None and name != "8/0" else ""))
+    for name, c in result.get("controls", {}).items():
+        gain = c.get("sharing_gain_pct")
+        parts.append(f"{c['controls']} vs {name} " + ("-" if gain is None else f"{gain:+.1f}%"))
     for name, c in result.get("specialised", {}).items():
         acc, own = c.get("final_eval_acc_mean"), c.get("own_specialty_acc_mean")
         parts.append(f"{name} eval {acc:.3f}" if acc is not None else f"{name} eval -")
