@@ -226,6 +226,15 @@ def specialised(scn: Scenario, run_dir: Path, wanted: set[str] | None, results_f
     return out
 
 
+def sharing_gain_pct(control: list[dict[str, Any]], sharing: list[dict[str, Any]]) -> tuple[list[int], float | None]:
+    """(the seeds both finished, the sharing cells' summed cumulative reward over the control's on them, in %)."""
+    mine = {c["seed"]: c["cum_reward"] for c in control}
+    theirs = {c["seed"]: c["cum_reward"] for c in sharing if c["seed"] in mine}
+    if not theirs:
+        return [], None
+    return sorted(theirs), 100 * (sum(theirs.values()) / sum(mine[k] for k in theirs) - 1)
+
+
 def controls(scn: Scenario, run_dir: Path, wanted: set[str] | None, results_file: Path,
              finished_only: bool = False) -> dict[str, Any]:
     """The J = 0 controls, beside the homogeneous cells they control (which are only read, never run here)."""
@@ -236,10 +245,8 @@ def controls(scn: Scenario, run_dir: Path, wanted: set[str] | None, results_file
     shared = run_configs(scn, reference, root, None, finished_only=True)
     out = {}
     for name, cells in results.items():
-        mine = {c["seed"]: c["cum_reward"] for c in cells}
-        theirs = {c["seed"]: c["cum_reward"] for c in shared[CONTROLS[name]] if c["seed"] in mine}
-        gain = 100 * (sum(theirs.values()) / sum(mine[k] for k in theirs) - 1) if theirs else None
-        out[name] = {**summarise_config(root, name, cells), "controls": CONTROLS[name], "paired_seeds": sorted(theirs),
+        seeds, gain = sharing_gain_pct(cells, shared[CONTROLS[name]])
+        out[name] = {**summarise_config(root, name, cells), "controls": CONTROLS[name], "paired_seeds": seeds,
                      "sharing_gain_pct": gain}
     plot(curves_of(root, {**shared, **results}),
          results_file.with_name(f"{results_file.stem}_controls.png"),

@@ -51,3 +51,13 @@ def test_a_grid_in_progress_reports_only_cells_finished_for_this_very_scenario(t
     cell_dir(tmp_path, "4/4", 0).mkdir(parents=True)  # in progress
     results = run_configs(scn, variants, tmp_path, None, finished_only=True)
     assert results == {"8/0": [mine], "4/4": []}
+
+
+def test_sharing_gain_over_its_control_counts_only_seeds_both_finished() -> None:
+    from bench.sapo_mix import sharing_gain_pct
+
+    control = [{"seed": 1, "cum_reward": 60.0}, {"seed": 2, "cum_reward": 70.0}]
+    sharing = [{"seed": 1, "cum_reward": 66.0}, {"seed": 3, "cum_reward": 80.0}]
+    seeds, gain = sharing_gain_pct(control, sharing)
+    assert seeds == [1] and gain == pytest.approx(10.0)  # 66 / 60 - 1; seeds 2 and 3 have no pair
+    assert sharing_gain_pct(control, []) == ([], None)
