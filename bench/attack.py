@@ -16,12 +16,12 @@ Parts (--parts, default all; each adds its fields to the results file, keeping t
 - kill: kill -9 at random points of real processes, mid-checkpoint and mid-delta-apply included, then a resume
   (simulations/attack_kill.py): kill_resume {points, unusable_runs}.
 
-    python -m bench.attack [--parts sim junk live kill] [--rounds N] [--seeds 0 1 2] [--nodes N]
+    python -m bench.attack [--parts sim junk live kill] [--rounds N] [--seeds 0 1 2] [--nodes N] [--variants V ...]
                            [--eval-problems N] [--live-seconds S] [--kill-points K] [--run-dir runs/attack] [--out P]
 
 Small scale (minutes): --rounds 3 --seeds 0 --nodes 4 --eval-problems 8 --live-seconds 40 --kill-points 3.
-To use both cores for the sim part, run one process per seed (--parts sim --seeds K, same --run-dir), then once
-more with every seed to gather the cells. Never run in CI.
+To use both cores for the sim part, run one process per seed (--parts sim --seeds K, same --run-dir), or split a
+seed's cells with --variants, then once more with every seed to gather the cells. Never run in CI.
 """
 
 from __future__ import annotations
@@ -60,8 +60,10 @@ def run_cells(cells: list[Cell], run_dir: Path) -> list[dict[str, Any]]:
     return results
 
 
-def sim_part(scn: Scenario, run_dir: Path) -> dict[str, Any]:
-    results = run_cells(grid(scn, FRACTIONS, scn.seeds), run_dir / "grid")
+def sim_part(scn: Scenario, run_dir: Path, variants: list[str] | None = None) -> dict[str, Any]:
+    """`variants` (names such as f0.3, solo, junk-defended) runs only those cells: one seed split over processes."""
+    cells = [c for c in grid(scn, FRACTIONS, scn.seeds) if not variants or c.variant.name in variants]
+    results = run_cells(cells, run_dir / "grid")
     return summarise(results, FRACTIONS)
 
 
@@ -103,6 +105,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--seeds", type=int, nargs="+")
     ap.add_argument("--nodes", type=int)
+    ap.add_argument("--variants", nargs="+", help="sim part: only these cells (f0.0 f0.1 f0.3 f0.5 solo "
+                    "junk-defended junk-undefended), to split a seed over processes")
     ap.add_argument("--eval-problems", type=int)
     ap.add_argument("--live-seconds", type=float, default=180.0, help="measured time per fraction (live part)")
     ap.add_argument("--kill-points", type=int, default=100)
@@ -123,7 +127,7 @@ def main() -> None:
         if part not in args.parts:
             continue
         if part == "sim":
-            result.update(sim_part(scn, run_dir))
+            result.update(sim_part(scn, run_dir, args.variants))
         elif part == "junk":
             result.update(junk_part(scn, run_dir))
         elif part == "live":
