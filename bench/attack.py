@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from simulations.attack_grid import FRACTIONS, JUNK_OFF, JUNK_ON, SOLO, Cell, grid, summarise
-from simulations.runner import run_cell
+from simulations.runner import finished_result, run_cell
 from simulations.scenario import Scenario, Variant, load_scenario
 
 RESULTS = Path(__file__).parent / "results"
@@ -42,9 +42,14 @@ SCENARIO = Path(__file__).resolve().parents[1] / "simulations" / "scenarios" / "
 PARTS = ("sim", "junk", "live", "kill")
 
 
-def run_cells(cells: list[Cell], run_dir: Path) -> list[dict[str, Any]]:
+def run_cells(cells: list[Cell], run_dir: Path, finished_only: bool = False) -> list[dict[str, Any]]:
+    """Each cell's result; with `finished_only`, only the cells that completed, and nothing is run."""
     results = []
     for cell in cells:
+        if finished_only:
+            if (done := finished_result(cell.scenario, cell.variant, cell.seed, run_dir)) is not None:
+                results.append(done)
+            continue
         started = time.monotonic()
 
         def progress(name: str, s: int, rnd: int, total: int, reward: float | None, t: float = started) -> None:
@@ -60,14 +65,15 @@ def run_cells(cells: list[Cell], run_dir: Path) -> list[dict[str, Any]]:
     return results
 
 
-def sim_part(scn: Scenario, run_dir: Path, variants: list[str] | None = None) -> dict[str, Any]:
+def sim_part(scn: Scenario, run_dir: Path, variants: list[str] | None = None, finished_only: bool = False
+             ) -> dict[str, Any]:
     """`variants` (names such as f0.3, solo, junk-defended) runs only those cells: one seed split over processes."""
     cells = [c for c in grid(scn, FRACTIONS, scn.seeds) if not variants or c.variant.name in variants]
-    results = run_cells(cells, run_dir / "grid")
-    return summarise(results, FRACTIONS)
+    results = run_cells(cells, run_dir / "grid", finished_only)
+    return {**summarise(results, FRACTIONS), "sim_cells_done": len(results), "sim_cells": len(cells)}
 
 
-def junk_part(scn: Scenario, run_dir: Path) -> dict[str, Any]:
+def junk_part(scn: Scenario, run_dir: Path, finished_only: bool = False) -> dict[str, Any]:
     """One honest node beside one junk peer, defence on and off, and alone."""
     pair = dataclasses.replace(scn, nodes=2, attackers=((1, "junk"),))
     base = scn.variants[0].config
@@ -77,13 +83,15 @@ def junk_part(scn: Scenario, run_dir: Path) -> dict[str, Any]:
             "alone": (dataclasses.replace(scn, nodes=1, attackers=()),
                       Variant(SOLO, {**base, "share": {**share, "external_groups": 0}}))}
     out: dict[str, Any] = {}
+    done = 0
     for arm, (s, variant) in arms.items():
         cells = [Cell(s, variant, seed, 0.5) for seed in scn.seeds]
-        results = run_cells(cells, run_dir / "junk_pair")
+        results = run_cells(cells, run_dir / "junk_pair", finished_only)
+        done += len(results)
         accs = [r["final_eval_acc_per_node"]["0"] for r in results if r["final_eval_acc_per_node"]]
         out[arm] = {"honest_eval_acc": sum(accs) / len(accs) if accs else None, "per_seed": accs,
                     "junk_groups_trained": sum(r["bad_groups_trained"].get("junk", 0) for r in results)}
-    return {"junk_pair": out}
+    return {"junk_pair": out, "junk_cells_done": done, "junk_cells": len(arms) * len(scn.seeds)}
 
 
 def live_part(scn: Scenario, run_dir: Path, seconds: float) -> dict[str, Any]:
@@ -112,6 +120,8 @@ def main() -> None:
     ap.add_argument("--kill-points", type=int, default=100)
     ap.add_argument("--run-dir", type=Path)
     ap.add_argument("--out", type=Path, default=RESULTS / "attack.json")
+    ap.add_argument("--finished-only", action="store_true", help="sim and junk parts: run nothing, report the cells "
+                    "that completed (a run still in progress: `complete` false)")
     args = ap.parse_args()
     scn = load_scenario(args.file)
     changes: dict[str, Any] = {k: v for k, v in (("rounds", args.rounds), ("nodes", args.nodes),
@@ -127,9 +137,9 @@ def main() -> None:
         if part not in args.parts:
             continue
         if part == "sim":
-            result.update(sim_part(scn, run_dir, args.variants))
+            result.update(sim_part(scn, run_dir, args.variants, args.finished_only))
         elif part == "junk":
-            result.update(junk_part(scn, run_dir))
+            result.update(junk_part(scn, run_dir, args.finished_only))
         elif part == "live":
             result.update(live_part(scn, run_dir, args.live_seconds))
         else:
@@ -138,10 +148,17 @@ def main() -> None:
                        "eval_problems": scn.eval_problems, "live_seconds": args.live_seconds,
                        "kill_points": args.kill_points}
     result["scale"] = scale
+    result["complete"] = complete(result)
     result["wall_s_this_run"] = time.monotonic() - started
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print("attack: " + summary_line(result))
+
+
+def complete(result: dict[str, Any]) -> bool:
+    """Every part present, and every cell of the sim and junk parts finished (--finished-only may report fewer)."""
+    return (all(k in result for k in ("honest_eval_acc", "junk_pair", "max_rss_mib", "kill_resume"))
+            and result["sim_cells_done"] == result["sim_cells"] and result["junk_cells_done"] == result["junk_cells"])
 
 
 def summary_line(result: dict[str, Any]) -> str:
@@ -161,7 +178,7 @@ def summary_line(result: dict[str, Any]) -> str:
         parts.append(f"steps/min vs clean {result['steps_per_min_vs_clean']}")
     if "kill_resume" in result:
         parts.append(f"kill_resume {result['kill_resume']}")
-    return "; ".join(parts)
+    return "; ".join(parts) + ("" if result.get("complete") else "; INCOMPLETE")
 
 
 if __name__ == "__main__":
