@@ -161,14 +161,14 @@ def test_kills_land_at_a_time_or_mid_write(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------ message floods
 def test_a_signer_past_its_message_rate_is_ignored_unread_and_can_lose_reputation() -> None:
-    from swarm_node.sharing.budget import MessageRate
     from swarm_node.sharing.ingest import PeerGuard
     from swarm_node.sharing.reputation import DEFAULT_WEIGHTS, Reputation, ReputationParams
+    from swarm_node.transport.shaping import RequestBudget
 
     assert DEFAULT_WEIGHTS["flood"] == 0.0
     clock = [100.0]
     rep = Reputation(ReputationParams(weights={"flood": -0.1}))  # by default floods cost nothing (a fast peer)
-    guard = PeerGuard(rep, rate=MessageRate(per_s=2.0, burst=3.0), clock=lambda: clock[0])
+    guard = PeerGuard(rep, rate=RequestBudget(2.0, 3, clock=lambda: clock[0]))
     assert [guard.blocked("flooder") for _ in range(5)] == [False, False, False, True, True]
     assert [guard.blocked("honest") for _ in range(3)] == [False, False, False]  # a bucket per signer
     clock[0] += 0.5  # one message earned
@@ -179,21 +179,10 @@ def test_a_signer_past_its_message_rate_is_ignored_unread_and_can_lose_reputatio
     assert guard.reputation.score("honest", clock[0]) == 0.0
 
 
-def test_message_rate_bounds_its_state() -> None:
-    from swarm_node.sharing.budget import MessageRate
-
-    rate = MessageRate(per_s=1.0, burst=2.0, max_peers=2)
-    assert rate.admit("a", 0.0) and rate.admit("b", 0.0)
-    assert not rate.admit("c", 0.0)  # full, and nobody's bucket is full again yet
-    assert rate.admit("c", 1.0) and set(rate.tokens) == {"c"}  # a and b refilled: forgotten, as new peers are
-    with pytest.raises(ValueError, match="per_s > 0 and burst >= 1"):
-        MessageRate(per_s=0.0, burst=5.0)
-
-
 def test_the_message_rate_comes_from_the_config(tmp_path: Path) -> None:
     from swarm_node.config import PeersConfig
     from swarm_node.sharing.ingest import PeerGuard
 
     guard = PeerGuard.from_config(PeersConfig(), tmp_path, NodeStats(), 0.0)
-    assert guard.rate is not None and (guard.rate.per_s, guard.rate.burst) == (5.0, 50.0)
+    assert guard.rate is not None and (guard.rate.rate, guard.rate.burst) == (5.0, 50.0)
     assert PeerGuard.from_config(PeersConfig(max_messages_per_s=0.0), tmp_path, NodeStats(), 0.0).rate is None

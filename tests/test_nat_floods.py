@@ -89,10 +89,23 @@ def test_budget_forgets_the_least_recently_used_key_past_max_keys() -> None:
     assert [budget.take(k) for k in ("a", "b", "a", "c")] == ["ok", "ok", "peer", "ok"]
     assert len(budget) == 2  # "a" (used before "b" was) was forgotten for "c"
     assert budget.take("b") == "peer" and budget.take("a") == "ok"  # forgotten: a full bucket again
-    with pytest.raises(ValueError):
-        RequestBudget(rate=-1.0, burst=1, total_rate=0.0, total_burst=1)
-    with pytest.raises(ValueError):
-        RequestBudget(rate=1.0, burst=0, total_rate=0.0, total_burst=1)
+    for bad in ({"rate": -1.0, "burst": 1, "total_rate": 0.0, "total_burst": 1},
+                {"rate": 1.0, "burst": 0, "total_rate": 0.0, "total_burst": 1},
+                {"rate": 1.0, "burst": 1, "total_rate": 1.0},  # a total needs both its rate and its burst
+                {"rate": float("inf"), "burst": 1}):
+        with pytest.raises(ValueError, match="need finite rates"):
+            RequestBudget(**bad)
+
+
+def test_budget_without_a_total_bounds_each_key_alone() -> None:
+    clock = FakeClock()
+    budget = RequestBudget(rate=1.0, burst=2, max_keys=2, clock=clock)
+    assert [budget.take(k) for k in ("a", "a", "a", "b", "b", "c")] == ["ok", "ok", "peer", "ok", "ok", "ok"]
+    assert budget.peek("d") == "ok" and len(budget) == 2  # "a" forgotten for "c": at most max_keys buckets
+    clock.now = 0.5  # half a token: b is still refused
+    assert budget.take("b") == "peer"
+    clock.now = 1.0
+    assert [budget.take("b") for _ in range(2)] == ["ok", "peer"]
 
 
 # -- hosts ------------------------------------------------------------------------------------------------------

@@ -16,9 +16,8 @@ Contract (pure: no clock, no I/O; `now` is wall seconds passed in, costs are mea
   one group per admitted call, however many identities send; one peer gets at most `(share / active) * t +
   burst_s` plus one group. State is kept for at most `max_peers` peers (peers past it are refused until idle
   ones are forgotten: after `window_s` without traffic and with a full bucket again, i.e. exactly as a new one).
-- `MessageRate`: before that, on the network thread, messages per signer before any decoding (`[peers]
-  max_messages_per_s`, `message_burst`): what a flood of valid messages from one identity may cost the gossip
-  validator.
+- Before any of this, on the network thread, messages per signer are capped before any decoding (`[peers]
+  max_messages_per_s`, `message_burst`; a transport/shaping.RequestBudget in ingest.PeerGuard).
 """
 
 from __future__ import annotations
@@ -141,43 +140,3 @@ class PeerBudget:
             del self.accounts[peer]
             self.spent.pop(peer, None)
 
-
-FLOOD = "flood"
-
-
-@dataclass
-class MessageRate:
-    """Messages per signer before any decoding: a token bucket of `burst` messages refilled at `per_s` a second.
-
-    `admit(signer, now)` takes one token (True) or refuses (False: the message is ignored unread, reason "flood").
-    It bounds what one identity's messages cost the node's gossip validator (a decode and the wire checks each,
-    milliseconds for a rollout message), however fast it sends; an honest peer sends about one message per
-    training step. State for at most `max_peers` signers: past it, signers whose bucket is full again are forgotten
-    (exactly as new ones), and a new signer is refused while none is. One thread only (the network's).
-    """
-
-    per_s: float
-    burst: float
-    max_peers: int = 4096
-    tokens: dict[str, tuple[float, float]] = field(default_factory=dict)  # signer -> (tokens, when)
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.per_s) and self.per_s > 0 and math.isfinite(self.burst) and self.burst >= 1):
-            raise ValueError(f"MessageRate needs per_s > 0 and burst >= 1, got {self.per_s}, {self.burst}")
-
-    def admit(self, signer: str, now: float) -> bool:
-        tokens, when = self.tokens.get(signer, (self.burst, now))
-        if signer not in self.tokens and len(self.tokens) >= self.max_peers and not self._forget_full(now):
-            return False
-        tokens = min(self.burst, tokens + max(0.0, now - when) * self.per_s)
-        if tokens < 1.0:
-            self.tokens[signer] = (tokens, now)
-            return False
-        self.tokens[signer] = (tokens - 1.0, now)
-        return True
-
-    def _forget_full(self, now: float) -> bool:
-        full = [s for s, (t, w) in self.tokens.items() if t + max(0.0, now - w) * self.per_s >= self.burst]
-        for s in full:
-            del self.tokens[s]
-        return bool(full)

@@ -18,9 +18,11 @@ bans are written; it also publishes the blocked peers to `blocked(signer)` (read
 network thread: a whole-mapping swap, no lock), each peer's score and state to `NodeStats`, and the scores to
 `push` (the libp2p host's application-specific score), at once when the blocked set changes, else every
 `push_every_s`. The only I/O is the ban file and `push`. `blocked(signer)` also spends the signer's message rate
-(budget.MessageRate, if any: `[peers] max_messages_per_s`): past it, the message is ignored unread too (counted
-`dropped`/"flood"), and the next `settle` records each such message as a "flood" event in the signer's reputation
-(weight 0 by default: a fast honest peer may exceed the rate; `[peers] weights` can make floods cost reputation).
+(`rate`, a transport/shaping.RequestBudget keyed by signer, if any: `[peers] max_messages_per_s`, `message_burst`;
+no total of its own: the libp2p host's per-forwarder budget bounds many identities together): past it, the
+message is ignored unread too (counted `dropped`/"flood"), and the next `settle` records each such message as a
+"flood" event in the signer's reputation (weight 0 by default: a fast honest peer may exceed the rate; `[peers]
+weights` can make floods cost reputation).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from types import MappingProxyType
 
 from swarm_node.config import PeersConfig
 from swarm_node.errors import UserError
-from swarm_node.sharing.budget import FLOOD, BudgetParams, MessageRate, PeerBudget
+from swarm_node.sharing.budget import BudgetParams, PeerBudget
 from swarm_node.sharing.exchange import Received
 from swarm_node.sharing.reputation import (
     BLOCKED,
@@ -45,9 +47,11 @@ from swarm_node.sharing.reputation import (
 )
 from swarm_node.sharing.rescore import External, ShareContext, accept_external
 from swarm_node.status.stats import NodeStats
+from swarm_node.transport.shaping import RequestBudget
 
 Sink = Callable[[External, str], Iterable[tuple[str, str]]]  # (group, sender) -> drops it caused: (sender, reason)
 ScorePush = Callable[[dict[str, float]], None]
+FLOOD = "flood"  # the drop reason and reputation event of a message past its signer's rate
 MAX_PUSHED_SCORES = 1024  # peers whose score goes to the libp2p host per push (blocked ones first)
 
 
@@ -55,8 +59,8 @@ class PeerGuard:
     """Per-peer budgets and reputation around the ingest path; see the module contract."""
 
     def __init__(self, reputation: Reputation, budget: PeerBudget | None = None, stats: NodeStats | None = None,
-                 bans_path: Path | None = None, push_every_s: float = 5.0, rate: MessageRate | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 bans_path: Path | None = None, push_every_s: float = 5.0, rate: RequestBudget | None = None
+                 ) -> None:
         self.reputation = reputation
         self.budget = budget
         self.stats = stats or NodeStats()
@@ -64,7 +68,6 @@ class PeerGuard:
         self.push_every_s = push_every_s
         self.push: ScorePush | None = None  # set by the role wiring (libp2p); None: nothing to push to
         self.rate = rate  # messages per signer, spent by `blocked` on the network thread only
-        self.clock = clock
         self._flooded: deque[str] = deque(maxlen=1 << 16)  # signers refused by `rate`, for the next settle
         self._blocked: Mapping[str, str] = MappingProxyType({})
         self._file_sig: tuple[int, int, int] | None = None
@@ -81,7 +84,7 @@ class PeerGuard:
                                   allow=frozenset(cfg.allow), deny=frozenset(cfg.deny))
         budget = PeerBudget(BudgetParams(share=cfg.rescore_share, burst_s=cfg.burst_s,
                                          window_s=cfg.active_window_s))
-        rate = MessageRate(cfg.max_messages_per_s, cfg.message_burst) if cfg.max_messages_per_s > 0 else None
+        rate = RequestBudget(cfg.max_messages_per_s, cfg.message_burst) if cfg.max_messages_per_s > 0 else None
         guard = cls(Reputation(params), budget, stats, run_dir / PEERS_FILE, rate=rate)
         try:
             guard.settle(now)
@@ -93,7 +96,7 @@ class PeerGuard:
         """True if `signer`'s message is to be ignored unread (graylisted, banned, denied, or past its message
         rate); the network thread (one thread: the rate is its own state)."""
         state = self._blocked.get(signer)
-        if state is None and self.rate is not None and not self.rate.admit(signer, self.clock()):
+        if state is None and self.rate is not None and self.rate.take(signer) != "ok":
             state = FLOOD
             self._flooded.append(signer)
         if state is None:

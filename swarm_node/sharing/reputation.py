@@ -51,7 +51,7 @@ DEFAULT_WEIGHTS: Mapping[str, float] = MappingProxyType({
     "bad_chunk": -5.0,  # a policy-broadcast relay served a chunk that failed its SHA-256 (streams are authenticated)
     "duplicate": -0.2,  # low-entropy answers can collide honestly
     "peer_budget": -0.1,  # a flood: its groups were refused before any work
-    "flood": 0.0,  # past its message rate: ignored unread (budget.MessageRate); a fast honest peer may be, too
+    "flood": 0.0,  # past its message rate: ignored unread (ingest.PeerGuard); a fast honest peer may be, too
     "group_size": -0.2, "over_length": -0.2, "task_not_allowed": -0.2, "task_index_out_of_range": -0.2,
     "future": -0.2, "replay": -0.2,
     "stale": 0.0, "zero_advantage": 0.0, "heldout": 0.0, "tokenizer_mismatch": 0.0, "unknown_version": 0.0,

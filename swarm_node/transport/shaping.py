@@ -5,14 +5,16 @@ bursts of `burst` bytes after idle time. Concurrent callers are served in call o
 so streams sharing one limiter share its rate about evenly when they move data in equal pieces. `Shaper` pairs an
 uplink and a downlink limiter (None: unlimited). Time comes from an injectable monotonic clock; asyncio only.
 `RequestBudget(rate, burst, total_rate, total_burst, max_keys)` decides, without waiting, whether one more request
-from a key (a peer) is served: a token bucket per key (at most `max_keys` of them, the least recently used
-forgotten first) and one bucket for all keys together; `take(key)` answers "ok" (one token taken from both), "peer"
-or "total" (refused, nothing taken); `peek(key)` answers the same without taking. Pure: no event loop, no I/O.
+from a key (a peer, a signer) is served: a token bucket per key (at most `max_keys` of them, the least recently used
+forgotten first) and, unless the total is None, one bucket for all keys together; `take(key)` answers "ok" (one
+token taken from each), "peer" or "total" (refused, nothing taken); `peek(key)` answers the same without taking.
+Pure: no event loop, no I/O. Used for DHT and relay requests, messages per forwarder and messages per signer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -59,14 +61,17 @@ Verdict = Literal["ok", "peer", "total"]
 
 class RequestBudget:
     """Token buckets: `burst` requests at once per key, refilled at `rate` per second; and `total_burst` /
-    `total_rate` for all keys together, so that many identities together are bounded too. A rate of 0 never
-    refills (tests count exact budgets that way)."""
+    `total_rate` for all keys together, so that many identities together are bounded too (None: no total, where
+    another budget bounds the crowd). A rate of 0 never refills (tests count exact budgets that way)."""
 
-    def __init__(self, rate: float, burst: float, total_rate: float, total_burst: float, max_keys: int = 4096,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        if rate < 0 or total_rate < 0 or burst < 1 or total_burst < 1 or max_keys < 1:
-            raise ValueError(f"need rates >= 0, bursts >= 1 and max_keys >= 1, got {rate}, {burst}, "
-                             f"{total_rate}, {total_burst}, {max_keys}")
+    def __init__(self, rate: float, burst: float, total_rate: float | None = None, total_burst: float | None = None,
+                 max_keys: int = 4096, clock: Callable[[], float] = time.monotonic) -> None:
+        if total_rate is None and total_burst is None:
+            total_rate, total_burst = 0.0, math.inf  # a bucket that never runs out
+        if (total_rate is None or total_burst is None or not (math.isfinite(rate) and math.isfinite(burst))
+                or rate < 0 or total_rate < 0 or burst < 1 or total_burst < 1 or max_keys < 1):
+            raise ValueError(f"need finite rates >= 0, bursts >= 1 (the total's both given or both None) and "
+                             f"max_keys >= 1, got {rate}, {burst}, {total_rate}, {total_burst}, {max_keys}")
         self.rate, self.burst = float(rate), float(burst)
         self.total_rate, self.total_burst = float(total_rate), float(total_burst)
         self.max_keys = max_keys
