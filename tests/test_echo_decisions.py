@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from swarm_node.echo.admission import Admission, Admitted
-from swarm_node.echo.catch_up import CatchUp, lineage_restarted, plan_catch_up
+from swarm_node.echo.catch_up import CatchUp, lineage_restarted, plan_catch_up, stranded
 
 
 @dataclass(frozen=True)
@@ -43,12 +43,23 @@ def test_a_snapshot_at_our_version_with_another_state_restarts_too() -> None:
     assert plan_catch_up(held, 2, "theirs") == CatchUp(False, (3, 2))
 
 
+def test_a_follower_whose_deltas_were_evicted_is_stranded() -> None:
+    deltas = [A(v, v - 1) for v in range(2, 10)]  # keep_versions 8 at v9: the snapshot v0 and delta 0->1 evicted
+    assert plan_catch_up(deltas, 0, "h0") == CatchUp(False, None)  # catch-up finds nothing to fetch ...
+    assert stranded(deltas, 0)  # ... although v9 is held: only a new snapshot frees it
+    assert not stranded(deltas, 1) and not stranded(deltas, 5)  # the delta from its version is held
+    assert not stranded(deltas, 9) and not stranded(deltas, 12)  # caught up, or ahead (a lineage reset's business)
+    assert not stranded([*deltas, A(4, 4)], 0)  # a snapshot newer than it is held
+    assert not stranded([A(4, 4)], 4) and not stranded([], 0)
+
+
 @dataclass(frozen=True)
 class S:  # a Status
     role: str = "worker"
     follows: str = "L"
     throughput: float = 0.0
     capabilities: tuple[str, ...] = ()
+    policy_version: int = 0
 
 
 def test_a_worker_following_us_is_admitted_once() -> None:
@@ -64,6 +75,15 @@ def test_a_worker_following_us_is_admitted_once() -> None:
 def test_a_late_joiner_asks_for_a_snapshot() -> None:
     adm = Admission("L")
     assert adm.on_status("w2", S(), 0.0, 4) == Admitted(joined=True, snapshot=True)
+
+
+def test_a_known_worker_stranded_behind_what_we_hold_asks_for_a_snapshot() -> None:
+    adm = Admission("L")
+    adm.on_status("w", S(policy_version=0), 0.0, 0)
+    held = [A(v, v - 1) for v in range(2, 10)]
+    assert adm.on_status("w", S(policy_version=8), 1.0, 9, held) == Admitted()  # the delta 8->9 is held
+    assert adm.on_status("w", S(policy_version=0), 2.0, 9, held) == Admitted(snapshot=True)  # restarted at v0
+    assert adm.on_status("w", S(policy_version=0), 3.0, 9, [*held, A(9, 9)]) == Admitted()  # the snapshot is out
 
 
 def test_others_status_is_ignored() -> None:

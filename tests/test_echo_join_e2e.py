@@ -1,7 +1,8 @@
 """End-to-end ECHO-2 on loopback: `join --role learner` and `join --role worker` processes.
 
 The worker follows the learner's policy through the pipelined broadcast (deltas applied bit for bit, checked by
-hash), generates rollouts tagged with the version it used; the learner trains only on rollouts within S.
+hash), generates rollouts tagged with the version it used; the learner trains only on rollouts within S. A late
+joiner starts from a snapshot; a worker killed with -9 and restarted comes back at v0 and is not left behind.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ADDR = re.compile(r"join this node with: --bootstrap (/ip4/127\.0\.0\.1/tcp/\d+/p2p/(\w+))")
+CAUGHT_UP = re.compile(r"worker: caught up with the learner at v(\d+)")  # a stopped worker writes no metrics rows
 
 pytestmark = pytest.mark.libp2p
 
@@ -53,7 +55,10 @@ def test_workers_follow_learner_and_learner_trains_within_the_bound(tmp_path: Pa
     procs: list[subprocess.Popen[str]] = []
     metrics = tmp_path / "learner" / "metrics.jsonl"
     try:
-        learner = _join(tmp_path / "learner", warm_tiny_model_dir, 100_000, ["--role", "learner"])
+        config = tmp_path / "echo.toml"  # few kept versions and no periodic snapshot: a restart strands a worker
+        config.write_text("[echo]\nkeep_versions = 2\nsnapshot_every = 1000\n")
+        learner = _join(tmp_path / "learner", warm_tiny_model_dir, 100_000, ["--role", "learner", "--config",
+                                                                           str(config)])
         procs.append(learner)
         addr, learner_id = _address(learner, tmp_path / "learner", time.monotonic() + 90)
         follow = ["--role", "worker", "--learner", learner_id, "--bootstrap", addr]
@@ -66,6 +71,16 @@ def test_workers_follow_learner_and_learner_trains_within_the_bound(tmp_path: Pa
         procs.append(_join(tmp_path / "late", warm_tiny_model_dir, 100_000, follow))
         while max(_versions(tmp_path / "late" / "metrics.jsonl"), default=0) < 5:
             assert time.monotonic() < deadline and learner.poll() is None, _log(tmp_path / "learner")
+            time.sleep(0.5)
+        # kill -9 the early worker and restart it on its run dir: it keeps no policy, so it comes back at v0, from
+        # where the deltas it needs were evicted long ago. The learner must see it stranded and publish a snapshot.
+        procs[1].kill()
+        procs[1].wait()
+        killed_at = max(_versions(tmp_path / "early" / "metrics.jsonl"))
+        rows_before = len(_versions(tmp_path / "early" / "metrics.jsonl"))
+        procs[1] = _join(tmp_path / "early", warm_tiny_model_dir, 100_000, follow)
+        while max(map(int, CAUGHT_UP.findall(_log(tmp_path / "early"))), default=0) <= killed_at:
+            assert time.monotonic() < deadline + 180 and procs[1].poll() is None, _log(tmp_path / "early")
             time.sleep(0.5)
         for proc in procs:  # Ctrl-C: the learner saves a checkpoint and exits 130
             proc.send_signal(signal.SIGINT)
@@ -80,6 +95,7 @@ def test_workers_follow_learner_and_learner_trains_within_the_bound(tmp_path: Pa
     assert all(0 <= m["lag"] <= 1 for m in steps)
     assert [m["published_version"] for m in steps] == [m["step"] for m in steps]
     early, late = _versions(tmp_path / "early" / "metrics.jsonl"), _versions(tmp_path / "late" / "metrics.jsonl")
-    assert early == sorted(early) and late == sorted(late)
+    assert early[:rows_before] == sorted(early[:rows_before]) and late == sorted(late)
+    assert early[rows_before:] == sorted(early[rows_before:])
     assert late[0] >= 3 or late[:2] == [0, 0]  # it started from the snapshot, or from its base before catching up
     assert max(early) >= 5 and max(late) >= 5

@@ -1,11 +1,12 @@
 """A learner's admission of workers, as a state machine: Status reports in, decisions out (no I/O, no clock).
 
 Contract (`Admission(me)`):
-- `on_status(peer, status, now, published_version)`: a Status from `peer`. Only a worker following us counts: its
-  report (stated cost, measured rollouts/s) is kept for the activator; a worker heard for the first time is
+- `on_status(peer, status, now, published_version, held)`: a Status from `peer`. Only a worker following us counts:
+  its report (stated cost, measured rollouts/s) is kept for the activator; a worker heard for the first time is
   admitted: it becomes a delegate (its signed groups count as ours, see `accept_external`) and active. Returns
   `Admitted(joined, snapshot)`: `snapshot` asks the caller to publish a snapshot of the current policy for a late
-  joiner (we published a version > 0 already).
+  joiner (we published a version > 0 already), or for any worker whose reported version catch-up cannot move from
+  what we hold (`held`, our complete announces: `catch_up.stranded`), such as one restarted without its policy.
 - `on_rollouts(tokens, completions)`: tallies what workers sent, to turn their tokens/s into rollouts/s.
 - `on_trained(seconds)`, `demand(rollouts_per_step, kappa)`: the learner's measured step time for the activator.
 - `started(peer)` / `stopped(peer)`: a start/stop control message went out. `receivers()`: the active delegates
@@ -17,10 +18,12 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from swarm_node.echo.activation import Demand, WorkerReport
+from swarm_node.echo.catch_up import Held, stranded
 
 COST_CAPABILITY = "cost_per_hour:"  # a worker's price travels as a Status capability, e.g. "cost_per_hour:0.35"
 
@@ -52,6 +55,9 @@ class StatusLike(Protocol):
     @property
     def capabilities(self) -> tuple[str, ...]: ...
 
+    @property
+    def policy_version(self) -> int: ...
+
 
 @dataclass(frozen=True)
 class Admitted:
@@ -72,14 +78,15 @@ class Admission:
     def __post_init__(self) -> None:
         self.delegates.setdefault(self.me, frozenset())
 
-    def on_status(self, peer: str, status: StatusLike, now: float, published_version: int) -> Admitted:
+    def on_status(self, peer: str, status: StatusLike, now: float, published_version: int,
+                  held: Sequence[Held] = ()) -> Admitted:
         if status.role != "worker" or status.follows != self.me:
             return Admitted()
         per_rollout = self.tokens / self.completions if self.completions else 0.0
         rate = status.throughput / per_rollout if per_rollout > 0 and status.throughput > 0 else None
         self.workers[peer] = WorkerReport(peer, reported_cost(status.capabilities), now, rate)
         if peer in self.delegates[self.me]:
-            return Admitted()
+            return Admitted(snapshot=stranded(held, status.policy_version))
         self.delegates[self.me] = self.delegates[self.me] | {peer}
         self.active.add(peer)
         return Admitted(joined=True, snapshot=published_version > 0)

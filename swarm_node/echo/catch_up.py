@@ -9,6 +9,10 @@ version, base_version, state_sha256) and at the policy we follow (our version, t
   refused before, e.g. over `echo.max_delta_norm`: fetching them again would not change them) are never picked,
   so a refused delta does not hold the worker: it waits for the next snapshot it may apply.
 The caller fetches, applies and asks again until `fetch` is None. No I/O, no clock.
+`stranded(held, version)` is the learner's side of the same rule: a follower at `version` for which catch-up finds
+nothing although newer versions are held (the deltas from its version were evicted past `echo.keep_versions`, and no
+snapshot newer than it is held). Only a new snapshot frees it, e.g. a worker restarted at version 0 (it keeps no
+policy on disk) after the learner published more than `keep_versions` updates since its last snapshot.
 """
 
 from __future__ import annotations
@@ -54,3 +58,9 @@ def plan_catch_up(held: Sequence[Held], version: int, state_sha256: str,
     snaps = [a for a in usable if a.base_version == a.version > version]
     pick = delta or (max(snaps, key=lambda a: a.version) if snaps else None)
     return CatchUp(reset, (pick.version, pick.base_version) if pick is not None else None)
+
+
+def stranded(held: Sequence[Held], version: int) -> bool:
+    newer = any(a.version > version for a in held)
+    reachable = any(a.base_version == version < a.version or a.base_version == a.version > version for a in held)
+    return newer and not reachable

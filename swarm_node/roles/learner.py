@@ -5,9 +5,9 @@ accepted because the worker announced on the status topic that it follows us: ec
 group goes through the one ingest path (re-scored by our verifier) into the learner's buffer; the buffer is the
 node loop's rollout source (`LearnerSource`): B groups within the bound S make a draft. Each update goes out
 through the pipelined broadcast to the active workers, and a full snapshot every `echo.snapshot_every` updates
-(and at start, and when a worker joins late) is kept for late joiners. A `WorkerActivator` sends start/stop
-control messages by measured throughput (and cost, if workers report one). A failed network call is counted and
-logged; the loop goes on.
+(and at start, when a worker joins late, and when a worker is stranded: echo/catch_up.stranded) is kept for late
+joiners. A `WorkerActivator` sends start/stop control messages by measured throughput (and cost, if workers report
+one). A failed network call is counted and logged; the loop goes on.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from protocol.codec import decode, encode
-from protocol.messages import TOPIC_CONTROL, TOPIC_STATUS, Status, WorkerControl
+from protocol.messages import TOPIC_CONTROL, TOPIC_STATUS, PolicyAnnounce, Status, WorkerControl
 from swarm_node.config import NodeConfig
 from swarm_node.echo.activation import WorkerActivator
 from swarm_node.echo.admission import Admission
@@ -82,16 +82,20 @@ class LearnerSource(BaseSource):
             self.stats.count("errors", "publish_failed")
             self.events.log(f"warning: policy v{update.version} not published: {exc}")
 
+    async def held(self) -> list[PolicyAnnounce]:
+        return self.broadcaster.held(self.me)  # read on the network loop, which mutates the store
+
     def poll_workers(self) -> None:
         now = time.time()
         for delivery in self.net.drain(TOPIC_STATUS):
             msg = decode(delivery.data, self.limits)
             if not isinstance(msg, Status):
                 continue
-            admitted = self.admission.on_status(delivery.from_peer, msg, now, self.learner.publisher.version)
+            admitted = self.admission.on_status(delivery.from_peer, msg, now, self.learner.publisher.version,
+                                                self.net.call(lambda _t: self.held()))
             if admitted.joined:
                 self.events.log(f"learner: worker {delivery.from_peer} joined")
-            if admitted.snapshot:  # a late joiner starts from a snapshot of the current policy
+            if admitted.snapshot:  # a late joiner, or a worker stranded behind what we hold, needs a snapshot
                 self.publish(self.learner.publisher.snapshot(), [])
         if not self.admission.workers:
             return

@@ -154,6 +154,7 @@ class WorkerSource:
     def catch_up(self) -> None:
         """Fetch what we missed from the learner until `plan_catch_up` says we hold its newest policy."""
         learner, worker = self.learner_id, self.worker
+        start = worker.version
         try:
             while True:
                 held = self.net.call(lambda _t: self.broadcaster.catalog(learner, learner))
@@ -162,6 +163,8 @@ class WorkerSource:
                     self.events.log("worker: the learner restarted its policy lineage; following it from a snapshot")
                     worker.reset()
                 if plan.fetch is None:
+                    if worker.version != start:
+                        self.events.log(f"worker: caught up with the learner at v{worker.version}")
                     return
                 version, base = plan.fetch
                 announce, payload = self.net.call(lambda _t, v=version, b=base: self.broadcaster.fetch(
