@@ -53,14 +53,16 @@ def plan_catch_up(held: Sequence[Held], version: int, state_sha256: str,
     reset = lineage_restarted(held, version, state_sha256)
     if reset:
         version = -1  # a reset follower holds no state: only a snapshot applies
-    usable = [a for a in held if (a.version, a.base_version) not in refused]
-    delta = next((a for a in usable if a.base_version == version < a.version), None)
-    snaps = [a for a in usable if a.base_version == a.version > version]
-    pick = delta or (max(snaps, key=lambda a: a.version) if snaps else None)
+    pick = next_update([a for a in held if (a.version, a.base_version) not in refused], version)
     return CatchUp(reset, (pick.version, pick.base_version) if pick is not None else None)
 
 
+def next_update(held: Sequence[Held], version: int) -> Held | None:
+    """The delta from `version` if held, else the newest snapshot newer than it, else None."""
+    delta = next((a for a in held if a.base_version == version < a.version), None)
+    snaps = [a for a in held if a.base_version == a.version > version]
+    return delta or (max(snaps, key=lambda a: a.version) if snaps else None)
+
+
 def stranded(held: Sequence[Held], version: int) -> bool:
-    newer = any(a.version > version for a in held)
-    reachable = any(a.base_version == version < a.version or a.base_version == a.version > version for a in held)
-    return newer and not reachable
+    return any(a.version > version for a in held) and next_update(held, version) is None

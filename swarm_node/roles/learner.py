@@ -91,8 +91,9 @@ class LearnerSource(BaseSource):
             msg = decode(delivery.data, self.limits)
             if not isinstance(msg, Status):
                 continue
-            admitted = self.admission.on_status(delivery.from_peer, msg, now, self.learner.publisher.version,
-                                                self.net.call(lambda _t: self.held()))
+            version = self.learner.publisher.version
+            held = self.net.call(lambda _t: self.held()) if msg.policy_version < version else []  # else not stranded
+            admitted = self.admission.on_status(delivery.from_peer, msg, now, version, held)
             if admitted.joined:
                 self.events.log(f"learner: worker {delivery.from_peer} joined")
             if admitted.snapshot:  # a late joiner, or a worker stranded behind what we hold, needs a snapshot
