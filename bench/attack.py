@@ -67,8 +67,11 @@ def run_cells(cells: list[Cell], run_dir: Path, finished_only: bool = False) -> 
 
 def sim_part(scn: Scenario, run_dir: Path, variants: list[str] | None = None, finished_only: bool = False
              ) -> dict[str, Any]:
-    """`variants` (names such as f0.3, solo, junk-defended) runs only those cells: one seed split over processes."""
-    cells = [c for c in grid(scn, FRACTIONS, scn.seeds) if not variants or c.variant.name in variants]
+    """`variants` (names such as f0.3, solo, junk-defended) runs only those cells, in that order: one seed split
+    over processes, or the cells a question needs first."""
+    cells = grid(scn, FRACTIONS, scn.seeds)
+    if variants:
+        cells = sorted((c for c in cells if c.variant.name in variants), key=lambda c: variants.index(c.variant.name))
     results = run_cells(cells, run_dir / "grid", finished_only)
     return {**summarise(results, FRACTIONS), "sim_cells_done": len(results), "sim_cells": len(cells)}
 
@@ -113,8 +116,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--seeds", type=int, nargs="+")
     ap.add_argument("--nodes", type=int)
-    ap.add_argument("--variants", nargs="+", help="sim part: only these cells (f0.0 f0.1 f0.3 f0.5 solo "
-                    "junk-defended junk-undefended), to split a seed over processes")
+    ap.add_argument("--variants", nargs="+", help="sim part: only these cells, in this order "
+                    "(f0.0 f0.1 f0.3 f0.5 solo junk-defended junk-undefended), to split a seed over processes")
     ap.add_argument("--eval-problems", type=int)
     ap.add_argument("--live-seconds", type=float, default=180.0, help="measured time per fraction (live part)")
     ap.add_argument("--kill-points", type=int, default=100)
