@@ -65,13 +65,18 @@ def run_cells(cells: list[Cell], run_dir: Path, finished_only: bool = False) -> 
     return results
 
 
+def select(cells: list[Cell], variants: list[str] | None) -> list[Cell]:
+    """The cells of these variants, in the order the variants are named (every cell when none is named)."""
+    if not variants:
+        return cells
+    return sorted((c for c in cells if c.variant.name in variants), key=lambda c: variants.index(c.variant.name))
+
+
 def sim_part(scn: Scenario, run_dir: Path, variants: list[str] | None = None, finished_only: bool = False
              ) -> dict[str, Any]:
     """`variants` (names such as f0.3, solo, junk-defended) runs only those cells, in that order: one seed split
     over processes, or the cells a question needs first."""
-    cells = grid(scn, FRACTIONS, scn.seeds)
-    if variants:
-        cells = sorted((c for c in cells if c.variant.name in variants), key=lambda c: variants.index(c.variant.name))
+    cells = select(grid(scn, FRACTIONS, scn.seeds), variants)
     results = run_cells(cells, run_dir / "grid", finished_only)
     return {**summarise(results, FRACTIONS), "sim_cells_done": len(results), "sim_cells": len(cells)}
 

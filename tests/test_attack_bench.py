@@ -1,5 +1,5 @@
 """bench/attack.py's reporting of a run in progress: --finished-only runs nothing and reports exactly the cells that
-completed for this scenario; `complete` needs every part and every cell."""
+completed for this scenario; `complete` needs every part and every cell; --variants picks cells in the order named."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from bench.attack import SCENARIO, complete, run_cells
+from bench.attack import SCENARIO, complete, run_cells, select
 from simulations.attack_grid import FRACTIONS, grid
 from simulations.cells import cell_dir
 from simulations.results import RESULT_FILE, cell_fingerprint
@@ -38,3 +38,10 @@ def test_complete_needs_every_part_and_every_cell() -> None:
     assert not complete({**whole, "junk_cells_done": 8})
     for part in ("honest_eval_acc", "junk_pair", "max_rss_mib", "kill_resume"):
         assert not complete({k: v for k, v in whole.items() if k != part})
+
+
+def test_select_keeps_the_named_variants_in_the_order_named() -> None:
+    cells = grid(load_scenario(SCENARIO), FRACTIONS, (3, 4))
+    picked = select(cells, ["f0.5", "solo"])
+    assert [(c.variant.name, c.seed) for c in picked] == [("f0.5", 3), ("f0.5", 4), ("solo", 3), ("solo", 4)]
+    assert select(cells, None) == cells
