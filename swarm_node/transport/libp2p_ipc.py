@@ -74,17 +74,20 @@ class HostSettings:
     SCORES), behaviour_penalty P5's (protocol misbehaviour the library counts, past behaviour_threshold).
     Thresholds, 0 > gossip > publish > graylist as the spec requires: under gossip_threshold no gossip to or from
     the peer; under publish_threshold its forwarded messages are dropped unread and we do not publish to it; under
-    graylist_threshold all its RPCs are ignored. crash_guards: False only to test that the supervisor restarts a
-    dead host. NAT traversal (libp2p_nat): rendezvous is the DHT key's name (the swarm topic; "" turns the DHT
-    off), looked up every dht_interval_s; autonat_confirmations distinct AutoNAT servers must dial us back before
-    we call ourselves public; relay_service on | off | auto (serve as a relay once public); relay_reservations:
-    relays we keep a slot on while not public; relay_max_*: what we grant as a relay (reservations, concurrent
-    circuits), relay_circuit_bytes / relay_circuit_s: bytes and seconds one relayed circuit may use. hole_punch:
-    run DCUtR, which tries to turn each relayed connection into a direct one. no_relay_protocols: stream protocols
-    we never serve over a relayed connection (policy-delta chunks: a node reachable only through a relay would
-    spend the relay's bandwidth; the puller moves on to the next holder, the source last). upnp: ask the router
-    to forward our TCP listen port by UPnP before AutoNAT's first round (libp2p_upnp); off here because it changes
-    the router of whoever runs the host (tests, benches), on in `join` (network.upnp).
+    graylist_threshold all its RPCs are ignored. These are gossipsub score units, not the node's reputation units
+    ([peers] graylist_score, -20 by default): the node pushes its own score for a peer it tolerates (above
+    graylist_score: with the defaults above every threshold here) and reputation.BLOCKED_APP_SCORE (-1000, below all of
+    them) for a peer it has graylisted, banned or denied. crash_guards: False only to test that the supervisor restarts
+    a dead host. NAT traversal (libp2p_nat): rendezvous is the DHT key's name (the swarm topic; "" turns the DHT off),
+    looked up every dht_interval_s; autonat_confirmations distinct AutoNAT servers must dial us back before we call
+    ourselves public; relay_service on | off | auto (serve as a relay once public); relay_reservations: relays we keep a
+    slot on while not public; relay_max_*: what we grant as a relay (reservations, concurrent circuits),
+    relay_circuit_bytes / relay_circuit_s: bytes and seconds one relayed circuit may use. hole_punch: run DCUtR, which
+    tries to turn each relayed connection into a direct one. no_relay_protocols: stream protocols we never serve over a
+    relayed connection (policy-delta chunks: a node reachable only through a relay would spend the relay's bandwidth;
+    the puller moves on to the next holder, the source last). upnp: ask the router to forward our TCP listen port by
+    UPnP before AutoNAT's first round (libp2p_upnp); off here because it changes the router of whoever runs the host
+    (tests, benches), on in `join` (network.upnp).
     Floods (libp2p_dht, libp2p_relay; docs/NAT.md): every incoming DHT request and relay HOP request (RESERVE,
     CONNECT) takes a token from its peer's bucket (dht_peer_burst at once, refilled at dht_peer_rate per second;
     relay_peer_*) and from one bucket for all peers (dht_total_*, relay_total_*); without one it is refused
