@@ -2,12 +2,14 @@
 
 Parts (--parts, default all; each adds its fields to the results file, keeping the other parts' fields):
 - sim: simulations/scenarios/attack.toml (10 nodes, lockstep rounds, in-memory network model) per seed at attacker
-  fractions 0 / 0.1 / 0.3 / 0.5 (attackers on the last indices, kinds cycling through simulations/byzantine.py's
-  ATTACKS by seed), the same nodes training alone (J = 0), and 30% junk attackers with the well-formed defence on
-  and off (simulations/attack_grid.py). Fields: fractions, kinds, honest_eval_acc, honest_eval_vs_clean (paired
-  per node and seed), honest_solo_eval_acc, bad_groups_trained (per kind, summed over cells; forged_reward counts
-  only groups whose claimed rewards reached the loss), junk_groups_trained {with_defence, without},
-  external_groups_trained_per_step (per honest node per step). Cells resume mid-run (simulations/snapshots.py).
+  fractions 0 / 0.1 / 0.3 / 0.5 (attackers on the last indices, kinds cycling through simulations/byzantine.py's ATTACKS
+  by seed), the same nodes training alone (J = 0), and 30% junk attackers with the well-formed defence on and off
+  (simulations/attack_grid.py). Fields: fractions, kinds, honest_eval_acc, honest_eval_vs_clean (paired per node and
+  seed), honest_solo_eval_acc, honest_eval_vs_solo (the same pairing against the nodes alone),
+  honest_eval_paired_per_seed and honest_eval_paired_se (standard error over seeds), bad_groups_trained (per kind,
+  summed over cells; forged_reward counts only groups whose claimed rewards reached the loss), junk_groups_trained
+  {with_defence, without}, external_groups_trained_per_step (per honest node per step). Cells resume mid-run
+  (simulations/snapshots.py).
 - junk: the separate small measurement of item 5: one honest node and one peer sending only verifier-passing junk,
   defence on and off, and the node alone (junk_pair: held-out accuracy and junk groups trained).
 - live: one real honest `swarm-node join` pinned to core 0 (taskset) against simulations/attack_peers.py pinned to
@@ -175,6 +177,10 @@ def summary_line(result: dict[str, Any]) -> str:
         vs = result.get("honest_eval_vs_clean", {}).get(f)
         parts.append(f"{f}: eval {acc:.3f}" + (f" ({vs:+.3f} vs clean)" if vs is not None else "")
                      if acc is not None else f"{f}: eval -")
+    if "honest_eval_vs_solo" in result:
+        se = result["honest_eval_paired_se"]["vs_solo"]
+        parts.append("vs alone " + ", ".join(f"{f}: {d:+.3f}" + (f" (SE {se[f]:.3f})" if se.get(f) else "")
+                                            for f, d in result["honest_eval_vs_solo"].items() if d is not None))
     if "bad_groups_trained" in result:
         parts.append(f"bad trained {sum(result['bad_groups_trained'].values())}")
     if "junk_groups_trained" in result:

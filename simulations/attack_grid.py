@@ -10,7 +10,9 @@ Contract (pure: scenarios in, cell plans out; results in, the bench's fields out
   the clean run), "solo" (the same nodes with J = 0: each trains alone), and the well-formed defence measured at
   fraction `JUNK_FRACTION` with every attacker of kind junk, defence on ("junk-defended") and off
   ("junk-undefended", `share.require_well_formed = false`). Cell dirs: run_dir/<variant>/seed<k>.
-- `summarise(results, fractions)`: the bench's fields from the cells' result.json (see bench/attack.py).
+- `summarise(results, fractions)`: the bench's fields from the cells' result.json (see bench/attack.py), and the
+  paired differences per seed (honest nodes' mean accuracy minus the same nodes' in the clean run, or alone) with
+  their standard error over seeds.
 """
 
 from __future__ import annotations
@@ -74,6 +76,11 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+def _se(values: list[float]) -> float | None:
+    """Standard error of the mean over seeds, the independent units (a swarm's nodes share data)."""
+    return statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else None
+
+
 def summarise(results: list[dict[str, Any]], fractions: tuple[float, ...]) -> dict[str, Any]:
     """The bench's simulation fields from the cells' results (any subset: missing cells are left out)."""
     by = {(r["variant"], r["seed"]): r for r in results}
@@ -81,6 +88,7 @@ def summarise(results: list[dict[str, Any]], fractions: tuple[float, ...]) -> di
     acc: dict[str, float | None] = {}
     vs_clean: dict[str, float | None] = {}
     solo: dict[str, float | None] = {}
+    paired: dict[str, dict[str, dict[str, float]]] = {"vs_clean": {}, "vs_solo": {}}  # per fraction, per seed
     external: dict[str, float | None] = {}
     bad: dict[str, int] = {}
     used: dict[str, int] = {}  # every attacker group trained on, bad or not (e.g. forged claims re-scored)
@@ -90,17 +98,21 @@ def summarise(results: list[dict[str, Any]], fractions: tuple[float, ...]) -> di
         cells = [by[(name, s)] for s in seeds if (name, s) in by]
         acc[key(f)] = _mean([c["final_eval_acc"] for c in cells if c["final_eval_acc"] is not None])
         external[key(f)] = _mean([c["external_groups_trained_per_step"] for c in cells])
-        diffs, alone = [], []
+        alone = []
+        by_seed: dict[str, dict[str, float]] = {"vs_clean": {}, "vs_solo": {}}
         for c in cells:
             own = c["final_eval_acc_per_node"]
             clean = by.get((f"f{key(0.0)}", c["seed"]), {}).get("final_eval_acc_per_node", {})
             solo_acc = by.get((SOLO, c["seed"]), {}).get("final_eval_acc_per_node", {})
             if own and all(i in clean for i in own):
-                diffs.append(statistics.fmean(own[i] - clean[i] for i in own))
+                by_seed["vs_clean"][str(c["seed"])] = statistics.fmean(own[i] - clean[i] for i in own)
             if own and all(i in solo_acc for i in own):
                 alone.append(statistics.fmean(solo_acc[i] for i in own))
-        vs_clean[key(f)] = _mean(diffs)
+                by_seed["vs_solo"][str(c["seed"])] = statistics.fmean(own[i] - solo_acc[i] for i in own)
+        vs_clean[key(f)] = _mean(list(by_seed["vs_clean"].values()))
         solo[key(f)] = _mean(alone)
+        for against, diffs in by_seed.items():
+            paired[against][key(f)] = diffs
         for c in cells:
             for kind, n in c.get("bad_groups_trained", {}).items():
                 bad[kind] = bad.get(kind, 0) + int(n)
@@ -117,6 +129,10 @@ def summarise(results: list[dict[str, Any]], fractions: tuple[float, ...]) -> di
             blocks.setdefault(kind, []).extend(rounds)
     return {"fractions": [float(f) for f in fractions], "kinds": [k for k in ATTACKS if k in bad],
             "honest_eval_acc": acc, "honest_eval_vs_clean": vs_clean, "honest_solo_eval_acc": solo,
+            "honest_eval_vs_solo": {f: _mean(list(d.values())) for f, d in paired["vs_solo"].items()},
+            "honest_eval_paired_per_seed": paired,
+            "honest_eval_paired_se": {against: {f: _se(list(d.values())) for f, d in per_fraction.items()}
+                                      for against, per_fraction in paired.items()},
             "bad_groups_trained": bad, "attacker_groups_trained": used, "replays_of_attackers": laundered,
             "junk_groups_trained": junk, "junk_eval_acc": junk_eval,
             "external_groups_trained_per_step": external, "sim_rounds_to_block": blocks, "sim_seeds": seeds}

@@ -253,6 +253,27 @@ def test_summarise_pairs_nodes_and_seeds() -> None:
     assert (out["bad_groups_trained"], out["junk_groups_trained"]) == ({"junk": 0}, {"with_defence": 0,
                                                                                       "without": 7})
     assert out["fractions"] == [0.0, 0.5] and out["kinds"] == ["junk"]
+    assert out["honest_eval_vs_solo"] == {"0.0": pytest.approx(0.25), "0.5": pytest.approx(0.2)}
+    assert out["honest_eval_paired_se"] == {"vs_clean": {"0.0": None, "0.5": None},
+                                            "vs_solo": {"0.0": None, "0.5": None}}  # one seed: no spread
+
+
+def test_summarise_standard_error_is_over_seeds() -> None:
+    def cell(variant: str, seed: int, accs: dict) -> dict:
+        return {"variant": variant, "seed": seed, "final_eval_acc": sum(accs.values()) / len(accs),
+                "final_eval_acc_per_node": accs, "external_groups_trained_per_step": 4.0,
+                "bad_groups_trained": {}, "rounds_to_block": {}}
+    # seed 0: node 0 gains 0.1 and node 1 loses 0.3 over solo (seed mean -0.1); seed 1: both gain 0.1 (mean +0.1)
+    results = [cell("f0.5", 0, {"0": 0.5, "1": 0.1}), cell("solo", 0, {"0": 0.4, "1": 0.4}),
+               cell("f0.5", 1, {"0": 0.3, "1": 0.3}), cell("solo", 1, {"0": 0.2, "1": 0.2})]
+    out = summarise(results, (0.5,))
+    assert out["honest_eval_paired_per_seed"]["vs_solo"]["0.5"] == {"0": pytest.approx(-0.1),
+                                                                     "1": pytest.approx(0.1)}
+    assert out["honest_eval_vs_solo"]["0.5"] == pytest.approx(0.0)
+    # stdev of (-0.1, 0.1) is 0.1 * sqrt(2); over sqrt(2) seeds: 0.1
+    assert out["honest_eval_paired_se"]["vs_solo"]["0.5"] == pytest.approx(0.1)
+    assert out["honest_eval_paired_per_seed"]["vs_clean"]["0.5"] == {}  # no clean cell to pair with
+    assert out["honest_eval_vs_clean"]["0.5"] is None
 
 
 def test_every_kind_runs_live_at_some_fraction() -> None:
