@@ -14,14 +14,18 @@ Parts (--parts, default all; each adds its fields to the results file, keeping t
   defence on and off, and the node alone (junk_pair: held-out accuracy and junk groups trained).
 - live: one real honest `swarm-node join` pinned to core 0 (taskset) against simulations/attack_peers.py pinned to
   core 1 playing the rest of a `--nodes` swarm (honest identities and, at each fraction, attackers), in every run
-  including the clean one: max_rss_mib and steps_per_min_vs_clean per fraction, time_to_graylist_s per kind.
+  including the clean one, in --live-repeats rounds of every fraction: max_rss_mib (worst round) and
+  steps_per_min_vs_clean (median of each round's ratio to its own clean run) per fraction, time_to_graylist_s per
+  kind.
 - kill: kill -9 at random points of real processes, mid-checkpoint and mid-delta-apply included, then a resume
   (simulations/attack_kill.py): kill_resume {points, unusable_runs}.
 
     python -m bench.attack [--parts sim junk live kill] [--rounds N] [--seeds 0 1 2] [--nodes N] [--variants V ...]
-                           [--eval-problems N] [--live-seconds S] [--kill-points K] [--run-dir runs/attack] [--out P]
+                           [--eval-problems N] [--live-seconds S] [--live-repeats R] [--kill-points K]
+                           [--run-dir runs/attack] [--out P]
 
-Small scale (minutes): --rounds 3 --seeds 0 --nodes 4 --eval-problems 8 --live-seconds 40 --kill-points 3.
+Small scale (minutes): --rounds 3 --seeds 0 --nodes 4 --eval-problems 8 --live-seconds 40 --live-repeats 1
+--kill-points 3.
 To use both cores for the sim part, run one process per seed (--parts sim --seeds K, same --run-dir), or split a
 seed's cells with --variants, then once more with every seed to gather the cells. Never run in CI.
 """
@@ -104,10 +108,10 @@ def junk_part(scn: Scenario, run_dir: Path, finished_only: bool = False) -> dict
     return {"junk_pair": out, "junk_cells_done": done, "junk_cells": len(arms) * len(scn.seeds)}
 
 
-def live_part(scn: Scenario, run_dir: Path, seconds: float) -> dict[str, Any]:
+def live_part(scn: Scenario, run_dir: Path, seconds: float, repeats: int) -> dict[str, Any]:
     from simulations.attack_live import measure_live
 
-    return measure_live(scn, FRACTIONS, run_dir / "live", seconds, log=print)
+    return measure_live(scn, FRACTIONS, run_dir / "live", seconds, log=print, repeats=repeats)
 
 
 def kill_part(scn: Scenario, run_dir: Path, points: int, scn_file: Path) -> dict[str, Any]:
@@ -127,6 +131,7 @@ def main() -> None:
                     "(f0.0 f0.1 f0.3 f0.5 solo junk-defended junk-undefended), to split a seed over processes")
     ap.add_argument("--eval-problems", type=int)
     ap.add_argument("--live-seconds", type=float, default=180.0, help="measured time per fraction (live part)")
+    ap.add_argument("--live-repeats", type=int, default=3, help="rounds of every fraction (live part): medians")
     ap.add_argument("--kill-points", type=int, default=100)
     ap.add_argument("--run-dir", type=Path)
     ap.add_argument("--out", type=Path, default=RESULTS / "attack.json")
@@ -151,12 +156,12 @@ def main() -> None:
         elif part == "junk":
             result.update(junk_part(scn, run_dir, args.finished_only))
         elif part == "live":
-            result.update(live_part(scn, run_dir, args.live_seconds))
+            result.update(live_part(scn, run_dir, args.live_seconds, args.live_repeats))
         else:
             result.update(kill_part(scn, run_dir, args.kill_points, args.file))
         scale[part] = {"nodes": scn.nodes, "rounds": scn.rounds, "seeds": list(scn.seeds),
                        "eval_problems": scn.eval_problems, "live_seconds": args.live_seconds,
-                       "kill_points": args.kill_points}
+                       "live_repeats": args.live_repeats, "kill_points": args.kill_points}
     result["scale"] = scale
     result["complete"] = complete(result)
     result["wall_s_this_run"] = time.monotonic() - started

@@ -12,8 +12,10 @@ Contract:
   kind runs at some fraction), measured for `seconds` from the node's first training step: max RSS, steps per
   minute, and per attacker identity the seconds from its joining to its state graylisted or banned in the node's
   status.
-- `measure_live(scn, fractions, run_dir, seconds)`: every fraction (0.0 included, the clean run), the bench's fields
-  max_rss_mib, steps_per_min_vs_clean, time_to_graylist_s (median per kind; null when never graylisted).
+- `measure_live(scn, fractions, run_dir, seconds, repeats)`: every fraction (0.0 included, the clean run), `repeats`
+  rounds of them; `summarise_live` (pure) turns the rounds into the bench's fields max_rss_mib (worst round),
+  steps_per_min_vs_clean (median of the rounds' ratios), time_to_graylist_s (median per kind; null when never
+  graylisted).
 """
 
 from __future__ import annotations
@@ -263,18 +265,37 @@ def run_fraction(scn: Scenario, fraction: float, kinds: list[str], run_dir: Path
 
 
 def measure_live(scn: Scenario, fractions: tuple[float, ...], run_dir: Path, seconds: float,
-                 log: LogFn) -> dict[str, Any]:
+                 log: LogFn, repeats: int = 1) -> dict[str, Any]:
+    """`repeats` rounds of every fraction in turn (0.0 first), so that each ratio pairs runs taken close together."""
     kinds = live_kinds(scn.nodes, fractions)
-    runs = {key(f): run_fraction(scn, f, kinds[f], run_dir / f"f{key(f)}", seconds, log) for f in fractions}
-    clean = runs[key(0.0)]["steps_per_min"]
+    runs = []
+    for r in range(repeats):
+        where = run_dir if repeats == 1 else run_dir / f"repeat{r}"
+        runs.append({key(f): run_fraction(scn, f, kinds[f], where / f"f{key(f)}", seconds, log) for f in fractions})
+    return summarise_live(runs)
+
+
+def summarise_live(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The live fields from repeated rounds (fraction -> run_fraction's result, "0.0" the clean run): max_rss_mib
+    the worst over rounds; steps_per_min_vs_clean the median over rounds of each round's ratio to its own clean
+    run; time_to_graylist_s the median over every attacker identity of every round."""
+    fractions = list(runs[0])
+    ratios: dict[str, list[float]] = {f: [] for f in fractions}
+    for run in runs:
+        clean = run[key(0.0)]["steps_per_min"]
+        for f in fractions:
+            if clean:
+                ratios[f].append(run[f]["steps_per_min"] / clean)
     times: dict[str, list[float]] = {}
     never: set[str] = set()
-    for r in runs.values():
-        for kind, values in r["time_to_block_s"].items():
-            times.setdefault(kind, []).extend(v for v in values if v is not None)
-            if any(v is None for v in values):
-                never.add(kind)
-    return {"max_rss_mib": {f: r["max_rss_mib"] for f, r in runs.items()},
-            "steps_per_min_vs_clean": {f: r["steps_per_min"] / clean if clean else None for f, r in runs.items()},
+    for run in runs:
+        for r in run.values():
+            for kind, values in r["time_to_block_s"].items():
+                times.setdefault(kind, []).extend(v for v in values if v is not None)
+                if any(v is None for v in values):
+                    never.add(kind)
+    return {"max_rss_mib": {f: max(run[f]["max_rss_mib"] for run in runs) for f in fractions},
+            "steps_per_min_vs_clean": {f: statistics.median(v) if v else None for f, v in ratios.items()},
+            "steps_per_min_vs_clean_per_repeat": ratios,
             "time_to_graylist_s": {k: statistics.median(v) if v else None for k, v in sorted(times.items())},
             "live_never_graylisted": sorted(never), "live_runs": runs}

@@ -18,7 +18,7 @@ from protocol.messages import TOPIC_ROLLOUTS, RolloutBatch
 from protocol.validation import ReplayGuard, validate_gossip
 from simulations.attack_cell import identity_name
 from simulations.attack_grid import grid, placement, summarise
-from simulations.attack_live import live_kinds, write_config
+from simulations.attack_live import live_kinds, summarise_live, write_config
 from simulations.attack_tally import AttackTally, TallyPool
 from simulations.byzantine import ATTACKS, ForgeContext, fair, junk_text
 from simulations.results import cell_fingerprint
@@ -281,6 +281,22 @@ def test_every_kind_runs_live_at_some_fraction() -> None:
     assert kinds == {0.0: [], 0.1: ["over_length"], 0.3: ["sybil", "forged_reward", "oov_tokens"],
                      0.5: ["junk", "stale", "replay", "over_length", "sybil"]}
     assert {k for ks in kinds.values() for k in ks} == set(variants.ATTACKS)
+
+
+def test_summarise_live_pairs_each_round_with_its_own_clean_run() -> None:
+    def run(rss: float, spm: float, blocks: dict | None = None) -> dict:
+        return {"max_rss_mib": rss, "steps_per_min": spm, "time_to_block_s": blocks or {}}
+    rounds = [{"0.0": run(900.0, 40.0), "0.5": run(950.0, 20.0, {"junk": [2.0], "sybil": [1.0, None]})},
+              {"0.0": run(920.0, 30.0), "0.5": run(930.0, 24.0, {"junk": [4.0]})},
+              {"0.0": run(910.0, 36.0), "0.5": run(990.0, 27.0, {"junk": [3.0, 9.0]})}]
+    out = summarise_live(rounds)
+    # ratios 20/40 = 0.5, 24/30 = 0.8, 27/36 = 0.75: median 0.75 (the median of the raw rates would pair nothing)
+    assert out["steps_per_min_vs_clean_per_repeat"] == {"0.0": [1.0, 1.0, 1.0], "0.5": [0.5, 0.8, 0.75]}
+    assert out["steps_per_min_vs_clean"] == {"0.0": 1.0, "0.5": 0.75}
+    assert out["max_rss_mib"] == {"0.0": 920.0, "0.5": 990.0}  # the worst round
+    assert out["time_to_graylist_s"] == {"junk": 3.5, "sybil": 1.0}  # median of 2, 4, 3, 9; never-blocked left out
+    assert out["live_never_graylisted"] == ["sybil"]
+    assert out["live_runs"] == rounds
 
 
 def test_live_node_config_is_toml(tmp_path: Path) -> None:
