@@ -26,7 +26,8 @@ from typing import Any
 import tomllib
 
 from swarm_node.config import load_config
-from swarm_node.node.core import Node, NodeEvents
+from swarm_node.node.assembly import assemble
+from swarm_node.node.run_files import NodeEvents
 from swarm_node.train.evaluate import evaluate
 
 RESULTS = Path(__file__).parent / "results"
@@ -39,18 +40,7 @@ def run_seed(seed: int, steps: int, sampler: str, overrides: dict[str, Any], run
     cfg = load_config(None, {"run.seed": seed, "run.steps": steps, "run.run_dir": str(run_root / f"seed{seed}"),
                              "run.eval_problems": 0, "run.checkpoint_every": max(steps, 1), "sampler.kind": sampler,
                              "status.port": -1, **overrides})
-    node = Node(cfg, events=NodeEvents(log=lambda m: print(f"  [seed {seed}] {m}", flush=True)))
-    node.setup()
-
-    def measure() -> tuple[float, float]:
-        r = evaluate(node.sampler, node.tokenizer, node.task_source, EVAL_PROBLEMS, cfg.sampler.max_new_tokens,
-                     samples=EVAL_SAMPLES, temperature=cfg.sampler.temperature, seed=seed)
-        return r.greedy_acc, float(r.sampled_reward or 0.0)
-
-    acc_before, reward_before = measure()
-    print(f"  [seed {seed}] before: greedy {acc_before:.3f} sampled {reward_before:.3f}", flush=True)
-    started = time.monotonic()
-    last_print = [started]
+    last_print = [time.monotonic()]
 
     def on_step(m: dict[str, Any]) -> None:
         if time.monotonic() - last_print[0] > 30:
@@ -58,11 +48,23 @@ def run_seed(seed: int, steps: int, sampler: str, overrides: dict[str, Any], run
             print(f"  [seed {seed}] step {m['step']}/{steps} reward {m.get('reward_mean', float('nan')):.3f}",
                   flush=True)
 
-    node.events.on_step = on_step
-    node.run()
+    assembly = assemble(cfg, events=NodeEvents(log=lambda m: print(f"  [seed {seed}] {m}", flush=True),
+                                               on_step=on_step))
+    node = assembly.node
+
+    def measure() -> tuple[float, float]:
+        assert node.sampler is not None
+        r = evaluate(node.sampler, node.tokenizer, node.task_source, EVAL_PROBLEMS, cfg.sampler.max_new_tokens,
+                     samples=EVAL_SAMPLES, temperature=cfg.sampler.temperature, seed=seed)
+        return r.greedy_acc, float(r.sampled_reward or 0.0)
+
+    acc_before, reward_before = measure()
+    print(f"  [seed {seed}] before: greedy {acc_before:.3f} sampled {reward_before:.3f}", flush=True)
+    started = last_print[0] = time.monotonic()
+    assembly.run()
     wall = time.monotonic() - started
     acc_after, reward_after = measure()
-    node.close()
+    assembly.close()
     print(f"  [seed {seed}] after {steps} steps ({wall:.0f} s): greedy {acc_after:.3f} sampled {reward_after:.3f}",
           flush=True)
     return {"seed": seed, "eval_acc_before": acc_before, "eval_acc_after": acc_after,

@@ -78,14 +78,15 @@ def worker_main(conn: Connection, staleness: int, steps: int, seed: int, run_dir
 
     from protocol.codec import encode
     from protocol.messages import RolloutBatch
-    from swarm_node.echo.worker import Worker
-    from swarm_node.node.core import Node, NodeEvents
+    from swarm_node.node.assembly import Sharing, assemble
+    from swarm_node.node.run_files import NodeEvents
     from swarm_node.policy_sync.delta import PolicyUpdate
 
     torch.set_num_threads(1)
-    node = Node(_config(1, staleness, steps, seed, run_dir, sampler), events=NodeEvents(log=lambda _m: None))
-    node.setup()
-    worker = Worker(node, kappa=node.cfg.echo.publish_every, max_staleness=node.cfg.train.max_staleness)
+    assembly = assemble(_config(1, staleness, steps, seed, run_dir, sampler), Sharing.ROLLOUTS,
+                        events=NodeEvents(log=lambda _m: None))
+    worker = assembly.worker()
+    assert assembly.signer is not None
     conn.send_bytes(msgpack.packb({"ready": True, "base": worker.base_sha256()}))
     try:
         while True:
@@ -100,10 +101,10 @@ def worker_main(conn: Connection, staleness: int, steps: int, seed: int, run_dir
                                           msg["sha256"], msg["state_sha256"]))
             version = worker.version
             groups, gen_s, _tokens = worker.generate()
-            wire = node.wire_groups(groups, "learner", version, "worker", worker.batches)
+            wire = assembly.signer.wire(groups, "learner", version, "worker", worker.batches)
             conn.send_bytes(msgpack.packb({"gen_s": gen_s, "batch": encode(RolloutBatch(tuple(wire)))}))
     finally:
-        node.close()
+        assembly.close()
 
 
 def learner_main(conn: Connection, staleness: int, steps: int, seed: int, run_dir: str, out: Connection) -> None:
@@ -111,21 +112,23 @@ def learner_main(conn: Connection, staleness: int, steps: int, seed: int, run_di
     import torch
 
     from protocol.codec import decode
-    from swarm_node.echo.learner import Learner
-    from swarm_node.node.core import Node, NodeEvents
+    from swarm_node.node.assembly import Sharing, assemble
+    from swarm_node.node.run_files import NodeEvents
     from swarm_node.sharing.exchange import Received
     from swarm_node.sharing.ingest import Ingest
 
     torch.set_num_threads(1)
-    node = Node(_config(0, staleness, steps, seed, run_dir, "hf"), events=NodeEvents(log=lambda _m: None))
-    node.setup()
-    learner = Learner(node, batch_groups=node.cfg.run.prompts_per_step, max_staleness=node.cfg.train.max_staleness,
-                      max_new_tokens=node.cfg.sampler.max_new_tokens, encoding="topk")
+    assembly = assemble(_config(0, staleness, steps, seed, run_dir, "hf"), Sharing.ROLLOUTS,
+                        events=NodeEvents(log=lambda _m: None))
+    node = assembly.node
+    learner = assembly.learner()
     hello = msgpack.unpackb(conn.recv_bytes())
     if hello["base"] != learner.base_sha256:
         raise RuntimeError("worker base model differs from the learner's")
     limits = node.wire_limits()
-    ingest = Ingest(node.share_ctx, node.stats, {"learner": frozenset({"worker"})}, keep_no_signal=True)
+    assert assembly.context is not None
+    # No peer guard: the one worker is ours, and its budget must not shape what is measured.
+    ingest = Ingest(assembly.context, node.stats, {"learner": frozenset({"worker"})}, keep_no_signal=True)
 
     def buffer(ext: Any, sender: str) -> list[tuple[str, str]]:
         reason = learner.admit(ext.group)
@@ -154,7 +157,7 @@ def learner_main(conn: Connection, staleness: int, steps: int, seed: int, run_di
             rows.append(metrics)
         conn.send_bytes(msgpack.packb({"stop": True}))
     finally:
-        node.close()
+        assembly.close()
     out.send({"steps": rows, "gen": gen_times, "dropped": dict(learner.buffer.dropped)})
 
 

@@ -143,13 +143,13 @@ def solo(config: ConfigOpt = None, steps: StepsOpt = None, task: TaskOpt = None,
 
 
 def run_solo_node(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> RunSummary:
-    from swarm_node.node.core import Node
+    from swarm_node.node.assembly import assemble
 
-    node = Node(cfg, stats, events)
+    assembly = assemble(cfg, stats=stats, events=events)
     try:
-        return node.run()
+        return assembly.run()
     finally:
-        node.close()
+        assembly.close()
 
 
 def run_with_progress(cfg: NodeConfig, stats: NodeStats,

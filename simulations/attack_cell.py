@@ -5,7 +5,7 @@ runs `round_s` virtual seconds, every honest node mixes and trains), except that
 nodes are not `Node`s: each forges and publishes what its kind (simulations/byzantine.py) sends, from a context
 taken from an honest node, and drains what it receives (a replay attacker keeps it to copy). A Sybil gets a new
 peer id (`node<i>s<k>`) every `rotate_rounds` rounds. Honest nodes are built as every simulation builds them
-(cells.build_nodes' steps, with the guard of `join`: graylisted, banned and denied signers ignored unread).
+(cells.build_node: the assembly of `join`, graylisted, banned and denied signers ignored unread).
 Counted per cell (`AttackTally`, attack_tally.py): groups of each attack kind that reached an honest node's loss,
 and the round each attacker identity was first blocked by every honest node. Only honest nodes have metrics rows
 and a final eval.
@@ -22,21 +22,32 @@ import random
 import statistics
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from protocol.codec import encode
 from protocol.messages import TOPIC_ROLLOUTS, RolloutBatch
 from simulations.attack_tally import AttackTally, TallyPool
 from simulations.byzantine import ATTACKS, ForgeContext
-from simulations.cells import LogFn, RoundFn, SimNode, cumulative_rewards, drop_totals, peer_name, train_round
+from simulations.cells import (
+    CellSamplers,
+    LogFn,
+    RoundFn,
+    SimNode,
+    build_node,
+    cumulative_rewards,
+    drop_totals,
+    peer_name,
+    train_round,
+)
 from simulations.memory_cell import link_model, set_membership
 from simulations.network import NetworkHub
 from simulations.results import cell_fingerprint
 from simulations.scenario import Scenario, Variant
 from simulations.snapshots import KEEP_CHECKPOINTS, PROGRESS_FILE, CellSnapshots, read_snapshot, restore
 from swarm_node.errors import UserError
-from swarm_node.node.core import Node, NodeEvents
+from swarm_node.node.assembly import Assembly
+from swarm_node.node.core import Node
+from swarm_node.node.resume import RandomStreams
 from swarm_node.sharing.exchange import TransportExchange, accept_policy_for
 from swarm_node.sharing.wire import content_key
 from swarm_node.status.stats import NodeStats
@@ -47,14 +58,14 @@ MAX_SEEN = 256  # groups a replay attacker keeps to copy
 
 
 class AttackerNode:
-    """What the round loop and snapshots ask of a node, for an attacker: step 0, its random streams, no drops."""
+    """What the round loop and snapshots ask of a node, for an attacker: step 0, its random streams (its assembly
+    has no SAPO peer: no drops)."""
 
     def __init__(self, run_dir: Path, seed: int) -> None:
         self.run_dir = run_dir
         self.step = 0
-        self.share_rng = random.Random(seed)  # the forging stream (saved and restored by snapshots)
-        self.trainer = SimpleNamespace(rng=random.Random(seed + 1))
-        self.ingest = SimpleNamespace(peer_drops={})
+        # The share stream is the forging stream (saved and restored by snapshots); the others are unused.
+        self.streams = RandomStreams(random.Random(seed + 2), random.Random(seed + 1), random.Random(seed))
 
     def close(self) -> None:
         pass
@@ -67,7 +78,7 @@ class Attacker:
         self.sim, self.kind, self.hub, self.ctx = sim, kind, hub, ctx
         self.attack = ATTACKS[kind]
         self.seen: list[Any] = []
-        self.rng: random.Random = sim.node.share_rng
+        self.rng: random.Random = sim.node.streams.share
 
     def identity(self, rnd: int) -> str:
         return identity_name(self.sim.index, self.kind, rnd)
@@ -116,21 +127,10 @@ def attacker_exchange(transport: MemoryTransport, ctx: ForgeContext) -> Transpor
 
 def honest_node(scn: Scenario, variant: Variant, seed: int, root: Path, i: int, stats: NodeStats, hub: NetworkHub,
                 resume: bool) -> SimNode:
-    """Node i as cells.build_nodes builds it (its exchange guarded as in `join`), with a tallying pool."""
-    spec = scn.node_spec(i)
-    cfg = scn.node_config(variant, i, seed, root / peer_name(i))
-    cfg.run.resume = resume
-    cfg.run.keep_checkpoints = KEEP_CHECKPOINTS
-    node = Node(cfg, stats, events=NodeEvents(log=lambda _m: None), model_dir=Path(spec.model) if spec.model else None)
-    node.setup()
-    transport = MemoryTransport(hub, peer_name(i))
-    stats.update(peer_id=transport.peer_id, total_steps=scn.rounds, phase="training")
-    exchange = TransportExchange(transport, node.wire_limits(), accept_policy_for(node.task_source))
-    exchange.ignore_signer = node.peer_guard.blocked  # the guard path of join (roles/wiring.open_exchange)
-    node.exchange = exchange
-    node.pool = TallyPool.like(node.pool)
-    leave = float(spec.leave_round) if spec.leave_round else float("inf")
-    return SimNode(i, node, transport, exchange, float(spec.join_round), leave)
+    """Node i as every simulation builds it (cells.build_node: its exchange guarded as in `join`), with a tallying
+    pool."""
+    return build_node(scn, variant, seed, root, i, stats, MemoryTransport(hub, peer_name(i)), CellSamplers(), resume,
+                      KEEP_CHECKPOINTS, pool=TallyPool)
 
 
 async def _round(rnd: int, scn: Scenario, variant: str, seed: int, nodes: list[SimNode], attackers: list[Attacker],
@@ -143,7 +143,7 @@ async def _round(rnd: int, scn: Scenario, variant: str, seed: int, nodes: list[S
             tally.identity(name, a.kind)
     await set_membership(nodes, rnd)
     honest = [n for n in nodes if n.up and isinstance(n.node, Node)]
-    drafts = {n.index: n.node.sample_and_share() for n in honest}
+    drafts = {n.index: n.assembly.sample_and_share() for n in honest}
     for n in honest:
         await n.exchange.flush()
     now = time.time()
@@ -158,7 +158,7 @@ async def _round(rnd: int, scn: Scenario, variant: str, seed: int, nodes: list[S
     mean_reward = train_round(honest, drafts, variant, seed, rnd + 1, t0 + round_s, rows)
     for a in attackers:
         a.receive()
-    tally.blocked(rnd + 1, [n.node for n in honest], time.time())
+    tally.blocked(rnd + 1, [n.assembly.guard for n in honest if n.assembly.guard is not None], time.time())
     return mean_reward
 
 
@@ -180,17 +180,18 @@ def attack_cell(scn: Scenario, variant: Variant, seed: int, root: Path, on_round
         for i in range(scn.nodes):
             if i not in kinds:
                 nodes.append(honest_node(scn, variant, seed, root, i, NodeStats(), hub, resumed is not None))
-        ctx = ForgeContext.from_node(nodes[0].node)
+        ctx = ForgeContext.from_assembly(nodes[0].assembly)
         attackers = []
         for i, kind in kinds.items():
             transport = MemoryTransport(hub, identity_name(i, kind, snaps.start_round))
-            sim = SimNode(i, AttackerNode(root / peer_name(i), seed * 1000 + i), transport,  # type: ignore[arg-type]
-                          attacker_exchange(transport, ctx), 0.0, float("inf"))
+            stand_in = Assembly(AttackerNode(root / peer_name(i), seed * 1000 + i))  # type: ignore[arg-type]
+            sim = SimNode(i, stand_in, transport, attacker_exchange(transport, ctx), 0.0, float("inf"))
             attackers.append(Attacker(sim, kind, hub, ctx))
             tally.identity(transport.peer_id, kind)
         everyone = sorted(nodes + [a.sim for a in attackers], key=lambda n: n.index)
         for n in honest_of(everyone):
-            tally.watch(n.node.pool)
+            assert n.assembly.peer is not None
+            tally.watch(n.assembly.peer.pool)
         if resumed is not None:
             rows.extend(resumed.rows)
             restore(resumed.progress, everyone, hub)

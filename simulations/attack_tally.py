@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from swarm_node.sharing.ingest import PeerGuard
 from swarm_node.sharing.pool import ExperiencePool
 from swarm_node.sharing.reputation import BLOCKED
 from swarm_node.types import PoolEntry
@@ -107,12 +108,12 @@ class AttackTally:
             else:
                 self.bad[kind] += 1
 
-    def blocked(self, rnd: int, nodes: list[Any], now: float) -> None:
-        """Record identities that every honest node (`Node`s: their peer guards) blocks as of round `rnd`."""
+    def blocked(self, rnd: int, guards: list[PeerGuard], now: float) -> None:
+        """Record identities that every honest node (its peer guard) blocks as of round `rnd`."""
         for peer in self.kinds:
-            if peer in self.blocked_round or not nodes:
+            if peer in self.blocked_round or not guards:
                 continue
-            if all(n.peer_guard.reputation.state(peer, now) in BLOCKED for n in nodes):
+            if all(g.reputation.state(peer, now) in BLOCKED for g in guards):
                 self.blocked_round[peer] = rnd
 
     def result(self) -> dict[str, Any]:

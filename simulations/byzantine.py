@@ -14,7 +14,7 @@ size), so that the defence under test is the one that has to catch it:
 - "stale": a flood of honest-looking groups created past the receivers' max age;
 - "replay": other peers' groups re-sent as its own (re-attributed, new group ids: only content dedup catches them);
 - "sybil": the junk attack under a fresh identity every `rotate_rounds` rounds.
-`ForgeContext.from_node(node)` takes what an attacker must know of its victims from any honest node of the swarm
+`ForgeContext.from_assembly(assembly)` takes what an attacker must know of its victims from any honest node of the swarm
 (tokenizer, task source, bounds). Pure apart from the random stream passed in.
 """
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from swarm_node.config import NodeConfig
-    from swarm_node.node.core import Node
+    from swarm_node.node.assembly import Assembly
 
 WIRE_MAX_TOKENS = 4096  # protocol.limits.Limits.max_tokens_per_completion: what passes the wire
 JUNK = string.ascii_letters + string.digits + "!?#%&*+<>=@"
@@ -56,10 +56,13 @@ class ForgeContext:
     max_age_s: float
 
     @classmethod
-    def from_node(cls, node: Node) -> ForgeContext:
+    def from_assembly(cls, assembly: Assembly) -> ForgeContext:
+        """What an honest node's assembly (a SAPO peer: its share context) tells about the swarm."""
+        node, ctx = assembly.node, assembly.context
+        assert ctx is not None, "an attacker learns the swarm from a node that shares"
         cfg = node.cfg
         return cls(node.tokenizer, node.tokenizer_hash, node.family, cfg.task.build_source(), cfg.run.group_size,
-                   cfg.sampler.max_new_tokens, len(node.tokenizer), node.share_ctx.max_age_s)
+                   cfg.sampler.max_new_tokens, len(node.tokenizer), ctx.max_age_s)
 
     @classmethod
     def from_config(cls, cfg: NodeConfig, model_dir: Path) -> ForgeContext:

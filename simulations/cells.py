@@ -1,7 +1,7 @@
 """A simulation cell's parts shared by its transports: the nodes, their samplers, rows, the status servers.
 
-Contract: `build_nodes` sets up one `Node` per scenario node with its (not yet started) transport and a rollout
-exchange with the node's wire limits (`resume`: each from the newest checkpoint in its run dir); `CellSamplers` is
+Contract: `build_node(s)` assembles each scenario node as a SAPO peer (node/assembly.py, as `join` does) over its
+(not yet started) transport (`resume`: each from the newest checkpoint in its run dir); `CellSamplers` is
 each node's sampler or one shared LoRA engine (`shared_engine`) that batches a round's drafts; `row` is a node's
 metrics.csv row for one step; `cumulative_rewards` sums per-node rewards; `start_status_servers` serves node i's
 status on STATUS_HOST:P+i.
@@ -9,6 +9,7 @@ status on STATUS_HOST:P+i.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -19,10 +20,12 @@ from typing import TYPE_CHECKING, Any
 from simulations.scenario import Scenario, Variant
 from swarm_node.errors import UserError
 from swarm_node.model.default_model import ensure_default_model, load_tokenizer
+from swarm_node.node.assembly import Assembly, Sharing, assemble
 from swarm_node.node.build import sampler_settings
 from swarm_node.node.core import Node, NodeEvents
 from swarm_node.sampler.base import Sampler
-from swarm_node.sharing.exchange import TransportExchange, accept_policy_for
+from swarm_node.sharing.exchange import TransportExchange
+from swarm_node.sharing.pool import ExperiencePool
 from swarm_node.status.stats import NodeStats
 from swarm_node.transport.base import Transport
 from swarm_node.types import Draft, SkippedStep
@@ -38,12 +41,16 @@ STATUS_HOST = "127.0.0.1"
 @dataclass
 class SimNode:
     index: int
-    node: Node
+    assembly: Assembly
     transport: Transport
     exchange: TransportExchange
     join: float
     leave: float
     up: bool = False
+
+    @property
+    def node(self) -> Node:
+        return self.assembly.node
 
 
 def peer_name(index: int) -> str:
@@ -70,11 +77,11 @@ class CellSamplers:
     def sample_all(self, nodes: list[SimNode]) -> dict[int, Draft | SkippedStep]:
         """Every node's `sample_and_share`, by node index."""
         if self.engine is None or not self.engine.batches_policies or len(nodes) < 2:
-            return {n.index: n.node.sample_and_share() for n in nodes}
+            return {n.index: n.assembly.sample_and_share() for n in nodes}
         with self.engine.gather(len(nodes)) as leave, ThreadPoolExecutor(len(nodes), "sim-sample") as pool:
             def one(n: SimNode) -> Draft | SkippedStep:
                 try:
-                    return n.node.sample_and_share()
+                    return n.assembly.sample_and_share()
                 finally:
                     leave()
 
@@ -82,27 +89,31 @@ class CellSamplers:
             return {i: f.result() for i, f in futures.items()}
 
 
+def build_node(scn: Scenario, variant: Variant, seed: int, root: Path, i: int, stats: NodeStats,
+               transport: Transport, samplers: CellSamplers, resume: bool = False, keep_checkpoints: int | None = None,
+               pool: type[ExperiencePool] = ExperiencePool,
+               exchange: type[TransportExchange] = TransportExchange) -> SimNode:
+    """Scenario node i as a SAPO peer over `transport` (the assembly of `join`: its exchange guarded as there);
+    `resume`: from the newest checkpoint in its run dir (a resumed cell, snapshots.py)."""
+    spec = scn.node_spec(i)
+    cfg = scn.node_config(variant, i, seed, root / peer_name(i))
+    run = dataclasses.replace(cfg.run, resume=resume, keep_checkpoints=keep_checkpoints or cfg.run.keep_checkpoints)
+    assembly = assemble(dataclasses.replace(cfg, run=run), Sharing.SAPO, transport=transport, stats=stats,
+                        events=NodeEvents(log=lambda _m: None), model_dir=Path(spec.model) if spec.model else None,
+                        sampler=samplers.for_node(i), pool=pool, exchange=exchange)
+    stats.update(peer_id=transport.peer_id, total_steps=scn.rounds, phase="training")
+    assert assembly.exchange is not None
+    leave = float(spec.leave_round) if spec.leave_round else float("inf")
+    return SimNode(i, assembly, transport, assembly.exchange, float(spec.join_round), leave)
+
+
 def build_nodes(scn: Scenario, variant: Variant, seed: int, root: Path, stats: list[NodeStats],
                 transport_for: TransportFor, samplers: CellSamplers,
-                exchange_cls: type[TransportExchange] = TransportExchange, resume: bool = False) -> list[SimNode]:
-    """`resume`: each node continues from the newest checkpoint in its run dir (a resumed cell, snapshots.py)."""
-    nodes = []
-    for i in range(scn.nodes):
-        spec = scn.node_spec(i)
-        cfg = scn.node_config(variant, i, seed, root / peer_name(i))
-        cfg.run.resume = resume
-        node = Node(cfg, stats[i], events=NodeEvents(log=lambda _m: None),
-                    model_dir=Path(spec.model) if spec.model else None, sampler=samplers.for_node(i))
-        node.setup()
-        transport = transport_for(i)
-        stats[i].update(peer_id=transport.peer_id, total_steps=scn.rounds, phase="training")
-        exchange = exchange_cls(transport, node.wire_limits(),
-                                accept_policy_for(node.task_source))
-        exchange.ignore_signer = node.peer_guard.blocked  # the guard path of join (roles/wiring.open_exchange)
-        node.exchange = exchange
-        leave = float(spec.leave_round) if spec.leave_round else float("inf")
-        nodes.append(SimNode(i, node, transport, exchange, float(spec.join_round), leave))
-    return nodes
+                exchange: type[TransportExchange] = TransportExchange, resume: bool = False,
+                keep_checkpoints: int | None = None) -> list[SimNode]:
+    """Every scenario node (`build_node`), node i over `transport_for(i)`."""
+    return [build_node(scn, variant, seed, root, i, stats[i], transport_for(i), samplers, resume, keep_checkpoints,
+                       exchange=exchange) for i in range(scn.nodes)]
 
 
 def row(variant: str, seed: int, n: SimNode, rnd: int, t: float, m: dict[str, Any]) -> dict[str, Any]:
@@ -120,7 +131,7 @@ def train_round(active: list[SimNode], drafts: dict[int, Any], variant: str, see
     round's mean local reward over the nodes that have one (None: no node has)."""
     rewards = []
     for n in active:
-        metrics = n.node.mix_and_train(drafts[n.index])
+        metrics = n.assembly.mix_and_train(drafts[n.index])
         rows.append(row(variant, seed, n, rnd, t, metrics))
         if metrics.get("reward_mean") is not None:
             rewards.append(metrics["reward_mean"])
@@ -131,7 +142,7 @@ def drop_totals(nodes: list[SimNode]) -> dict[str, int]:
     """External groups the nodes dropped, summed per reason over senders and nodes."""
     drops: dict[str, int] = {}
     for n in nodes:
-        for (_sender, reason), count in n.node.peer_drops.items():
+        for (_sender, reason), count in n.assembly.peer_drops.items():
             drops[reason] = drops.get(reason, 0) + count
     return drops
 

@@ -29,9 +29,8 @@ from typing import Any
 from protocol.relay import DEFAULT_SCHEDULE
 from simulations.broadcast_sim import receiver_names, simulate
 from swarm_node.config import load_config
-from swarm_node.echo.learner import Learner
-from swarm_node.echo.worker import Worker
-from swarm_node.node.core import Node, NodeEvents
+from swarm_node.node.assembly import Assembly, assemble
+from swarm_node.node.run_files import NodeEvents
 from swarm_node.policy_sync.delta import PolicyUpdate
 
 
@@ -75,15 +74,14 @@ def dissemination_s(nbytes: int, workers: int, cfg: EchoSimConfig) -> list[float
     return [result.done_at[name] for name in receiver_names(workers)]
 
 
-def _node(cfg: EchoSimConfig, run_dir: Path, index: int, local_groups: int) -> Node:
+def _node(cfg: EchoSimConfig, run_dir: Path, index: int, local_groups: int) -> Assembly:
     overrides = {"run.prompts_per_step": cfg.prompts_per_step, "run.group_size": cfg.group_size,
                  "run.seed": cfg.seed * 1000 + index, "run.run_dir": str(run_dir), "run.steps": cfg.steps,
                  "run.eval_problems": 0, "run.checkpoint_every": cfg.steps + 1, "sampler.kind": "hf",
                  "train.max_staleness": cfg.max_staleness, "train.threads": 1, "status.port": -1,
-                 "share.local_groups": local_groups, "model.path": cfg.model_path, **cfg.overrides}
-    node = Node(load_config(None, overrides), events=NodeEvents(log=lambda _m: None))
-    node.setup()
-    return node
+                 "share.local_groups": local_groups, "model.path": cfg.model_path, "echo.encoding": cfg.encoding,
+                 **cfg.overrides}
+    return assemble(load_config(None, overrides), events=NodeEvents(log=lambda _m: None))
 
 
 def run_echo(cfg: EchoSimConfig, run_dir: Path, on_step: Callable[[dict[str, Any]], None] | None = None
@@ -94,10 +92,8 @@ def run_echo(cfg: EchoSimConfig, run_dir: Path, on_step: Callable[[dict[str, Any
     per_worker = cfg.prompts_per_step // cfg.workers
     nodes = [_node(cfg, run_dir / "learner", 0, 0)]
     nodes += [_node(cfg, run_dir / f"worker{i}", i + 1, per_worker) for i in range(cfg.workers)]
-    learner = Learner(nodes[0], batch_groups=cfg.prompts_per_step, max_staleness=cfg.max_staleness,
-                      max_new_tokens=nodes[0].cfg.sampler.max_new_tokens, encoding=cfg.encoding)
-    workers = [Worker(n, kappa=n.cfg.echo.publish_every, max_staleness=n.cfg.train.max_staleness,
-                      max_delta_norm=n.cfg.echo.max_delta_norm) for n in nodes[1:]]
+    learner = nodes[0].learner()
+    workers = [n.worker() for n in nodes[1:]]
     for w in workers:
         if w.base_sha256() != learner.base_sha256:
             raise ValueError("workers and learner must start from the same base model")

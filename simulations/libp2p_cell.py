@@ -98,7 +98,7 @@ async def _run_sync_libp2p(scn: Scenario, variant: str, seed: int, nodes: list[S
         t = time.monotonic() - started
         rewards = []
         for n in active:
-            metrics = await loop.run_in_executor(pool, n.node.mix_and_train, drafts[n.index])
+            metrics = await loop.run_in_executor(pool, n.assembly.mix_and_train, drafts[n.index])
             rows.append(row(variant, seed, n, rnd + 1, t, metrics))
             if metrics.get("reward_mean") is not None:
                 rewards.append(metrics["reward_mean"])

@@ -80,9 +80,9 @@ async def _run_async(scn: Scenario, variant: str, seed: int, nodes: list[SimNode
         await set_membership(nodes, t / round_s)
         if not n.up:
             continue
-        draft = n.node.sample_and_share()
+        draft = n.assembly.sample_and_share()
         await n.exchange.flush()
-        metrics = n.node.mix_and_train(draft)
+        metrics = n.assembly.mix_and_train(draft)
         steps[i] += 1
         rows.append(row(variant, seed, n, steps[i], t, metrics))
         done_total += 1
@@ -116,9 +116,7 @@ def memory_cell(scn: Scenario, variant: Variant, seed: int, root: Path, stats: l
     async def main() -> list[SimNode]:
         hub = NetworkHub(link_model(scn), seed)
         nodes = build_nodes(scn, variant, seed, root, stats, lambda i: MemoryTransport(hub, peer_name(i)), samplers,
-                            resume=resumed is not None)
-        for n in nodes:
-            n.node.cfg.run.keep_checkpoints = KEEP_CHECKPOINTS
+                            resume=resumed is not None, keep_checkpoints=KEEP_CHECKPOINTS)
         if resumed is not None:
             rows.extend(resumed.rows)
             restore(resumed.progress, nodes, hub)

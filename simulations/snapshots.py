@@ -125,10 +125,10 @@ def read_snapshot(root: Path, progress: Progress | None = None) -> Resume:
 def restore(progress: Progress, nodes: list[SimNode], hub: NetworkHub) -> None:
     """What the nodes' checkpoints lack (call after building the nodes with `run.resume`)."""
     for n, extra in zip(nodes, progress.nodes, strict=True):
-        n.node.trainer.rng.setstate(checkpoint.state_from_json(extra["trainer_rng"]))
-        n.node.share_rng.setstate(checkpoint.state_from_json(extra["share_rng"]))
-        for sender, reason, count in extra["drops"]:
-            n.node.ingest.peer_drops[(sender, reason)] = count
+        n.node.streams.set_state({k: extra[k] for k in ("trainer_rng", "share_rng")})
+        peer = n.assembly.peer
+        for sender, reason, count in extra["drops"] if peer is not None else ():
+            peer.ingest.peer_drops[(sender, reason)] = count
     hub.restore(progress.hub)
     random.setstate(checkpoint.state_from_json(progress.global_rng["python"]))
     raw = bytearray(base64.b64decode(progress.global_rng["torch"]))
@@ -187,10 +187,9 @@ class CellSnapshots:
 
 
 def _node_extra(n: SimNode) -> dict[str, Any]:
-    node = n.node
-    return {"trainer_rng": checkpoint.state_to_json(node.trainer.rng.getstate()),
-            "share_rng": checkpoint.state_to_json(node.share_rng.getstate()),
-            "drops": [[sender, reason, count] for (sender, reason), count in node.ingest.peer_drops.items()]}
+    streams = n.node.streams.state()
+    return {"trainer_rng": streams["trainer_rng"], "share_rng": streams["share_rng"],
+            "drops": [[sender, reason, count] for (sender, reason), count in n.assembly.peer_drops.items()]}
 
 
 def _has_checkpoint(run_dir: Path, step: int) -> bool:

@@ -2,13 +2,56 @@
 
 A leaf module: it imports only `tasks` (pure) and the standard library, so samplers, the trainer, sharing, the
 ECHO-2 roles and the node can all exchange these without importing one another.
+
+Every type here is frozen and holds tuples, not lists: a value handed to another component never changes under it.
+A changed value is a new value (`dataclasses.replace`). Sequences given to a constructor are stored as tuples.
+`tests/test_layering.py` checks both rules.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
 
 from swarm_node.tasks import TaskInstance
+
+
+def _tuples(obj: object, *names: str) -> None:
+    """Store the named sequence fields as tuples (a frozen value must not share a list with its caller)."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and not isinstance(value, tuple):
+            object.__setattr__(obj, name, tuple(value))
+
+
+class OriginKind(enum.Enum):
+    LOCAL = "local"  # sampled by this node's own policy (its lag is measured in our versions)
+    WORKER = "worker"  # sampled by an ECHO-2 worker of ours, from a policy we published
+    PEER = "peer"  # received from another peer (SAPO), re-scored by our verifier
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Who generated a group's completions. Only a `LOCAL` group's log-probs are our own sampler's: every other
+    origin is off-policy for the loss (its log-probs only enter the truncated importance weight)."""
+
+    kind: OriginKind
+    peer_id: str = ""  # PEER (and a WORKER known by its peer id): the sender
+
+    @classmethod
+    def peer(cls, peer_id: str) -> Origin:
+        return cls(OriginKind.PEER, peer_id)
+
+    @property
+    def is_local(self) -> bool:
+        return self.kind is OriginKind.LOCAL
+
+
+LOCAL = Origin(OriginKind.LOCAL)
+WORKER = Origin(OriginKind.WORKER)
 
 
 @dataclass(frozen=True)
@@ -16,10 +59,13 @@ class Completion:
     """One sampled completion: token ids (ending with EOS when the model stopped), decoded text (without EOS),
     the processed log-prob of each sampled token, and the policy version that produced it."""
 
-    token_ids: list[int]
+    token_ids: tuple[int, ...]
     text: str
-    logprobs: list[float]
+    logprobs: tuple[float, ...]
     version: int
+
+    def __post_init__(self) -> None:
+        _tuples(self, "token_ids", "logprobs")
 
 
 @dataclass(frozen=True)
@@ -30,26 +76,31 @@ class TrainSample:
     `token_weights`: a fixed weight per completion token multiplying its loss term (0 drops the token).
     `is_cap`: for an off-policy row, its own cap on min(pi_proximal / mu, cap) instead of `train.is_cap`."""
 
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    behaviour_logprobs: list[float]
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    behaviour_logprobs: tuple[float, ...]
     advantage: float
     off_policy: bool = False  # behaviour policy is older than the trained one: apply the IS weight
-    token_weights: list[float] | None = None  # one per completion token, or None (all 1)
+    token_weights: tuple[float, ...] | None = None  # one per completion token, or None (all 1)
     is_cap: float | None = None  # None: the trainer's train.is_cap
 
+    def __post_init__(self) -> None:
+        _tuples(self, "prompt_ids", "completion_ids", "behaviour_logprobs", "token_weights")
 
-@dataclass
+
+@dataclass(frozen=True)
 class ScoredGroup:
     """G completions of one task instance, scored by our own verifier, with group-relative advantages."""
 
     inst: TaskInstance
-    prompt_ids: list[int]
-    completions: list[Completion]
-    rewards: list[float]
-    advantages: list[float] = field(default_factory=list)
-    source: str = "local"  # "local", "worker", or the sending peer's id
-    off_policy: bool = False
+    prompt_ids: tuple[int, ...]
+    completions: tuple[Completion, ...]
+    rewards: tuple[float, ...]
+    advantages: tuple[float, ...] = ()
+    origin: Origin = LOCAL
+
+    def __post_init__(self) -> None:
+        _tuples(self, "prompt_ids", "completions", "rewards", "advantages")
 
     @property
     def version(self) -> int:
@@ -76,15 +127,41 @@ class PoolEntry:
     retokenized: bool = False  # sender used another tokenizer: its log-probs do not apply to our token ids
 
 
-@dataclass
-class Draft:
-    """The first half of a step: this step's groups, sampled and scored (and, for a peer, published)."""
+@dataclass(frozen=True)
+class ShareReport:
+    """What a SAPO peer did for one step (sharing/peer.py): received, dropped, and its pool after taking."""
 
-    groups: list[ScoredGroup]
+    received: int
+    dropped: Mapping[str, int]  # this step's drops by reason (stored read-only)
+    pool_size: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dropped", MappingProxyType(dict(self.dropped)))
+
+    def metrics(self, externals: tuple[PoolEntry, ...]) -> dict[str, Any]:
+        """The peer fields of a step's metrics (absent for a node that does not share)."""
+        rewards = [r for e in externals for r in e.group.rewards]
+        return {"external_used": len(externals), "external_sources": sorted({e.sender for e in externals}),
+                "external_reward_mean": sum(rewards) / len(rewards) if rewards else None,
+                "pool_size": self.pool_size, "received": self.received, "external_dropped": dict(self.dropped)}
+
+
+@dataclass(frozen=True)
+class Draft:
+    """The first half of a step: this step's groups, sampled and scored (and, for a peer, published); a SAPO peer
+    adds the external groups it took from its pool for this step and its report (`share`)."""
+
+    groups: tuple[ScoredGroup, ...]
     gen_s: float
     gen_tokens: int
     started: float
     version: int  # the policy version that generated the groups
+    draw: int = 0  # the node's batch number of this draw (a published group's id derives from it)
+    externals: tuple[PoolEntry, ...] = ()
+    share: ShareReport | None = None  # None: a node that does not share
+
+    def __post_init__(self) -> None:
+        _tuples(self, "groups", "externals")
 
 
 @dataclass(frozen=True)
@@ -92,3 +169,4 @@ class SkippedStep:
     """A step that produced nothing to train on, and why (e.g. a non-finite reward). It still counts as a step."""
 
     reason: str
+

@@ -25,7 +25,7 @@ from swarm_node.sharing.wire import content_key
 from swarm_node.status.stats import NodeStats
 from swarm_node.transport.base import ValidationResult
 from swarm_node.transport.memory import MemoryHub, MemoryTransport
-from swarm_node.types import PoolEntry
+from swarm_node.types import Draft, PoolEntry
 from tests.test_broadcast import LEARNER, WORKERS, payload_of, publish, received, swarm
 from tests.test_delta_guard import Host, announce_of, fake_source, publisher_for, step_weight
 
@@ -40,14 +40,15 @@ def test_a_simulated_nodes_exchange_ignores_blocked_signers_unread(tmp_path: Pat
     hub = MemoryHub()
     nodes = build_nodes(scn, scn.variants[0], 0, tmp_path, [NodeStats(), NodeStats()],
                         lambda i: MemoryTransport(hub, peer_name(i)), CellSamplers())
-    node, exchange = nodes[0].node, nodes[0].exchange
+    node, exchange, guard = nodes[0].node, nodes[0].exchange, nodes[0].assembly.guard
+    assert guard is not None
     now = time.time()
-    [group] = fair(ForgeContext.from_node(node), random.Random(0), "node1", now, [])
+    [group] = fair(ForgeContext.from_assembly(nodes[0].assembly), random.Random(0), "node1", now, [])
     data = encode(RolloutBatch((group,)))
     assert exchange._validate("node1", data) is ValidationResult.ACCEPT
     exchange.replay = ReplayGuard(exchange.limits.max_age_s)  # the same message again, as if not seen
-    node.peer_guard.reputation.ban("node1", until=now + 3600)
-    node.peer_guard.settle(now)
+    guard.reputation.ban("node1", until=now + 3600)
+    guard.settle(now)
     assert exchange._validate("node1", data) is ValidationResult.IGNORE
     assert exchange.drain() == [] and node.stats.dropped["banned"] == 1  # ignored unread: nothing queued
     for n in nodes:
@@ -70,11 +71,13 @@ def test_a_node_marks_what_it_publishes_as_seen(tmp_path: Path, tiny_model_dir: 
     hub = MemoryHub()
     [sim] = build_nodes(scn, scn.variants[0], 0, tmp_path, [NodeStats()], lambda i: MemoryTransport(hub, "node0"),
                         CellSamplers())
-    draft = sim.node.sample_and_share()
+    draft = sim.assembly.sample_and_share()
+    assert isinstance(draft, Draft) and sim.assembly.peer is not None
     keys = [content_key(g.inst.ref, [c.token_ids for c in g.completions]) for g in draft.groups]
     assert len(keys) == 2
     for key in keys:  # a replay of one of them, under any name, is a duplicate
-        assert sim.node.pool.add(PoolEntry(draft.groups[0], "mallory", key, 0)) == [("mallory", "duplicate")]
+        pool = sim.assembly.peer.pool
+        assert pool.add(PoolEntry(draft.groups[0], "mallory", key, 0)) == [("mallory", "duplicate")]
     sim.node.close()
 
 

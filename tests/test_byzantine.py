@@ -65,7 +65,7 @@ def test_forged_rewards_are_rescored_and_flagged() -> None:
     assert [c.claimed_reward for c in group.completions] == [0.0] * 4 + [1.0] * 4
     outcome = accept_external(group, "mallory", SHARE, NOW)
     assert outcome.forged_reward and outcome.external is not None
-    assert outcome.external.group.rewards == [1.0] * 4 + [0.0] * 4  # ours, never the claims
+    assert outcome.external.group.rewards == (1.0,) * 4 + (0.0,) * 4  # ours, never the claims
 
 
 def test_out_of_vocabulary_ids_stop_at_the_wire_and_garbage_has_no_signal() -> None:
@@ -98,7 +98,7 @@ def test_junk_passes_the_verifier_and_only_the_well_formed_defence_stops_it(seed
     defended = accept_external(group, "mallory", SHARE, NOW)
     assert (defended.external, defended.reason, defended.malformed) == (None, "zero_advantage", 4)
     undefended = accept_external(group, "mallory", dataclasses.replace(SHARE, require_well_formed=False), NOW)
-    assert undefended.external is not None and undefended.external.group.rewards == [1.0] * 4 + [0.0] * 4
+    assert undefended.external is not None and undefended.external.group.rewards == (1.0,) * 4 + (0.0,) * 4
 
 
 def test_junk_text_fills_the_budget() -> None:

@@ -63,9 +63,9 @@ def test_each_correction_on_one_sample() -> None:
     assert shrunk.advantage == pytest.approx(-0.75)
     ftis = CORRECTIONS["ftis"](base, sender, PARAMS)
     assert ftis.token_weights == pytest.approx([1.0, 0.5])
-    assert (ftis.advantage, ftis.behaviour_logprobs, ftis.off_policy) == (-1.5, local, False)
+    assert (ftis.advantage, ftis.behaviour_logprobs, ftis.off_policy) == (-1.5, tuple(local), False)
     dec = CORRECTIONS["decoupled"](base, sender, PARAMS)
-    assert (dec.behaviour_logprobs, dec.off_policy, dec.is_cap, dec.advantage) == (sender, True, 1.0, -1.5)
+    assert (dec.behaviour_logprobs, dec.off_policy, dec.is_cap, dec.advantage) == (tuple(sender), True, 1.0, -1.5)
     assert dec.token_weights is None
     for name in variants.CORRECTIONS:  # another tokenizer: no sender log-probs, the on-policy sample as it is
         assert CORRECTIONS[name](base, None, PARAMS) == base

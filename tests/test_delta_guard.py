@@ -186,7 +186,7 @@ def fake_source(updates: list[tuple[PolicyAnnounce, bytes]], catalog: list[Polic
     source.broadcaster = types.SimpleNamespace(completed=completed, catalog=get_catalog, fetch=fetch)  # type: ignore
     source.net = types.SimpleNamespace(call=lambda fn: asyncio.run(fn(None)), drain=lambda topic: [])  # type: ignore
     source.events = types.SimpleNamespace(log=logs.append)  # type: ignore[assignment]
-    source.node = types.SimpleNamespace(peer_guard=guard)  # type: ignore[assignment]
+    source.guard = guard  # type: ignore[assignment]
     source.stats, source.learner_id, source.me, source.limits = NodeStats(), LEARNER, "w0", Limits()
     source.worker = Worker(host, kappa=1, max_staleness=1, max_delta_norm=1.5)
     source.peer_events = deque()

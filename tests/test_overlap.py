@@ -108,7 +108,7 @@ def test_batch_beyond_the_bound_never_reaches_the_loss(tiny_model_dir: Path, tmp
     node = _node(tiny_model_dir, tmp_path, staleness=1)
     node.setup()
     try:
-        node.version = 5
+        node._version = 5  # as if five updates had happened
         stale = Draft(groups=[object()] * 3, gen_s=0.0, gen_tokens=0, started=time.monotonic(), version=3)
 
         class Exhausted(Exception):
@@ -117,6 +117,7 @@ def test_batch_beyond_the_bound_never_reaches_the_loss(tiny_model_dir: Path, tmp
         class OneBatch:
             released = 0
             given = False
+            started = True  # a running generator
 
             def get(self) -> Draft:
                 if self.given:

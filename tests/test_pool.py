@@ -10,14 +10,14 @@ from swarm_node import tasks
 from swarm_node.sampler.base import Completion
 from swarm_node.sharing.pool import ExperiencePool
 from swarm_node.sharing.selection import SELECTIONS
-from swarm_node.types import PoolEntry, ScoredGroup
+from swarm_node.types import Origin, PoolEntry, ScoredGroup
 
 
 def entry(sender: str, key: str, step: int = 0, rewards: tuple[float, ...] = (1.0, 0.0)) -> PoolEntry:
     ref = tasks.TaskRef("chain_sum", "{}", 0, 0)
     inst = tasks.TaskInstance(ref, "q", "a", "q\nAnswer: ", {})
     group = ScoredGroup(inst, [5], [Completion([7], "x", [-0.1], 0) for _ in rewards], list(rewards),
-                        [1.0, -1.0], source=sender)
+                        [1.0, -1.0], Origin.peer(sender))
     return PoolEntry(group, sender, key.encode(), step)
 
 

@@ -13,7 +13,8 @@ import pytest
 from protocol.messages import RolloutGroup
 from swarm_node import variants
 from swarm_node.config import load_config
-from swarm_node.node.core import Node, NodeEvents
+from swarm_node.node.assembly import Assembly, Sharing, assemble
+from swarm_node.node.core import NodeEvents
 from swarm_node.node.run_files import RunSummary
 from swarm_node.status.stats import NodeStats
 from swarm_node.types import Draft
@@ -57,12 +58,13 @@ def test_sapo_join_path_bounds_token_ids_by_the_node_vocabulary(tiny_model_dir: 
                                                                              FakeNet()))
     seen: dict[str, int | None] = {}
 
-    def run(self: Node, source: object = None) -> RunSummary:
-        seen["vocab_size"] = self.exchange.exchange.limits.vocab_size  # type: ignore[union-attr]
-        seen["ours"] = len(self.tokenizer)
-        return RunSummary(0, None, None, None, self.run_dir, 0)
+    def run(self: Assembly) -> RunSummary:
+        assert self.exchange is not None
+        seen["vocab_size"] = self.exchange.limits.vocab_size
+        seen["ours"] = len(self.node.tokenizer)
+        return RunSummary(0, None, None, None, self.node.run_dir, 0)
 
-    monkeypatch.setattr(Node, "run", run)
+    monkeypatch.setattr(Assembly, "run", run)
     ROLES["peer"](_cfg(tiny_model_dir, tmp_path), NodeStats(), NodeEvents(log=lambda _m: None))
     assert seen["vocab_size"] == seen["ours"] and seen["ours"]
 
@@ -71,19 +73,21 @@ def test_workers_publish_the_model_family_like_peers(tiny_model_dir: Path, tmp_p
     """Drift (b): workers published rollout groups with family "" while peers published the model type."""
     from swarm_node.roles.worker import publish_draft
 
-    node = Node(_cfg(tiny_model_dir, tmp_path), events=NodeEvents(log=lambda _m: None))
-    node.setup()
+    peer_sent: list[RolloutGroup] = []
+    assembly = assemble(_cfg(tiny_model_dir, tmp_path), Sharing.SAPO, transport=SimpleNamespace(peer_id="peer1"),  # type: ignore[arg-type]
+                        events=NodeEvents(log=lambda _m: None),
+                        outbox=lambda _ex: SimpleNamespace(peer_id="peer1", publish=peer_sent.extend, drain=list))  # type: ignore[arg-type,return-value]
+    node = assembly.node
     try:
         groups, gen_s, tokens = node.generate_groups()
         sent: list[RolloutGroup] = []
         outbox = SimpleNamespace(publish=sent.extend)
-        publish_draft(node, outbox, "learner", "worker1", Draft(groups, gen_s, tokens, time.monotonic(), 3),  # type: ignore[arg-type]
-                      batch=1)
-        peer_sent: list[RolloutGroup] = []
-        node.exchange = SimpleNamespace(peer_id="peer1", publish=peer_sent.extend, drain=list)  # type: ignore[assignment]
-        node.sample_and_share()
+        assert assembly.signer is not None
+        publish_draft(assembly.signer, outbox, "learner", "worker1",  # type: ignore[arg-type]
+                      Draft(groups, gen_s, tokens, time.monotonic(), 3), batch=1)
+        assembly.sample_and_share()
     finally:
-        node.close()
+        assembly.close()
     family = node.model.config.model_type
     assert family and len(sent) == len(groups)
     assert {g.model_family for g in sent} == {g.model_family for g in peer_sent} == {family}

@@ -20,7 +20,7 @@ from swarm_node.sharing.rescore import CompletionBounds, ShareContext, accept_ex
 from swarm_node.sharing.wire import group_id_for, to_wire
 from swarm_node.train.scoring import score_group
 from swarm_node.train.trainer import Trainer
-from swarm_node.types import TrainSample
+from swarm_node.types import Origin, TrainSample
 
 NOW = 1_700_000_000.0
 TOK = build_char_tokenizer()
@@ -50,16 +50,16 @@ def test_honest_group_is_rescored_with_our_verifier() -> None:
     out = accept_external(wire(completion(INST.answer, 1.0), completion("9999", 0.0)), "peerA", CTX, NOW)
     assert out.reason == "" and not out.forged_reward
     g = out.external.group
-    assert g.rewards == [1.0, 0.0] and g.advantages == [1.0, -1.0]
-    assert g.source == "peerA" and g.prompt_ids == TOK.encode(INST.prompt)
-    assert g.completions[0].token_ids == TOK.encode(INST.answer) + [EOS]
+    assert g.rewards == (1.0, 0.0) and g.advantages == (1.0, -1.0)
+    assert g.origin == Origin.peer("peerA") and g.prompt_ids == tuple(TOK.encode(INST.prompt))
+    assert g.completions[0].token_ids == (*TOK.encode(INST.answer), EOS)
     assert not out.external.retokenized
 
 
 def test_forged_rewards_are_ignored_and_flagged() -> None:
     # claims the wrong answer is right and vice versa: our scores win, the sender is flagged
     out = accept_external(wire(completion(INST.answer, 0.0), completion("9999", 1.0)), "peerA", CTX, NOW)
-    assert out.forged_reward and out.external.group.rewards == [1.0, 0.0]
+    assert out.forged_reward and out.external.group.rewards == (1.0, 0.0)
     # all-wrong group claimed correct: zero advantage after re-scoring, dropped and still flagged
     out = accept_external(wire(completion("9999", 1.0), completion("8888", 1.0)), "peerA", CTX, NOW)
     assert (out.external, out.reason, out.forged_reward) == (None, "zero_advantage", True)
@@ -69,7 +69,7 @@ def test_text_is_ours_not_the_senders() -> None:
     """Same tokenizer: we score our decoding of the token ids; a lying text field cannot buy a reward."""
     lying = CompletionWire(tuple(TOK.encode("9999") + [EOS]), INST.answer, (-0.5,) * 5, 1.0)
     out = accept_external(wire(lying, completion(INST.answer, 1.0)), "peerA", CTX, NOW)
-    assert out.external.group.rewards == [0.0, 1.0] and out.external.group.completions[0].text == "9999"
+    assert out.external.group.rewards == (0.0, 1.0) and out.external.group.completions[0].text == "9999"
 
 
 @pytest.mark.parametrize(("group", "sender", "reason"), [
@@ -96,9 +96,9 @@ def test_other_tokenizer_retokenizes_the_text() -> None:
     foreign = (CompletionWire((1, 2, 3), INST.answer, (-0.1,) * 3, 1.0), CompletionWire((4,), "9999", (-0.1,), 0.0))
     out = accept_external(wire(*foreign, tok_hash="other"), "peerA", CTX, NOW)
     ext = out.external
-    assert ext.retokenized and ext.group.rewards == [1.0, 0.0]
-    assert ext.group.completions[0].token_ids == TOK.encode(INST.answer) + [EOS]
-    assert ext.group.completions[0].logprobs == []
+    assert ext.retokenized and ext.group.rewards == (1.0, 0.0)
+    assert ext.group.completions[0].token_ids == (*TOK.encode(INST.answer), EOS)
+    assert ext.group.completions[0].logprobs == ()
 
 
 def test_content_key_ignores_order_and_group_id() -> None:
@@ -112,7 +112,7 @@ def test_content_key_ignores_order_and_group_id() -> None:
 
 def test_to_wire_round_trip_through_accept() -> None:
     comps = [Completion(TOK.encode(t) + [EOS], t, [-0.25] * (len(t) + 1) + [], 2) for t in (INST.answer, "77")]
-    comps[0] = Completion(comps[0].token_ids, comps[0].text, comps[0].logprobs[:-1] + [1e-9], 2)  # rounding
+    comps[0] = Completion(comps[0].token_ids, comps[0].text, (*comps[0].logprobs[:-1], 1e-9), 2)  # rounding
     local = score_group(INST, TOK.encode(INST.prompt), comps)
     w = to_wire(local, "peerA", 2, CTX.tokenizer_hash, "qwen2", NOW, group_id_for("peerA", 0, 0, 0))
     assert w.completions[0].logprobs[-1] == 0.0 and w.completions[0].claimed_reward == 1.0
@@ -138,7 +138,7 @@ def test_external_samples_are_on_policy_and_is_only_shrinks(tiny_model_dir: Path
     entry = PoolEntry(out.external.group, "peerA", out.external.key, 0)
     plain = external_samples(trainer, [entry], "none", 1.0)
     local = policy_logprobs(trainer, plain)
-    assert [s.behaviour_logprobs for s in plain] == local  # ratio 1 at the first minibatch
+    assert [list(s.behaviour_logprobs) for s in plain] == local  # ratio 1 at the first minibatch
     assert [s.advantage for s in plain] == [1.0, -1.0]
     weighted = external_samples(trainer, [entry], "is", 1.0)
     # completion 0: sender claims lp -50 per token -> ratio huge -> capped at 1, never enlarged; completion 1:
@@ -167,7 +167,7 @@ def test_a_group_exactly_at_the_bounds_is_accepted() -> None:
     for other in (stopped, truncated, top):
         assert len(other.token_ids) == MAX_NEW
         out = accept_external(wire(right, other), "peerA", BOUNDED, NOW)
-        assert out.reason == "" and out.external.group.rewards == [1.0, 0.0]
+        assert out.reason == "" and out.external.group.rewards == (1.0, 0.0)
     retok = accept_external(wire(right, CompletionWire((7,), "9" * (MAX_NEW - 1), (-0.1,), 0.0), tok_hash="other"),
                             "peerA", BOUNDED, NOW)  # re-tokenized: 7 characters + our EOS = 8 ids
     assert retok.reason == "" and retok.external.retokenized

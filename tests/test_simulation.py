@@ -18,7 +18,8 @@ from simulations.scenario import parse_scenario
 from swarm_node import tasks
 from swarm_node.config import NodeConfig
 from swarm_node.errors import UserError
-from swarm_node.node.core import Node, NodeEvents
+from swarm_node.node.assembly import Sharing, assemble
+from swarm_node.node.core import NodeEvents
 from swarm_node.sampler.base import SamplingParams
 from swarm_node.sharing.exchange import TransportExchange, accept_policy_for
 from swarm_node.transport.memory import MemoryTransport, memory_addr
@@ -110,16 +111,17 @@ def _weak_reward_after(tiny_model_dir: Path, tmp_path: Path, external: int, roun
                         "task": {"name": "chain_sum",
                                  "options": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}}})
     cfg.run.run_dir, cfg.run.seed, cfg.run.eval_problems, cfg.status.port = str(tmp_path / f"j{external}"), 0, 0, -1
-    node = Node(cfg.validate(), events=NodeEvents(log=lambda _m: None), model_dir=tiny_model_dir)
-    node.setup()
+    hub = NetworkHub(LinkModel(latency_s=0.01))
+    weak, oracle = MemoryTransport(hub, "weak"), MemoryTransport(hub, "oracle")
+    assembly = assemble(cfg.validate(), Sharing.SAPO, transport=weak, events=NodeEvents(log=lambda _m: None),
+                        model_dir=tiny_model_dir)
+    node = assembly.node
     from swarm_node.model.tokenizer import tokenizer_hash
 
     async def main() -> None:
-        hub = NetworkHub(LinkModel(latency_s=0.01))
-        weak, oracle = MemoryTransport(hub, "weak"), MemoryTransport(hub, "oracle")
         limits = Limits(vocab_size=len(node.tokenizer))
-        ex = TransportExchange(weak, limits, accept_policy_for(node.task_source))
-        node.exchange = ex
+        ex = assembly.exchange
+        assert ex is not None
         oracle_ex = TransportExchange(oracle, limits, accept_policy_for(node.task_source))
         for t, e in ((weak, ex), (oracle, oracle_ex)):
             await t.start()
@@ -127,14 +129,14 @@ def _weak_reward_after(tiny_model_dir: Path, tmp_path: Path, external: int, roun
         await weak.connect(memory_addr("oracle"))
         h = tokenizer_hash(node.tokenizer)
         for rnd in range(rounds):
-            draft = node.sample_and_share()
+            draft = assembly.sample_and_share()
             oracle_ex.publish([RolloutGroup(g.group_id, g.policy_id, g.policy_version, g.task, g.completions, h,
                                             g.model_family, g.created_at)
                                for g in _oracle_groups(node.task_source, node.tokenizer, rnd)])
             await ex.flush()
             await oracle_ex.flush()
             await hub.advance_to(float(rnd + 1))
-            node.mix_and_train(draft)
+            assembly.mix_and_train(draft)
         await weak.stop()
         await oracle.stop()
 

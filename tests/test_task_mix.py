@@ -149,7 +149,7 @@ def test_accept_list_wider_than_the_mix_on_the_wire_and_in_rescoring() -> None:
     tok = build_char_tokenizer()
     ctx = ShareContext(tok, tokenizer_hash(tok), source, CompletionBounds(16, 256, len(tok), 2))
     ok = accept_external(_group(_training_ref("basic_arithmetic", arith), tok), "peerA", ctx, 1000.0)
-    assert ok.reason == "" and ok.external.group.rewards == [1.0, 0.0]
+    assert ok.reason == "" and ok.external.group.rewards == (1.0, 0.0)
     not_ours = accept_external(_group(_training_ref("leg_counting", "{}"), tok), "peerA", ctx, 1000.0)
     assert (not_ours.external, not_ours.reason) == (None, "task_not_allowed")
 

@@ -64,11 +64,11 @@ def test_definition_edges() -> None:
 
 def test_score_group_zeroes_malformed_completions() -> None:
     group = score_group(INST, PROMPT_IDS, completions(CASES), SOURCE.reward, eos_id=EOS, special_ids=SPECIAL)
-    assert group.rewards == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert group.rewards == (1.0, 0.0, 0.0, 0.0, 0.0)
     assert group.advantages[0] > 0 and all(a <= 0 for a in group.advantages[1:])
     # without an EOS id the check is skipped: the first line alone decides (the verifier's view)
     unchecked = score_group(INST, PROMPT_IDS, completions(CASES), SOURCE.reward)
-    assert unchecked.rewards == [1.0, 1.0, 1.0, 1.0, 0.0]
+    assert unchecked.rewards == (1.0, 1.0, 1.0, 1.0, 0.0)
 
 
 def test_partial_credit_mode_is_zero_when_malformed() -> None:
@@ -76,7 +76,7 @@ def test_partial_credit_mode_is_zero_when_malformed() -> None:
     cases = [ids_text("-" + ANSWER), ids_text("-" + ANSWER + "\njunk"), ids_text("-" + ANSWER, eos=False)]
     comps = [Completion(ids, text, [-0.5] * len(ids), 0) for ids, text in cases]
     group = score_group(INST, PROMPT_IDS, comps, partial.reward, eos_id=EOS, special_ids=SPECIAL)
-    assert group.rewards[0] == pytest.approx(0.5) and group.rewards[1:] == [0.0, 0.0]
+    assert group.rewards[0] == pytest.approx(0.5) and group.rewards[1:] == (0.0, 0.0)
 
 
 def ctx(group_size: int) -> ShareContext:
@@ -99,13 +99,13 @@ def test_verifier_passing_junk_from_a_peer_is_dropped() -> None:
     assert (out.external, out.reason, out.malformed) == (None, "zero_advantage", 3)
     # kept (a learner keeps no-signal groups): all rewards 0, so every advantage is 0
     kept = accept_external(wire(junk), "peerA", ctx(len(junk)), NOW, keep_no_signal=True)
-    assert kept.external.group.rewards == [0.0] * 3 and kept.external.group.advantages == [0.0] * 3
+    assert kept.external.group.rewards == (0.0,) * 3 and kept.external.group.advantages == (0.0,) * 3
 
 
 def test_mixed_group_only_the_well_formed_right_answer_gains() -> None:
     out = accept_external(wire(CASES, claimed=0.0), "peerA", ctx(len(CASES)), NOW)
     g = out.external.group
-    assert out.malformed == 3 and g.rewards == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert out.malformed == 3 and g.rewards == (1.0, 0.0, 0.0, 0.0, 0.0)
     assert g.advantages[0] > 0 and all(a <= 0 for a in g.advantages[1:])
 
 
@@ -113,4 +113,4 @@ def test_retokenized_text_is_checked_too() -> None:
     """Another tokenizer: we append our EOS, so the text alone decides; a second line is still malformed."""
     cases = [("right", [], ANSWER, True), ("junk", [], ANSWER + "\njunk", False)]
     out = accept_external(wire(cases, claimed=0.0, tok_hash="other"), "peerA", ctx(2), NOW)
-    assert out.external.retokenized and out.malformed == 1 and out.external.group.rewards == [1.0, 0.0]
+    assert out.external.retokenized and out.malformed == 1 and out.external.group.rewards == (1.0, 0.0)

@@ -26,7 +26,7 @@ from torch import nn
 from swarm_node.policy_sync.delta import PolicyPublisher, PolicyUpdate, model_state
 from swarm_node.status.stats import NodeStats
 from swarm_node.train.staleness import RolloutBuffer
-from swarm_node.types import Draft, ScoredGroup
+from swarm_node.types import WORKER, Draft, ScoredGroup
 
 
 class LearnerHost(Protocol):
@@ -66,11 +66,11 @@ class Learner:
             return "unknown_version"
         if any(len(c.logprobs) != len(c.token_ids) or len(c.token_ids) > self.longest for c in g.completions):
             return "bad_shape"  # re-tokenized text (no behaviour log-probs) or longer than we sample
-        if g.source == "local":
-            g.source = "worker"  # never the ratio's reference in the loss (see Node._train)
-        # Re-tag with the learner version so that the node measures lag in its own steps.
-        g.completions = [dataclasses.replace(c, version=version) for c in g.completions]
-        self.buffer.add(g, version)
+        # Re-tagged with the learner version so that the node measures lag in its own steps; a group of our own
+        # sampling (a simulation's worker) becomes a worker's, never the ratio's reference in the loss.
+        origin = WORKER if g.origin.is_local else g.origin
+        completions = tuple(dataclasses.replace(c, version=version) for c in g.completions)
+        self.buffer.add(dataclasses.replace(g, completions=completions, origin=origin), version)
         return None
 
     def offer(self, groups: list[ScoredGroup]) -> int:

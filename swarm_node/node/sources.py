@@ -9,8 +9,12 @@ nothing, with its reason); it never ends by itself (the node stops at `run.steps
   ECHO-2 learner publishes its update here and adds the fields it wants in the metrics).
 - `close()`: stop whatever runs in the background; the sampler is then the node's again. It returns within its
   timeout even when a background batch never ends (the node must still checkpoint and exit; it logs why).
-Sources here: `SequentialSource` (sample, then train, in turn) and `OverlappedSource` (a generator thread
-bounded by S, train/overlap.py). The ECHO-2 learner's buffer is one too (roles/learner.py). No node import.
+- `overlapped`: True when drafts are made on another thread while the node trains (a step then costs the time
+  since the previous step ended, not since its draft started).
+Sources here: `SequentialSource` (sample, then train, in turn), `OverlappedSource` (a generator thread bounded by
+S, train/overlap.py; it starts on the first draft asked for), and `SharingSource` (a SAPO peer around either: each
+draft goes out when made, and takes its external groups from the peer's pool on the training thread, immediately
+before the update: sharing/peer.py). The ECHO-2 learner's and worker's are in roles/. No node import.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from swarm_node.sharing.peer import SapoPeer
 from swarm_node.train.overlap import OverlappedGenerator
 from swarm_node.train.staleness import drop_reason
 from swarm_node.types import Draft, SkippedStep
@@ -31,6 +36,7 @@ log = logging.getLogger(__name__)
 
 class RolloutSource(Protocol):
     direct_weights: bool
+    overlapped: bool
 
     def __iter__(self) -> Iterator[Item]: ...
 
@@ -45,6 +51,7 @@ class BaseSource:
     """Defaults for a source whose drafts need nothing after training and that holds no thread."""
 
     direct_weights = False
+    overlapped = False
 
     def __iter__(self) -> Iterator[Item]:
         raise NotImplementedError
@@ -77,6 +84,8 @@ class OverlappedSource(BaseSource):
     one (it has been trained on) or the source closes. A draft beyond the bound S at the current version (cannot
     happen with the generator's permits; the bound is enforced anyway) is counted as dropped, never yielded."""
 
+    overlapped = True
+
     def __init__(self, generator: OverlappedGenerator[Item], max_staleness: int, version: Callable[[], int],
                  count: Callable[[str, str, int], None], sync: Callable[[], None] = lambda: None) -> None:
         self.generator = generator
@@ -86,6 +95,12 @@ class OverlappedSource(BaseSource):
         self.sync = sync  # after stopping: the newest policy into the sampler
 
     @classmethod
+    def deferred(cls, produce: Callable[[], Item], max_staleness: int, version: Callable[[], int],
+                 count: Callable[[str, str, int], None], sync: Callable[[], None]) -> OverlappedSource:
+        """A source whose generator thread starts when the first draft is asked for."""
+        return cls(OverlappedGenerator(produce, max_staleness), max_staleness, version, count, sync)
+
+    @classmethod
     def start(cls, produce: Callable[[], Item], max_staleness: int, version: Callable[[], int],
               count: Callable[[str, str, int], None], sync: Callable[[], None]) -> OverlappedSource:
         generator: OverlappedGenerator[Item] = OverlappedGenerator(produce, max_staleness)
@@ -93,6 +108,8 @@ class OverlappedSource(BaseSource):
         return cls(generator, max_staleness, version, count, sync)
 
     def __iter__(self) -> Iterator[Item]:
+        if not self.generator.started:
+            self.generator.start()
         while True:
             item = self.generator.get()
             try:
@@ -116,3 +133,33 @@ class OverlappedSource(BaseSource):
             return
         with self.generator.lock:
             self.sync()
+
+
+class SharingSource:
+    """A SAPO peer around another source (the node's own generation): drafts pass through `peer.mix_in` on the
+    training thread, immediately before the update; everything else is the inner source's."""
+
+    def __init__(self, inner: RolloutSource, peer: SapoPeer) -> None:
+        self.inner = inner
+        self.peer = peer
+
+    @property
+    def direct_weights(self) -> bool:
+        return self.inner.direct_weights
+
+    @property
+    def overlapped(self) -> bool:
+        return self.inner.overlapped
+
+    def __iter__(self) -> Iterator[Item]:
+        for item in self.inner:
+            yield self.peer.mix_in(item)
+
+    def paused(self) -> AbstractContextManager[object]:
+        return self.inner.paused()
+
+    def trained(self, metrics: dict[str, Any]) -> None:
+        self.inner.trained(metrics)
+
+    def close(self) -> None:
+        self.inner.close()

@@ -22,45 +22,34 @@ from protocol.messages import TOPIC_CONTROL, TOPIC_STATUS, PolicyAnnounce, Statu
 from swarm_node.config import NodeConfig
 from swarm_node.echo.activation import WorkerActivator
 from swarm_node.echo.admission import Admission
-from swarm_node.echo.learner import Learner
-from swarm_node.node.core import Node
+from swarm_node.node.assembly import Assembly, Sharing
 from swarm_node.node.run_files import NodeEvents, RunSummary
 from swarm_node.node.sources import BaseSource, Item
 from swarm_node.policy_sync.broadcast import BroadcastError, PolicyBroadcaster
 from swarm_node.policy_sync.delta import PolicyUpdate
-from swarm_node.roles.wiring import joined, open_exchange, start_inbox
+from swarm_node.roles.wiring import joined, start_exchange, start_inbox
 from swarm_node.sharing.exchange import TransportExchange, accept_policy_for
-from swarm_node.sharing.ingest import Ingest
 from swarm_node.sharing.rescore import External
 from swarm_node.status.stats import NodeStats
 from swarm_node.transport.background import BackgroundTransport
 from swarm_node.transport.base import TransportError
 
 
-def learner_for(node: Node) -> Learner:
-    """The ECHO-2 learner of a set-up node (its config's bound, batch and codec)."""
-    cfg = node.cfg
-    return Learner(node, batch_groups=cfg.run.prompts_per_step, max_staleness=cfg.train.max_staleness,
-                   max_new_tokens=cfg.sampler.max_new_tokens, encoding=cfg.echo.encoding,
-                   publish_every=cfg.echo.publish_every, keep=cfg.echo.keep_versions)
-
-
 class LearnerSource(BaseSource):
     """The learner's buffer as the node loop's rollout source; polls workers and ingests between drafts."""
 
-    def __init__(self, cfg: NodeConfig, node: Node, net: BackgroundTransport, me: str, events: NodeEvents,
-                 stats: NodeStats) -> None:
-        self.cfg, self.node, self.net, self.me, self.events, self.stats = cfg, node, net, me, events, stats
-        self.learner = learner_for(node)
+    def __init__(self, assembly: Assembly, net: BackgroundTransport, me: str, events: NodeEvents) -> None:
+        node = assembly.node
+        self.cfg, self.net, self.me, self.events, self.stats = node.cfg, net, me, events, node.stats
+        self.learner = assembly.learner()
         self.admission = Admission(me)
         self.activator = WorkerActivator()
         self.limits = node.wire_limits()
         policy = dataclasses.replace(accept_policy_for(node.task_source, frozenset({node.tokenizer_hash})),
                                      delegates=self.admission.delegates)
-        self.ingest = Ingest(node.share_ctx, stats, self.admission.delegates, keep_no_signal=True,
-                             guard=node.peer_guard)
-        self.exchange: TransportExchange = open_exchange(net, node, policy)
-        echo = cfg.echo
+        self.ingest = assembly.ingest(self.admission.delegates, keep_no_signal=True)
+        self.exchange: TransportExchange = start_exchange(net, assembly.open_exchange(net.transport, policy))
+        echo = self.cfg.echo
         self.broadcaster = PolicyBroadcaster(net.transport, limits=self.limits, chunk_bytes=echo.chunk_bytes,
                                              schedule=echo.schedule, keep=echo.keep_versions, follows=[me])
         start_inbox(net, TOPIC_STATUS, self.limits, policy)
@@ -138,7 +127,7 @@ class LearnerSource(BaseSource):
 
 
 def run(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> RunSummary:
-    with joined(cfg, stats, events) as (node, net, me):
-        source = LearnerSource(cfg, node, net, me, events, stats)
+    with joined(cfg, stats, events, Sharing.ROLLOUTS) as (assembly, net, me):
+        source = LearnerSource(assembly, net, me, events)
         events.log(f"learner: workers follow this node with --role worker --learner {me}")
-        return node.run(source)
+        return assembly.node.run(source)

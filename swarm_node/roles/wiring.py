@@ -3,12 +3,12 @@
 - `start_libp2p(cfg, stats, events)`: identity, the libp2p host on its own loop thread (`BackgroundTransport`),
   our printed address, the bootstrap keeper; the network starts before the model loads. The host meets the swarm
   in the DHT at the rollout topic and reports reachability, relays and relayed bytes into `stats.network`.
-- `joined(cfg, stats, events)`: a context giving (node set up, net, our peer id); it closes both. The node's peer
-  guard pushes its reputation scores to the libp2p host (gossipsub's application-specific score, `push_scores`).
-- `open_exchange(net, node, policy)`: the rollout exchange with the node's wire limits (token ids bounded by its
-  vocabulary: the one place limits are built for every role), started; graylisted, banned and denied signers
-  (the node's peer guard) are IGNOREd before decoding. `BackgroundExchange` adapts it for the
-  node loop's thread (publish queues and flushes on the loop; a failure is counted, training goes on).
+- `joined(cfg, stats, events, sharing)`: a context giving (the node's assembly, net, our peer id); it closes both.
+  The node's peer guard pushes its reputation scores to the libp2p host (gossipsub's application-specific score,
+  `push_scores`). A SAPO peer's exchange is started; `BackgroundExchange` adapts it for the node loop's thread
+  (publish queues and flushes on the loop; a failure is counted, training goes on).
+- `start_exchange(net, exchange)`: subscribes a role's rollout exchange (`Assembly.open_exchange`: the node's wire
+  limits, its guard's hook) on the network's loop.
 - `start_inbox(net, topic, limits, policy)`: a validated queue for a role's small messages (status, control).
 - `gossip_validator(topic, limits, policy)`: `protocol.validation.validate_gossip` as a transport validator.
 """
@@ -25,7 +25,7 @@ from protocol.messages import TOPIC_ROLLOUTS, RolloutGroup
 from protocol.validation import AcceptPolicy, ReplayGuard, validate_gossip
 from swarm_node.config import NodeConfig
 from swarm_node.identity import IDENTITY_FILENAME, Identity, load_or_create
-from swarm_node.node.core import Node
+from swarm_node.node.assembly import Assembly, Sharing, assemble
 from swarm_node.node.run_files import NodeEvents, prepare_run_dir
 from swarm_node.sharing.exchange import Received, TransportExchange
 from swarm_node.status.stats import NodeStats
@@ -91,24 +91,28 @@ def start_libp2p(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> tuple
 
 
 @contextlib.contextmanager
-def joined(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> Iterator[tuple[Node, BackgroundTransport, str]]:
-    """The network first (our address is printed at once), then the node, set up; both closed on exit."""
+def joined(cfg: NodeConfig, stats: NodeStats, events: NodeEvents, sharing: Sharing,
+           salt: Callable[[str], int] | None = None) -> Iterator[tuple[Assembly, BackgroundTransport, str]]:
+    """The network first (our address is printed at once), then the node's assembly (`salt(peer_id)`: its task
+    draws' salt), its peer guard pushing scores to the host; both closed on exit. A SAPO peer's exchange is started
+    and publishes through `BackgroundExchange`."""
     identity, net = start_libp2p(cfg, stats, events)
-    node: Node | None = None
+    assembly: Assembly | None = None
     try:
-        node = Node(cfg, stats, events)
-        node.setup()
-        node.peer_guard.push = push_scores(net, stats)
-        yield node, net, identity.peer_id
+        assembly = assemble(cfg, sharing, transport=net.transport, stats=stats, events=events,
+                            salt=salt(identity.peer_id) if salt is not None else None, push=push_scores(net, stats),
+                            outbox=lambda exchange: BackgroundExchange(exchange, net, events, stats))
+        if assembly.exchange is not None:
+            start_exchange(net, assembly.exchange)
+        yield assembly, net, identity.peer_id
     finally:
-        if node is not None:
-            node.close()
+        if assembly is not None:
+            assembly.close()
         net.stop()
 
 
-def open_exchange(net: BackgroundTransport, node: Node, policy: AcceptPolicy) -> TransportExchange:
-    exchange = TransportExchange(net.transport, node.wire_limits(), policy)
-    exchange.ignore_signer = node.peer_guard.blocked
+def start_exchange(net: BackgroundTransport, exchange: TransportExchange) -> TransportExchange:
+    """Subscribe `exchange` on the network's loop."""
     net.call(lambda _transport: exchange.start())
     return exchange
 

@@ -28,24 +28,17 @@ from protocol.messages import TOPIC_CONTROL, TOPIC_STATUS, PolicyAnnounce, Statu
 from swarm_node.config import NodeConfig
 from swarm_node.echo.admission import COST_CAPABILITY
 from swarm_node.echo.catch_up import plan_catch_up
-from swarm_node.echo.worker import Worker
-from swarm_node.node.core import Node
+from swarm_node.node.assembly import Assembly, Sharing
 from swarm_node.node.run_files import METRICS_FILE, NodeEvents, RunSummary, StepLog
 from swarm_node.policy_sync.broadcast import BroadcastError, PolicyBroadcaster
 from swarm_node.policy_sync.delta import DeltaError, DeltaTooLarge, PolicyUpdate
-from swarm_node.roles.wiring import BackgroundExchange, joined, open_exchange, start_inbox
+from swarm_node.roles.wiring import BackgroundExchange, joined, start_exchange, start_inbox
 from swarm_node.sharing.exchange import accept_policy_for
+from swarm_node.sharing.wire import GroupSigner
 from swarm_node.status.stats import NodeStats
 from swarm_node.transport.background import BackgroundTransport
 from swarm_node.transport.base import TransportError
 from swarm_node.types import Draft
-
-
-def worker_for(node: Node) -> Worker:
-    """The ECHO-2 worker of a set-up node (its config's bound and publish interval)."""
-    cfg = node.cfg
-    return Worker(node, kappa=cfg.echo.publish_every, max_staleness=cfg.train.max_staleness,
-                  keep=cfg.echo.keep_versions, max_delta_norm=cfg.echo.max_delta_norm)
 
 
 def update_of(announce: PolicyAnnounce, payload: bytes) -> PolicyUpdate:
@@ -65,24 +58,24 @@ def draft_row(draft: Draft, step: int) -> dict[str, object]:
 class WorkerSource:
     """Batches generated for the learner, between heartbeats, policy updates, control messages and catch-ups."""
 
-    def __init__(self, cfg: NodeConfig, node: Node, net: BackgroundTransport, me: str, events: NodeEvents,
-                 stats: NodeStats) -> None:
-        self.cfg, self.node, self.net, self.me, self.events, self.stats = cfg, node, net, me, events, stats
-        self.learner_id = cfg.network.learner
-        self.worker = worker_for(node)
-        # Workers started with the same --seed would draw the same tasks and samples: salt both with the peer id.
-        node.salt(int.from_bytes(hashlib.sha256(me.encode()).digest()[:4], "little"))
+    def __init__(self, assembly: Assembly, net: BackgroundTransport, me: str, events: NodeEvents) -> None:
+        node = assembly.node
+        assert assembly.guard is not None, "a worker's assembly hears from peers (Sharing.ROLLOUTS)"
+        self.cfg, self.net, self.me, self.events, self.stats = node.cfg, net, me, events, node.stats
+        self.guard = assembly.guard
+        self.learner_id = self.cfg.network.learner
+        self.worker = assembly.worker()
         self.limits = node.wire_limits()
         policy = accept_policy_for(node.task_source)
-        self.exchange = open_exchange(net, node, policy)
-        echo = cfg.echo
+        self.exchange = start_exchange(net, assembly.open_exchange(net.transport, policy))
+        echo = self.cfg.echo
         # Bad relays, reported on the network thread, scored on ours (the reputation is not thread-safe).
         self.peer_events: deque[tuple[str, str]] = deque(maxlen=4096)
         self.broadcaster = PolicyBroadcaster(net.transport, limits=self.limits, chunk_bytes=echo.chunk_bytes,
                                              schedule=echo.schedule, keep=echo.keep_versions,
                                              follows=[self.learner_id],
                                              on_peer_event=lambda peer, reason: self.peer_events.append((peer, reason)),
-                                             blocked=node.peer_guard.blocked)
+                                             blocked=self.guard.blocked)
         start_inbox(net, TOPIC_CONTROL, self.limits, policy)
         net.call(lambda _t: self.broadcaster.start())
         self.active = True
@@ -147,9 +140,9 @@ class WorkerSource:
         now = time.time()
         while self.peer_events:
             peer, reason = self.peer_events.popleft()
-            self.node.peer_guard.record(peer, reason, now)
+            self.guard.record(peer, reason, now)
             self.stats.count("dropped", reason)
-        self.node.peer_guard.settle(now)
+        self.guard.settle(now)
 
     def catch_up(self) -> None:
         """Fetch what we missed from the learner until `plan_catch_up` says we hold its newest policy."""
@@ -203,23 +196,29 @@ class WorkerSource:
             yield Draft(groups, gen_s, tokens, started, version)
 
 
-def publish_draft(node: Node, outbox: BackgroundExchange, learner_id: str, me: str, draft: Draft,
+def publish_draft(signer: GroupSigner, outbox: BackgroundExchange, learner_id: str, me: str, draft: Draft,
                   batch: int) -> None:
     """A worker's batch on the wire: the learner's policy id, the version sampled with, signed by us."""
-    outbox.publish(node.wire_groups(draft.groups, learner_id, draft.version, me, batch))
+    outbox.publish(signer.wire(draft.groups, learner_id, draft.version, me, batch))
+
+
+def worker_salt(peer_id: str) -> int:
+    """Workers started with the same --seed would draw the same tasks and samples: each salts both with its id."""
+    return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:4], "little")
 
 
 def run(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> RunSummary:
-    with joined(cfg, stats, events) as (node, net, me):
-        source = WorkerSource(cfg, node, net, me, events, stats)
+    with joined(cfg, stats, events, Sharing.ROLLOUTS, salt=worker_salt) as (assembly, net, me):
+        source = WorkerSource(assembly, net, me, events)
         outbox = BackgroundExchange(source.exchange, net, events, stats)
+        assert assembly.signer is not None
         events.log(f"worker: following learner {source.learner_id}")
         stats.set_phase("sampling")
         worker = source.worker
         with StepLog(Path(cfg.run.run_dir) / METRICS_FILE, stats, events) as log:
             try:
                 for draft in source:
-                    publish_draft(node, outbox, source.learner_id, me, draft, worker.batches)
+                    publish_draft(assembly.signer, outbox, source.learner_id, me, draft, worker.batches)
                     log.write(draft_row(draft, worker.batches))
                     if worker.batches >= cfg.run.steps:
                         break

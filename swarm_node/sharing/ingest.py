@@ -59,14 +59,14 @@ class PeerGuard:
     """Per-peer budgets and reputation around the ingest path; see the module contract."""
 
     def __init__(self, reputation: Reputation, budget: PeerBudget | None = None, stats: NodeStats | None = None,
-                 bans_path: Path | None = None, push_every_s: float = 5.0, rate: RequestBudget | None = None
-                 ) -> None:
+                 bans_path: Path | None = None, push_every_s: float = 5.0, rate: RequestBudget | None = None,
+                 push: ScorePush | None = None) -> None:
         self.reputation = reputation
         self.budget = budget
         self.stats = stats or NodeStats()
         self.bans_path = bans_path
         self.push_every_s = push_every_s
-        self.push: ScorePush | None = None  # set by the role wiring (libp2p); None: nothing to push to
+        self.push = push  # the libp2p host's scores (roles/wiring.push_scores); None: nothing to push to
         self.rate = rate  # messages per signer, spent by `blocked` on the network thread only
         self._flooded: deque[str] = deque(maxlen=1 << 16)  # signers refused by `rate`, for the next settle
         self._blocked: Mapping[str, str] = MappingProxyType({})
@@ -77,7 +77,8 @@ class PeerGuard:
         self._pushed_blocked: frozenset[str] = frozenset()
 
     @classmethod
-    def from_config(cls, cfg: PeersConfig, run_dir: Path, stats: NodeStats, now: float) -> PeerGuard:
+    def from_config(cls, cfg: PeersConfig, run_dir: Path, stats: NodeStats, now: float,
+                    push: ScorePush | None = None) -> PeerGuard:
         """The guard of a node: `[peers]` settings, bans loaded from RUN_DIR/peers.json (UserError if malformed)."""
         params = ReputationParams(half_life_s=cfg.half_life_s, graylist_score=cfg.graylist_score,
                                   ban_score=cfg.ban_score, ban_s=cfg.ban_s, weights=dict(cfg.weights),
@@ -85,7 +86,7 @@ class PeerGuard:
         budget = PeerBudget(BudgetParams(share=cfg.rescore_share, burst_s=cfg.burst_s,
                                          window_s=cfg.active_window_s))
         rate = RequestBudget(cfg.max_messages_per_s, cfg.message_burst) if cfg.max_messages_per_s > 0 else None
-        guard = cls(Reputation(params), budget, stats, run_dir / PEERS_FILE, rate=rate)
+        guard = cls(Reputation(params), budget, stats, run_dir / PEERS_FILE, rate=rate, push=push)
         try:
             guard.settle(now)
         except ValueError as exc:

@@ -46,7 +46,7 @@ from protocol.messages import RolloutGroup, policy_owner
 from swarm_node import tasks
 from swarm_node.sharing.wire import content_key
 from swarm_node.train.scoring import score_group
-from swarm_node.types import Completion, ScoredGroup
+from swarm_node.types import Completion, Origin, ScoredGroup
 
 REWARD_TOLERANCE = 1e-6  # a claimed reward further than this from ours counts as forged
 
@@ -160,7 +160,7 @@ def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: flo
     special = frozenset(tok.all_special_ids)
     malformed = sum(not tasks.well_formed(c.token_ids, c.text, eos, special) for c in completions)
     try:  # the same scoring as our own groups: well-formed or 0, then our verifier, then advantages
-        group = score_group(inst, prompt_ids, completions, ctx.task_source.reward, ctx.advantage, source=sender,
+        group = score_group(inst, prompt_ids, completions, ctx.task_source.reward, ctx.advantage, Origin.peer(sender),
                             eos_id=eos if ctx.require_well_formed else None, special_ids=special)
     except FloatingPointError:
         return Outcome(None, "non_finite_reward", malformed=malformed)

@@ -1,11 +1,16 @@
 """Our scored groups as wire RolloutGroups, deterministic group ids, and the content hash used for de-duplication.
 
-Log-probs are clamped to <= 0 (float rounding) as the wire demands. Pure: no I/O.
+`GroupSigner(tokenizer_hash, family, seed)` is how every role puts its groups on the wire: tagged with our tokenizer
+and model family, ids derived from (signer, seed, batch, index). Log-probs are clamped to <= 0 (float rounding) as
+the wire demands. Pure: no I/O (the creation time is the caller's clock).
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from protocol.messages import CompletionWire, RolloutGroup, TaskRefWire
 from swarm_node import tasks
@@ -26,7 +31,22 @@ def group_id_for(peer_id: str, step: int, index: int, seed: int) -> bytes:
     return hashlib.sha256(f"{peer_id}/{seed}/{step}/{index}".encode()).digest()[:16]
 
 
-def content_key(ref: tasks.TaskRef, completion_ids: list[list[int]]) -> bytes:
+@dataclass(frozen=True)
+class GroupSigner:
+    """Our groups as every role publishes them: tagged with our tokenizer and model family."""
+
+    tokenizer_hash: str
+    family: str
+    seed: int  # run.seed: two runs of one identity with other seeds publish other group ids
+
+    def wire(self, groups: Sequence[ScoredGroup], policy_id: str, version: int, signer: str, batch: int,
+             now: float | None = None) -> list[RolloutGroup]:
+        created = time.time() if now is None else now
+        return [to_wire(g, policy_id, version, self.tokenizer_hash, self.family, created,
+                        group_id_for(signer, batch, i, self.seed)) for i, g in enumerate(groups)]
+
+
+def content_key(ref: tasks.TaskRef, completion_ids: Sequence[Sequence[int]]) -> bytes:
     """Hash of what a group trains on: the task and the multiset of completions (order-free, so a permuted
     re-send is still a duplicate)."""
     h = hashlib.sha256(f"{ref.dataset}\0{ref.config}\0{ref.seed}\0{ref.index}".encode())

@@ -85,6 +85,10 @@ class OverlappedGenerator(Generic[T]):
         self._permits.release()
 
     @property
+    def started(self) -> bool:
+        return self._thread.ident is not None
+
+    @property
     def running(self) -> bool:
         return self._thread.is_alive()
 

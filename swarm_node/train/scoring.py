@@ -10,18 +10,18 @@ for this check, `eos_id=None` skips it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 
 import torch
 
 from swarm_node import tasks
 from swarm_node.rl.advantages import ADVANTAGE_ESTIMATORS
-from swarm_node.types import Completion, ScoredGroup, TrainSample
+from swarm_node.types import LOCAL, Completion, Origin, ScoredGroup, TrainSample
 
 
-def score_group(inst: tasks.TaskInstance, prompt_ids: list[int], completions: list[Completion],
+def score_group(inst: tasks.TaskInstance, prompt_ids: Sequence[int], completions: Sequence[Completion],
                 reward: Callable[[tasks.TaskInstance, str], float] = tasks.score, advantage: str = "grpo",
-                source: str = "local", eos_id: int | None = None, special_ids: Collection[int] = ()) -> ScoredGroup:
+                origin: Origin = LOCAL, eos_id: int | None = None, special_ids: Collection[int] = ()) -> ScoredGroup:
     """Score every completion with `reward` (the task's verifier) and compute advantages; non-finite raises.
     With `eos_id`, a completion that is not well-formed scores 0 (`tasks.well_formed`)."""
     rewards = [reward(inst, c.text)
@@ -30,9 +30,13 @@ def score_group(inst: tasks.TaskInstance, prompt_ids: list[int], completions: li
     if not all(math.isfinite(r) for r in rewards):
         raise FloatingPointError(f"non-finite reward for task {inst.ref}")
     adv = ADVANTAGE_ESTIMATORS[advantage](torch.tensor(rewards, dtype=torch.float64)).tolist()
-    return ScoredGroup(inst, prompt_ids, completions, rewards, adv, source)
+    return ScoredGroup(inst, prompt_ids, completions, rewards, adv, origin)
 
 
-def to_samples(groups: list[ScoredGroup]) -> list[TrainSample]:
-    return [TrainSample(g.prompt_ids, c.token_ids, c.logprobs, a, g.off_policy)
-            for g in groups for c, a in zip(g.completions, g.advantages, strict=True) if c.token_ids]
+def to_samples(groups: Sequence[ScoredGroup], off_policy: Sequence[bool] | None = None) -> list[TrainSample]:
+    """The training rows of `groups`; `off_policy[i]` marks group i's rows for the truncated importance weight
+    (default: none is)."""
+    flags = off_policy if off_policy is not None else [False] * len(groups)
+    return [TrainSample(g.prompt_ids, c.token_ids, c.logprobs, a, off)
+            for g, off in zip(groups, flags, strict=True)
+            for c, a in zip(g.completions, g.advantages, strict=True) if c.token_ids]
