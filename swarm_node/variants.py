@@ -27,7 +27,7 @@ SIM_SAMPLERS = ("per-node", "shared-lora")  # simulations/: a sampler per node, 
 ATTACKS = ("forged_reward", "oov_tokens", "over_length", "junk", "stale", "replay", "sybil")  # simulations/byzantine.py
 DEVICES = ("auto", "cpu", "cuda", "mps")  # model/device.py: where a node computes ("cuda:N" picks a card)
 PRECISIONS = ("auto", "fp32", "bf16")  # model/device.py: the autocast dtype of the trainer
-RELAY_MODES = ("auto", "on", "off")  # transport/libp2p_relay.py: serve as a circuit relay (auto: once public)
+RELAY_MODES = ("auto", "on", "off")  # transport/libp2p/relay.py: serve as a circuit relay (auto: once public)
 
 T = TypeVar("T")
 
