@@ -233,8 +233,8 @@ class NetworkHost:
         result: list[ValidationResult] = []
         self._verdicts[vid] = (event, result)
         # The deadline (wall clock: host and node share the machine) lets the node skip requests we have given up
-        # on: under a flood the backlog then drains at once instead of being validated for nothing, which had
-        # starved honest messages for ~80 s after a flood ended (issue 14).
+        # on: after a flood the backlog then drains at once instead of being validated for nothing, starving honest
+        # messages (docs/MEASUREMENTS.md).
         self.send(Op.VALIDATE, vid, topic, signer, data, time.time() + self.settings.validation_timeout_s)
         try:
             with trio.move_on_after(self.settings.validation_timeout_s):

@@ -1,7 +1,7 @@
 """libp2p transport (py-libp2p 0.8.1): the node side (asyncio) of a supervised network host.
 
 Architecture: py-libp2p is trio-only and pure Python, so the network host runs apart from the node, in a child
-process (the default) or on a trio thread (`launch.py`, which holds the measurement behind that choice); the
+process (the default) or on a trio thread (`launch.py`; why a process: docs/MEASUREMENTS.md); the
 node talks to it in frames (`ipc.py`) over a socketpair (`session.py`). This module supervises the host:
 it restarts a crashed or hung host with the same identity and listen port, re-subscribes, re-serves protocols and
 redials the peers it knew. Validators run in the node (a VALIDATE/VERDICT round trip over the socket per
