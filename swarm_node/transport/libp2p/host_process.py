@@ -21,7 +21,7 @@ from swarm_node.transport.libp2p.host import run_host
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="the libp2p network host, in a child process of the node (launch.py)")
     parser.add_argument("--ipc-fd", type=int, required=True, help="inherited socket connected to the node")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)

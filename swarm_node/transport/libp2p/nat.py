@@ -66,7 +66,8 @@ class NatServices:
                                                     settings.relay_max_circuits_total)
         self.relays = RelayClient(host, self.relay_protocol, counters)
         self.dht = GuardedKadDHT(host, settings, counters) if settings.rendezvous else None
-        self.rendezvous = Rendezvous(host, settings, counters, self.dht, self.relays) if self.dht else None
+        self.rendezvous = (Rendezvous(host, settings, counters, self.dht, self.relays) if self.dht is not None
+                           else None)
         self.dcutr = DCUtRProtocol(host) if settings.hole_punch else None
         self.upnp = PortMapper() if settings.upnp else None
         self.status_value = Reachability.UNKNOWN
