@@ -46,9 +46,9 @@ async def node_main(bandwidth: float, chunk_bytes: int) -> None:
     from protocol.messages import TOPIC_POLICY
     from swarm_node.identity import generate
     from swarm_node.policy_sync.broadcast import PolicyBroadcaster
-    from swarm_node.transport.libp2p_ipc import HostSettings
-    from swarm_node.transport.libp2p_launch import LibP2PConfig
-    from swarm_node.transport.libp2p_transport import LibP2PTransport
+    from swarm_node.transport.libp2p.ipc import HostSettings
+    from swarm_node.transport.libp2p.launch import LibP2PConfig
+    from swarm_node.transport.libp2p.transport import LibP2PTransport
     from swarm_node.transport.shaping import Shaper
 
     transport = LibP2PTransport(generate(), LibP2PConfig(host=HostSettings(listen=("/ip4/127.0.0.1/tcp/0",))))

@@ -79,9 +79,9 @@ async def worker(isolation: str) -> None:
     from protocol.messages import TOPIC_ROLLOUTS
     from swarm_node.identity import generate
     from swarm_node.transport.base import Delivery
-    from swarm_node.transport.libp2p_ipc import HostSettings
-    from swarm_node.transport.libp2p_launch import LibP2PConfig
-    from swarm_node.transport.libp2p_transport import LibP2PTransport
+    from swarm_node.transport.libp2p.ipc import HostSettings
+    from swarm_node.transport.libp2p.launch import LibP2PConfig
+    from swarm_node.transport.libp2p.transport import LibP2PTransport
 
     config = LibP2PConfig(host=HostSettings(listen=("/ip4/127.0.0.1/tcp/0",)), isolation=isolation)
     transport = LibP2PTransport(generate(), config)

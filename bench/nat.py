@@ -23,7 +23,7 @@ process start to the first of B's groups A accepted (these nodes validate groups
 groups_exchanged counts A's groups at B plus B's at A; relayed_bytes is what A's relayed connections carried.
 time_to_a_b_connected_s / time_to_direct_s: from A's start until A holds a connection to B that it found through
 the DHT / until that connection is direct (polled once a second, so up to ~1 s late).
-"upnp" (beside "scenarios"): the node's UPnP attempt (libp2p_upnp.PortMapper) behind one router per kind of
+"upnp" (beside "scenarios"): the node's UPnP attempt (transport.libp2p.upnp.PortMapper) behind one router per kind of
 gateway (tests/netns/upnp.py: miniupnpd that maps, refuses, or sits behind carrier-grade NAT; a fake one answering
 garbage, one never answering; none), all at once: per kind {"state", "line", "time_to_outcome_s"}, and for "mapped"
 whether stopping the mapper deleted the router's DNAT rule. {"skipped": why} without miniupnpd.

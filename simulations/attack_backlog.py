@@ -25,9 +25,9 @@ import time
 
 from swarm_node.identity import generate
 from swarm_node.transport.base import ValidationResult
-from swarm_node.transport.libp2p_ipc import HostSettings
-from swarm_node.transport.libp2p_launch import LibP2PConfig
-from swarm_node.transport.libp2p_transport import LibP2PTransport
+from swarm_node.transport.libp2p.ipc import HostSettings
+from swarm_node.transport.libp2p.launch import LibP2PConfig
+from swarm_node.transport.libp2p.transport import LibP2PTransport
 
 TOPIC = "backlog-test"
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simulations.scenario import Scenario, Variant
-from swarm_node.variants import ATTACKS
+from simulations.variants import ATTACKS
 
 FRACTIONS = (0.0, 0.1, 0.3, 0.5)
 JUNK_FRACTION = 0.3

@@ -21,11 +21,11 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from simulations.variants import ATTACKS
 from swarm_node.sharing.ingest import PeerGuard
 from swarm_node.sharing.pool import ExperiencePool
 from swarm_node.sharing.reputation import BLOCKED
 from swarm_node.types import PoolEntry
-from swarm_node.variants import ATTACKS
 
 
 class TallyPool(ExperiencePool):

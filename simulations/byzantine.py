@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from protocol.messages import CompletionWire, RolloutGroup, TaskRefWire
-from swarm_node import tasks, variants
+from simulations import variants
+from swarm_node import tasks
 from swarm_node.variants import Registry
 
 if TYPE_CHECKING:

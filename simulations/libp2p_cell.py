@@ -22,7 +22,7 @@ from simulations.scenario import Scenario, Variant
 from swarm_node.identity import IDENTITY_FILENAME
 from swarm_node.status.stats import NodeStats
 from swarm_node.transport.base import TransportError
-from swarm_node.transport.libp2p_transport import LibP2PTransport
+from swarm_node.transport.libp2p.transport import LibP2PTransport
 
 
 def libp2p_cell(scn: Scenario, variant: Variant, seed: int, root: Path, stats: list[NodeStats], samplers: CellSamplers,

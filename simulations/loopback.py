@@ -29,9 +29,9 @@ from protocol.validation import AcceptPolicy
 from swarm_node.identity import load_or_create
 from swarm_node.sharing.exchange import TransportExchange
 from swarm_node.transport.base import Delivery, Transport, ValidationResult
-from swarm_node.transport.libp2p_ipc import HostSettings
-from swarm_node.transport.libp2p_launch import LibP2PConfig
-from swarm_node.transport.libp2p_transport import LibP2PTransport
+from swarm_node.transport.libp2p.ipc import HostSettings
+from swarm_node.transport.libp2p.launch import LibP2PConfig
+from swarm_node.transport.libp2p.transport import LibP2PTransport
 
 LISTEN = "/ip4/127.0.0.1/tcp/0"
 POLL_S = 0.05

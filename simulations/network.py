@@ -84,9 +84,6 @@ class NetworkHub(MemoryHub):
     def pending(self) -> int:
         return len(self._queue)
 
-    def next_arrival(self) -> float | None:
-        return self._queue[0][0] if self._queue else None
-
     async def advance_to(self, t: float) -> int:
         """Deliver every hop due by virtual time t (and the hops those deliveries cause); returns how many."""
         delivered = 0

@@ -9,7 +9,7 @@ Contract:
   cell V/seedK from round R"); otherwise its directory is removed and the cell redone. A resumed cell's
   result.json has the same keys; its `wall_s` adds the sessions up. Once result.json is written, the cell's
   snapshots (progress.json, the nodes' checkpoints) are deleted.
-- `CELL_RUNNERS[scn.mode]` runs a cell (names: `swarm_node.variants.SIM_MODES`): "sync" (lockstep rounds) and
+- `CELL_RUNNERS[scn.mode]` runs a cell (names: `variants.SIM_MODES`): "sync" (lockstep rounds) and
   "async" (virtual clock) run SAPO nodes over `CELL_LOOPS[scn.transport]` (memory_cell.py: the network model;
   libp2p_cell.py: real hosts on loopback, sync only); "echo" runs an ECHO-2 learner and its workers
   (echo_cell.py); "attack" runs honest SAPO nodes beside the scenario's malicious ones (attack_cell.py).
@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from simulations import variants
 from simulations.attack_cell import attack_cell
 from simulations.cells import (
     CellSamplers,
@@ -51,8 +52,8 @@ from simulations.memory_cell import memory_cell
 from simulations.results import CSV_FIELDS, RESULT_FILE, cell_fingerprint, finish_cell, read_rows, write_csv
 from simulations.scenario import Scenario, Variant
 from simulations.snapshots import clear, resume_point
-from swarm_node import variants
 from swarm_node.status.stats import NodeStats
+from swarm_node.variants import Registry
 
 __all__ = ["CELL_LOOPS", "CELL_RUNNERS", "CSV_FIELDS", "RESULT_FILE", "cell_dir", "cell_fingerprint",
            "cumulative_rewards", "read_rows", "run_cell", "run_scenario", "write_csv"]
@@ -63,7 +64,7 @@ CELL_LOOPS: dict[str, CellLoop] = {"memory": memory_cell, "libp2p": libp2p_cell}
 
 CellResult = tuple[list[dict[str, Any]], dict[str, Any]]  # metrics rows, the result (less its fingerprint)
 CellRunner = Callable[[Scenario, Variant, int, Path, RoundFn | None, LogFn], CellResult]
-CELL_RUNNERS: variants.Registry[CellRunner] = variants.Registry("simulation mode", variants.SIM_MODES)
+CELL_RUNNERS: Registry[CellRunner] = Registry("simulation mode", variants.SIM_MODES)
 
 
 def swarm_cell(scn: Scenario, variant: Variant, seed: int, root: Path, on_round: RoundFn | None,

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swarm_node import variants
+from simulations import variants
 from swarm_node.config import NodeConfig, apply_mapping, read_toml
 from swarm_node.errors import ConfigError, UserError
 from swarm_node.train.device_classes import device_class, parse_device_classes

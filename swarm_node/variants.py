@@ -21,13 +21,9 @@ SAMPLER_KINDS = ("auto", "vllm", "hf")  # sampler/factory.py
 ROLES = ("peer", "learner", "worker")  # roles/: what `swarm-node join --role` runs
 REWARD_MODES = ("exact", "score")  # tasks/source.py: reasoning-gym's score turned into the training reward
 TASK_SELECTIONS = ("uniform", "weighted", "balanced")  # tasks/selection.py: each prompt's specialty and index
-SIM_MODES = ("sync", "async", "echo", "attack")  # simulations/: lockstep rounds, virtual clock, ECHO-2, attackers
-SIM_TRANSPORTS = ("memory", "libp2p")  # simulations/
-SIM_SAMPLERS = ("per-node", "shared-lora")  # simulations/: a sampler per node, or one vLLM engine with LoRA
-ATTACKS = ("forged_reward", "oov_tokens", "over_length", "junk", "stale", "replay", "sybil")  # simulations/byzantine.py
 DEVICES = ("auto", "cpu", "cuda", "mps")  # model/device.py: where a node computes ("cuda:N" picks a card)
 PRECISIONS = ("auto", "fp32", "bf16")  # model/device.py: the autocast dtype of the trainer
-RELAY_MODES = ("auto", "on", "off")  # transport/libp2p_relay.py: serve as a circuit relay (auto: once public)
+RELAY_MODES = ("auto", "on", "off")  # transport/libp2p/relay.py: serve as a circuit relay (auto: once public)
 
 T = TypeVar("T")
 
@@ -56,7 +52,7 @@ class Registry(Mapping[str, T], Generic[T]):
 
     def add(self, name: str, item: T) -> None:
         if name not in self.names:
-            raise ValueError(f"{self.kind} {name!r} is not declared in swarm_node/variants.py")
+            raise ValueError(f"{self.kind} {name!r} is not declared: add it to the names the registry was built with")
         if name in self._items:
             raise ValueError(f"{self.kind} {name!r} is registered twice")
         self._items[name] = item

@@ -11,9 +11,9 @@ import pytest
 from protocol.messages import TOPIC_POLICY
 from swarm_node.identity import generate
 from swarm_node.policy_sync.broadcast import PolicyBroadcaster
-from swarm_node.transport.libp2p_ipc import HostSettings
-from swarm_node.transport.libp2p_launch import LibP2PConfig
-from swarm_node.transport.libp2p_transport import LibP2PTransport
+from swarm_node.transport.libp2p.ipc import HostSettings
+from swarm_node.transport.libp2p.launch import LibP2PConfig
+from swarm_node.transport.libp2p.transport import LibP2PTransport
 
 pytestmark = [pytest.mark.libp2p, pytest.mark.timeout(120)]
 

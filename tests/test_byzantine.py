@@ -16,6 +16,7 @@ from protocol.errors import Verdict
 from protocol.limits import Limits
 from protocol.messages import TOPIC_ROLLOUTS, RolloutBatch
 from protocol.validation import ReplayGuard, validate_gossip
+from simulations import variants
 from simulations.attack_cell import identity_name
 from simulations.attack_grid import grid, placement, summarise
 from simulations.attack_live import live_kinds, summarise_live, write_config
@@ -23,7 +24,7 @@ from simulations.attack_tally import AttackTally, TallyPool
 from simulations.byzantine import ATTACKS, ForgeContext, fair, junk_text
 from simulations.results import cell_fingerprint
 from simulations.scenario import parse_scenario
-from swarm_node import tasks, variants
+from swarm_node import tasks
 from swarm_node.errors import UserError
 from swarm_node.model.tokenizer import build_char_tokenizer, tokenizer_hash
 from swarm_node.sharing.exchange import accept_policy_for

@@ -1,4 +1,4 @@
-"""LoRA adapters (swarm_node/lora.py): attach, train, merge, write; and the shared vLLM engine serving several
+"""LoRA adapters (swarm_node/model/lora.py): attach, train, merge, write; and the shared vLLM engine serving several
 policies as adapters, token-identical to the transformers sampler on the same adapter."""
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ from libp2p.peer.peerinfo import PeerInfo
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 
-from swarm_node.transport.libp2p_autonat import FreshDialAutoNAT
-from swarm_node.transport.libp2p_nat import concrete_addrs, rendezvous_key
+from swarm_node.transport.libp2p.autonat import FreshDialAutoNAT
+from swarm_node.transport.libp2p.paths import concrete_addrs
+from swarm_node.transport.libp2p.rendezvous import rendezvous_key
 from swarm_node.transport.nat_report import summarise
 from swarm_node.transport.reachability import Reachability, Verdicts, status_line
 

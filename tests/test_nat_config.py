@@ -7,7 +7,7 @@ import pytest
 from protocol.chunks import PROTOCOL_ID as CHUNKS_PROTOCOL_ID
 from swarm_node.config import NetworkConfig
 from swarm_node.errors import ConfigError
-from swarm_node.transport.libp2p_ipc import HostSettings
+from swarm_node.transport.libp2p.ipc import HostSettings
 
 
 def test_relay_mode_is_validated() -> None:
@@ -35,8 +35,8 @@ def test_start_network_reports_reachability_for_status_over_libp2p() -> None:
 
     from swarm_node.identity import generate
     from swarm_node.transport.background import BackgroundTransport
-    from swarm_node.transport.libp2p_launch import LibP2PConfig
-    from swarm_node.transport.libp2p_transport import LibP2PTransport
+    from swarm_node.transport.libp2p.launch import LibP2PConfig
+    from swarm_node.transport.libp2p.transport import LibP2PTransport
 
     settings = HostSettings(listen=("/ip4/127.0.0.1/tcp/0",), rendezvous="test/rollouts")
     a = BackgroundTransport(lambda: LibP2PTransport(generate(), LibP2PConfig(host=settings)))

@@ -38,10 +38,10 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils.varint import read_varint_prefixed_bytes_limited
 
-from swarm_node.transport import libp2p_dht
-from swarm_node.transport.libp2p_dht import GuardedKadDHT
-from swarm_node.transport.libp2p_ipc import HostSettings
-from swarm_node.transport.libp2p_nat import NatServices
+from swarm_node.transport.libp2p import dht as dht_module
+from swarm_node.transport.libp2p.dht import GuardedKadDHT
+from swarm_node.transport.libp2p.ipc import HostSettings
+from swarm_node.transport.libp2p.nat import NatServices
 from swarm_node.transport.shaping import RequestBudget
 
 pytestmark = pytest.mark.libp2p
@@ -236,7 +236,7 @@ def test_the_total_dht_budget_bounds_many_identities_together() -> None:
 
 def test_silent_dht_streams_are_bounded_per_peer_and_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """A stream that sends nothing would hold one of the library's 12 handler slots for ever."""
-    monkeypatch.setattr(libp2p_dht, "MESSAGE_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(dht_module, "MESSAGE_TIMEOUT_S", 2.0)
 
     async def run() -> tuple[list[str], Message | None, Counter[str]]:
         async with AsyncExitStack() as stack:
@@ -247,7 +247,7 @@ def test_silent_dht_streams_are_bounded_per_peer_and_in_time(monkeypatch: pytest
                 # acknowledgement, it fails to open), the others at the deadline.
                 ends = []
                 silent = []
-                for _ in range(libp2p_dht.MAX_STREAMS_PER_PEER + 1):
+                for _ in range(dht_module.MAX_STREAMS_PER_PEER + 1):
                     try:
                         silent.append(await client.new_stream(server.get_id(), [KAD_PROTOCOL_ID]))
                     except Exception:
@@ -261,8 +261,8 @@ def test_silent_dht_streams_are_bounded_per_peer_and_in_time(monkeypatch: pytest
             return ends, answered, counters
 
     ends, answered, counters = trio.run(run)
-    assert ends == ["refused"] * (libp2p_dht.MAX_STREAMS_PER_PEER + 1)
-    assert counters["dht_refused_streams"] == 1 and counters["dht_refused_slow"] == libp2p_dht.MAX_STREAMS_PER_PEER
+    assert ends == ["refused"] * (dht_module.MAX_STREAMS_PER_PEER + 1)
+    assert counters["dht_refused_streams"] == 1 and counters["dht_refused_slow"] == dht_module.MAX_STREAMS_PER_PEER
     assert answered is not None  # its slots are free again
 
 
@@ -450,12 +450,12 @@ def test_a_refused_dropped_or_gone_reservation_moves_on_to_the_next_relay(caplog
                     nursery.cancel_scope.cancel()
             return {"held": held, "counters": node.counters, "ids": [h.get_id() for h in hosts]}
 
-    with caplog.at_level(logging.WARNING, logger="swarm_node.transport.libp2p_nat"):
+    with caplog.at_level(logging.WARNING, logger="swarm_node.transport.libp2p.nat"):
         out = trio.run(run)
     _, _, r2, r3 = out["ids"]
     assert out["held"] == [{r2}, {r2}, {r3}]
     assert (out["counters"]["relay_refused"], out["counters"]["relay_lost"]) == (3, 2)
-    lines = [r.getMessage() for r in caplog.records if r.name == "swarm_node.transport.libp2p_nat"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "swarm_node.transport.libp2p.nat"]
     assert sum("refused a reservation; trying the next one" in line for line in lines) == 3
     assert sum(f"relay {r2} dropped our reservation; reserving on another" in line for line in lines) == 1
     assert sum(f"relay {r2} went away; reserving on another" in line for line in lines) == 1

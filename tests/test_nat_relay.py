@@ -21,8 +21,8 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 
 from protocol.chunks import PROTOCOL_ID as CHUNKS_PROTOCOL_ID
-from swarm_node.transport.libp2p_ipc import HostSettings
-from swarm_node.transport.libp2p_nat import NatServices
+from swarm_node.transport.libp2p.ipc import HostSettings
+from swarm_node.transport.libp2p.nat import NatServices
 
 pytestmark = pytest.mark.libp2p
 ECHO = "/test/echo/1"
@@ -64,7 +64,7 @@ def test_reservations_dials_counting_and_refused_chunks_over_a_relay() -> None:
                 assert circuit is not None
                 a.set_stream_handler(ECHO, _echo)
 
-                async def chunk_handler(stream: Any) -> None:  # what libp2p_host._incoming_stream does first
+                async def chunk_handler(stream: Any) -> None:  # what transport.libp2p.host._incoming_stream does first
                     if nats["a"].refuses(stream):
                         await stream.reset()
                         return

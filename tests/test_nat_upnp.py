@@ -1,4 +1,4 @@
-"""UPnP port mapping, a node's first NAT-traversal attempt (libp2p_upnp).
+"""UPnP port mapping, a node's first NAT-traversal attempt (transport/libp2p/upnp.py).
 
 Pure decisions first (which external IPs are usable, what an attempt's answers mean, which port to map), then the
 mapper's I/O against a fake miniupnpc client, then real gateways in network namespaces: Debian's miniupnpd in a
@@ -23,8 +23,8 @@ import trio
 
 from swarm_node.config import NetworkConfig, load_config
 from swarm_node.errors import ConfigError
-from swarm_node.transport.libp2p_ipc import HostSettings
-from swarm_node.transport.libp2p_upnp import BUDGET_S, PortMapper, judge, mappable_port, usable_external_ip
+from swarm_node.transport.libp2p.ipc import HostSettings
+from swarm_node.transport.libp2p.upnp import BUDGET_S, PortMapper, judge, mappable_port, usable_external_ip
 from swarm_node.transport.nat_report import summarise, watch_nat
 from tests.libp2p_helpers.procs import REPO, JsonProc
 from tests.netns.topology import Topology, namespaces_unavailable

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from swarm_node.transport.libp2p_ipc import (
+from swarm_node.transport.libp2p.ipc import (
     HEADER,
     MAX_FRAME_BYTES,
     MAX_SCORES,
@@ -110,7 +110,7 @@ def test_gossipsub_score_params_and_the_pushed_table_in_the_host() -> None:
     from libp2p.peer.id import ID
 
     from swarm_node.transport.base import ValidationResult
-    from swarm_node.transport.libp2p_host import NetworkHost, score_params
+    from swarm_node.transport.libp2p.host import NetworkHost, score_params
 
     settings = HostSettings()
     params = score_params(settings, lambda _peer: -3.0)
@@ -147,7 +147,7 @@ def test_the_node_answers_an_expired_validation_ignore_without_validating() -> N
 
     from swarm_node.identity import generate
     from swarm_node.transport.base import ValidationResult
-    from swarm_node.transport.libp2p_transport import LibP2PTransport
+    from swarm_node.transport.libp2p.transport import LibP2PTransport
 
     seen: list[bytes] = []
     sent: list[tuple] = []

@@ -19,9 +19,9 @@ import pytest
 from swarm_node.identity import generate
 from swarm_node.transport.base import Delivery, StreamReset, TransportError, TransportUnavailable, ValidationResult
 from swarm_node.transport.connectivity import local_self_check, start_network
-from swarm_node.transport.libp2p_ipc import HostSettings
-from swarm_node.transport.libp2p_launch import LibP2PConfig
-from swarm_node.transport.libp2p_transport import LibP2PTransport
+from swarm_node.transport.libp2p.ipc import HostSettings
+from swarm_node.transport.libp2p.launch import LibP2PConfig
+from swarm_node.transport.libp2p.transport import LibP2PTransport
 from swarm_node.transport.supervisor import Backoff
 from tests.libp2p_helpers.procs import JsonProc
 
@@ -258,7 +258,7 @@ def test_background_facade_start_network_over_libp2p(caplog: pytest.LogCaptureFi
         messages = [r.message for r in caplog.records]
         assert any(f"others can join with --bootstrap {a.listen_addrs()[0]}" in m for m in messages)
         assert any("loopback only" in m for m in messages)  # the local self-check's verdict and advice
-        # AutoNAT's verdict (libp2p_nat), logged by start_network's watcher: a dial-back to 127.0.0.1 proves
+        # AutoNAT's verdict (libp2p/nat.py), logged by start_network's watcher: a dial-back to 127.0.0.1 proves
         # nothing about the internet, so unknown.
         assert any(m.startswith("reachability: unknown so far") for m in messages)
     finally:
@@ -268,8 +268,8 @@ def test_background_facade_start_network_over_libp2p(caplog: pytest.LogCaptureFi
 
 async def test_dht_rendezvous_finds_peers_and_the_swarm_outlives_its_bootstrap() -> None:
     """Discovery with no protocol of ours: b and c are given only the bootstrap a (start_network, as `join` does);
-    the Kademlia rendezvous on the swarm's topic (libp2p_nat) connects them to each other (gossipsub's own peer
-    exchange is off: nothing else could). Then a leaves for good: b and c still see each other, stay "connected",
+    the Kademlia rendezvous on the swarm's topic (libp2p/rendezvous.py) connects them to each other (gossipsub's own
+    peer exchange is off: nothing else could). Then a leaves for good: b and c still see each other, stay "connected",
     and gossip flows both ways."""
     dht = config(rendezvous=TOPIC, dht_interval_s=1.0)
     async with transports(dht, dht, dht) as (a, b, c):

@@ -1,15 +1,18 @@
-"""Every variant name declared in swarm_node/variants.py is registered by its component, and nothing else is."""
+"""Every variant name declared in swarm_node/variants.py (and simulations/variants.py) is registered by its component,
+and nothing else is."""
 
 from __future__ import annotations
 
 import pytest
 
+from simulations import variants as sim_variants
 from swarm_node import variants
 from swarm_node.errors import ConfigError
 from swarm_node.variants import Registry, UnknownVariant
 
 
 def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
+    from simulations.byzantine import ATTACKS
     from simulations.runner import CELL_RUNNERS
     from swarm_node import tasks
     from swarm_node.model.lora import WEIGHT_FORMS
@@ -24,7 +27,7 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
     return [(ADVANTAGE_ESTIMATORS, variants.ADVANTAGES), (LOSSES, variants.LOSSES), (SELECTIONS, variants.SELECTIONS),
             (CODECS, variants.CODECS), (SAMPLERS, variants.SAMPLER_KINDS), (tasks.REWARD_MODES, variants.REWARD_MODES),
             (tasks.TASK_SELECTIONS, variants.TASK_SELECTIONS), (WEIGHT_FORMS, variants.WEIGHT_FORMS),
-            (ROLES, variants.ROLES), (CELL_RUNNERS, variants.SIM_MODES),
+            (ROLES, variants.ROLES), (CELL_RUNNERS, sim_variants.SIM_MODES), (ATTACKS, sim_variants.ATTACKS),
             (CORRECTIONS, variants.CORRECTIONS)]
 
 

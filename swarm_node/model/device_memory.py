@@ -12,8 +12,7 @@ Contract:
   no peak there). `current()` is the use right now.
 - `return_freed_memory()` (glibc only; a no-op elsewhere) fixes malloc's mmap threshold at `MMAP_THRESHOLD`:
   glibc otherwise raises it after large frees, keeps later large tensors on its heap and never hands them back, so
-  RSS climbs step after step although the live memory does not (measured: a 900 MiB run peaked 826 MiB with it,
-  950 MiB without, by the third step).
+  RSS climbs step after step although the live memory does not (measured: docs/MEASUREMENTS.md).
 - `status_kib(text, key)` reads one "Key: N kB" line of a /proc status file (pure, for tests).
 Reads only /proc, /sys/fs/cgroup and torch's allocator counters: no psutil.
 """

@@ -232,8 +232,7 @@ class TopKCodec(Codec):
     topk_fraction: float = 0.1  # picked by bench/delta_bytes.py (see bench/results/delta_bytes.json)
     value_dtype: str = "bf16"
     # Tensors this small (norm scales, biases) go whole: Adam moves every one of their entries every step, so a
-    # fraction of them would lag far behind (measured: the final norm lagged by ~20 steps at 1%), and they cost
-    # little (4 bytes an entry).
+    # fraction of them would lag far behind (docs/MEASUREMENTS.md), and they cost little (4 bytes an entry).
     whole_below: int = 4096
 
     def __post_init__(self) -> None:

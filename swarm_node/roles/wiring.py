@@ -63,8 +63,8 @@ class BackgroundExchange:
 
 def start_libp2p(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> tuple[Identity, BackgroundTransport]:
     """Identity, the libp2p host on its own thread, our printed address, and the bootstrap keeper, started."""
-    from swarm_node.transport.libp2p_ipc import HostSettings
-    from swarm_node.transport.libp2p_transport import LibP2PConfig, LibP2PTransport
+    from swarm_node.transport.libp2p.ipc import HostSettings
+    from swarm_node.transport.libp2p.transport import LibP2PConfig, LibP2PTransport
 
     run_dir = Path(cfg.run.run_dir)
     prepare_run_dir(run_dir)
@@ -119,7 +119,7 @@ def start_exchange(net: BackgroundTransport, exchange: TransportExchange) -> Tra
 
 def push_scores(net: BackgroundTransport, stats: NodeStats) -> Callable[[dict[str, float]], None]:
     """The peer guard's push: reputation scores to the libp2p host (a failure is counted; the host may restart)."""
-    from swarm_node.transport.libp2p_transport import LibP2PTransport
+    from swarm_node.transport.libp2p.transport import LibP2PTransport
 
     transport = net.transport
     if not isinstance(transport, LibP2PTransport):

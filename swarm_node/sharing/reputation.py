@@ -35,7 +35,7 @@ from types import MappingProxyType
 OK, GRAYLISTED, BANNED, ALLOWED, DENIED = "ok", "graylisted", "banned", "allowed", "denied"
 STATES = (OK, GRAYLISTED, BANNED, ALLOWED, DENIED)
 BLOCKED = frozenset({GRAYLISTED, BANNED, DENIED})
-BLOCKED_APP_SCORE = -1000.0  # pushed for blocked peers: below every gossipsub threshold (libp2p_ipc.HostSettings)
+BLOCKED_APP_SCORE = -1000.0  # pushed for blocked peers: below all gossipsub thresholds (libp2p.ipc.HostSettings)
 MIN_SCORE = -1000.0  # scores are clipped here (numerical sanity; far past any ban threshold)
 FORGET_BELOW = 0.01  # |score| under which an unbanned peer's state is forgotten
 PEERS_FILE = "peers.json"

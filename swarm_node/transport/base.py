@@ -1,6 +1,6 @@
 """The transport interface: gossip publish/subscribe with validators, direct byte streams, peers.
 
-Contract (every implementation: `memory.MemoryTransport`, `libp2p_transport.LibP2PTransport`):
+Contract (every implementation: `memory.MemoryTransport`, `libp2p.transport.LibP2PTransport`):
 - asyncio-facing; all methods are called from one event loop. `start()` before anything else, `stop()` at the end.
 - `publish(topic, data)` sends one small message (gossip; large payloads go over streams). It applies
   back-pressure: it returns once the message is handed to the network layer, waiting while outbound queues are

@@ -1,7 +1,7 @@
 """Connectivity: staying connected to bootstrap peers, and telling the user what our own addresses imply.
 
 Finding the rest of the swarm and learning whether peers can dial us are the transport's job, done with the
-standard libp2p protocols (libp2p_nat.py: Kademlia rendezvous on the swarm topic, AutoNAT with a fresh-connection
+standard libp2p protocols (libp2p/nat.py: Kademlia rendezvous on the swarm topic, AutoNAT with a fresh-connection
 dial-back, circuit relays, DCUtR; docs/NAT.md). This module speaks no protocol of its own.
 
 Contract (works on any `Transport`):

@@ -4,7 +4,7 @@ Contract: `summarise(status)` turns a `LibP2PTransport.nat_status()` dict into t
 /status shows under "network": reachability (public | private | unknown), its one-line explanation, our relay
 reservations, relayed bytes (ours, and what we relayed for others), how many peers we reach directly or through a
 relay, the DHT and relay requests refused from peers by reason (flood budgets, bounded records: only the nonzero
-counts), and the UPnP attempt when the host reports one ("upnp": state, line, external_addr; libp2p_upnp).
+counts), and the UPnP attempt when the host reports one ("upnp": state, line, external_addr; libp2p/upnp.py).
 `watch_nat(transport, on_change, interval_s)` polls the transport (any transport with an async `nat_status()`), logs
 the reachability line at WARNING (the user-facing level of `join`) each time it changes, the first time included,
 and the UPnP line once it has an outcome and whenever it changes, and calls `on_change(summary)` on every poll. A

@@ -26,9 +26,9 @@ from typing import Any
 from swarm_node.identity import generate
 from swarm_node.policy_sync.broadcast import PolicyBroadcaster
 from swarm_node.transport.base import Delivery, Stream, TransportError
-from swarm_node.transport.libp2p_ipc import HostSettings
-from swarm_node.transport.libp2p_launch import LibP2PConfig
-from swarm_node.transport.libp2p_transport import LibP2PTransport
+from swarm_node.transport.libp2p.ipc import HostSettings
+from swarm_node.transport.libp2p.launch import LibP2PConfig
+from swarm_node.transport.libp2p.transport import LibP2PTransport
 from swarm_node.transport.supervisor import Backoff
 from tests.libp2p_helpers.rollouts import TOPIC, group_ids, protocol_validator, rollout_batch
 

@@ -4,7 +4,7 @@ Events: {"event": "ready", "peer_id", "addr"} at start; answers carry the comman
 Commands: publish {count} -> "published" {group_ids}; stats -> "stats" {delivered: {signer: [gid hex]}, verdicts,
 restarts, host_counters, peers}; connect {addr} -> "connected"; wait_subscribed {n} (peers on the topic)
 -> "subscribed"; quit. Joins through --bootstrap with connectivity.start_network, as `join` does; the DHT rendezvous
-on the topic (libp2p_nat) finds the other nodes.
+on the topic (transport/libp2p/rendezvous.py) finds the other nodes.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 from swarm_node.identity import generate
 from swarm_node.transport.base import Delivery, TransportError
 from swarm_node.transport.connectivity import start_network
-from swarm_node.transport.libp2p_ipc import HostSettings
-from swarm_node.transport.libp2p_launch import LibP2PConfig
-from swarm_node.transport.libp2p_transport import LibP2PTransport
+from swarm_node.transport.libp2p.ipc import HostSettings
+from swarm_node.transport.libp2p.launch import LibP2PConfig
+from swarm_node.transport.libp2p.transport import LibP2PTransport
 from swarm_node.transport.supervisor import Backoff
 from tests.libp2p_helpers.rollouts import TOPIC, group_ids, protocol_validator, rollout_batch
 

@@ -23,12 +23,12 @@ from typing import Any
 import multiaddr
 
 from swarm_node.identity import generate
-from swarm_node.transport import libp2p_host
 from swarm_node.transport.base import Delivery
-from swarm_node.transport.libp2p_ipc import HostSettings
-from swarm_node.transport.libp2p_launch import LibP2PConfig
-from swarm_node.transport.libp2p_relay import RelayClient
-from swarm_node.transport.libp2p_transport import LibP2PTransport
+from swarm_node.transport.libp2p import host as host_module
+from swarm_node.transport.libp2p.ipc import HostSettings
+from swarm_node.transport.libp2p.launch import LibP2PConfig
+from swarm_node.transport.libp2p.relay import RelayClient
+from swarm_node.transport.libp2p.transport import LibP2PTransport
 from swarm_node.transport.reachability import Reachability, Verdicts
 from swarm_node.transport.supervisor import Backoff
 from tests.libp2p_helpers.nat_node import ECHO, emit, keep_bootstrap, serve_commands, serve_echo
@@ -36,24 +36,24 @@ from tests.libp2p_helpers.rollouts import TOPIC, group_ids, protocol_validator
 
 DEBUG_LOGGERS = ("libp2p.relay.circuit_v2.dcutr", "libp2p.transport.quic", "swarm_node.transport",
                  "libp2p.host.observed_addr_manager", "libp2p.identity.identify")
-HOSTS: list[libp2p_host.NetworkHost] = []  # the network hosts started in this process (thread isolation)
-_host_init = libp2p_host.NetworkHost.__init__
+HOSTS: list[host_module.NetworkHost] = []  # the network hosts started in this process (thread isolation)
+_host_init = host_module.NetworkHost.__init__
 
 
-def _record_host(self: libp2p_host.NetworkHost, key_pair: Any, settings: HostSettings) -> None:
+def _record_host(self: host_module.NetworkHost, key_pair: Any, settings: HostSettings) -> None:
     """NetworkHost.__init__ with py-libp2p's transports built from the listen addresses (QUIC for .../quic-v1; our
     host builds TCP only), and the host recorded in HOSTS."""
     listen = [multiaddr.Multiaddr(a) for a in settings.listen]
-    real = libp2p_host.new_host
-    libp2p_host.new_host = lambda **kw: real(listen_addrs=listen, **kw)  # type: ignore[assignment]
+    real = host_module.new_host
+    host_module.new_host = lambda **kw: real(listen_addrs=listen, **kw)  # type: ignore[assignment]
     try:
         _host_init(self, key_pair, settings)
     finally:
-        libp2p_host.new_host = real
+        host_module.new_host = real
     HOSTS.append(self)
 
 
-libp2p_host.NetworkHost.__init__ = _record_host  # type: ignore[method-assign]
+host_module.NetworkHost.__init__ = _record_host  # type: ignore[method-assign]
 
 
 def _relay_addr(self: RelayClient, relay: Any) -> multiaddr.Multiaddr | None:

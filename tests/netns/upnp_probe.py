@@ -1,4 +1,4 @@
-"""Run the node's UPnP attempt alone (libp2p_upnp.PortMapper, no libp2p), inside a home namespace:
+"""Run the node's UPnP attempt alone (transport.libp2p.upnp.PortMapper, no libp2p), inside a home namespace:
 `python -m tests.netns.upnp_probe PORT`.
 
 Prints one JSON line once the first attempt has an outcome: {"state", "line", "external_addr", "elapsed_s"}; then
@@ -14,7 +14,7 @@ import time
 
 import trio
 
-from swarm_node.transport.libp2p_upnp import PortMapper
+from swarm_node.transport.libp2p.upnp import PortMapper
 
 
 async def main(port: int) -> None:

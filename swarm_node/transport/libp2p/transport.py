@@ -1,8 +1,8 @@
 """libp2p transport (py-libp2p 0.8.1): the node side (asyncio) of a supervised network host.
 
 Architecture: py-libp2p is trio-only and pure Python, so the network host runs apart from the node, in a child
-process (the default) or on a trio thread (`libp2p_launch`, which holds the measurement behind that choice); the
-node talks to it in libp2p_ipc frames over a socketpair (`libp2p_session`). This module supervises the host:
+process (the default) or on a trio thread (`launch.py`; why a process: docs/MEASUREMENTS.md); the
+node talks to it in frames (`ipc.py`) over a socketpair (`session.py`). This module supervises the host:
 it restarts a crashed or hung host with the same identity and listen port, re-subscribes, re-serves protocols and
 redials the peers it knew. Validators run in the node (a VALIDATE/VERDICT round trip over the socket per
 message), so they are plain Python callables with the node's state (e.g. the protocol's replay guard), not
@@ -11,7 +11,7 @@ something the child must import and configure.
 Contract: implements `base.Transport`. Calls made while the host is down (crashed, restarting) raise
 `TransportUnavailable` at once instead of blocking the training loop. `stats.restarts` counts restarts;
 `host_counters()` returns the running host's guard/validation counters; `nat_status()` its reachability,
-relays and DHT discovery (libp2p_nat). `set_peer_scores(scores)` sends the
+relays and DHT discovery (nat.py). `set_peer_scores(scores)` sends the
 node's reputation table to the host (SCORES: gossipsub's application-specific score), re-sent after a restart.
 Construct with an `identity.Identity` (the peer id is stable across restarts) and a `LibP2PConfig`.
 """
@@ -44,9 +44,9 @@ from swarm_node.transport.base import (
     Validator,
     run_validator,
 )
-from swarm_node.transport.libp2p_ipc import IpcError, Op, check_scores, encode
-from swarm_node.transport.libp2p_launch import LAUNCHERS, LibP2PConfig
-from swarm_node.transport.libp2p_session import IpcStream, Session
+from swarm_node.transport.libp2p.ipc import IpcError, Op, check_scores, encode
+from swarm_node.transport.libp2p.launch import LAUNCHERS, LibP2PConfig
+from swarm_node.transport.libp2p.session import IpcStream, Session
 from swarm_node.transport.supervisor import RestartTracker
 
 __all__ = ["LibP2PConfig", "LibP2PTransport"]
@@ -71,7 +71,6 @@ class LibP2PTransport(Transport):
         self._validators: dict[str, Validator] = {}
         self._stream_handlers: dict[str, StreamHandler] = {}
         self._known_addrs: dict[str, str] = {}  # peer id -> a multiaddr that reached it (redialled on restart)
-        self._peers_snapshot: list[PeerInfo] = []
         self._listen: tuple[str, ...] = ()  # concrete listen addrs of the first start (same port on restart)
         self._advertised: list[str] = []
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -90,9 +89,6 @@ class LibP2PTransport(Transport):
     @property
     def host_pid(self) -> int | None:
         return self._session.handle.pid if self._session is not None else None
-
-    async def wait_up(self, timeout: float) -> None:
-        await asyncio.wait_for(self._up.wait(), timeout)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -200,7 +196,6 @@ class LibP2PTransport(Transport):
                 return
             self._up.clear()
             session.end(how)
-            self._peers_snapshot = []
             self.stats.restarts += 1
             await self._restart_after_failure(how)
 
@@ -355,7 +350,7 @@ class LibP2PTransport(Transport):
             await session.drain()
 
     async def nat_status(self) -> dict[str, Any]:
-        """The host's view of NAT traversal (libp2p_nat.NatServices.status): "reachability" (public | private |
+        """The host's view of NAT traversal (nat.NatServices.status): "reachability" (public | private |
         unknown) and its one-line summary "line", relay reservations, "relayed_bytes", DHT discoveries, paths."""
         return dict(await self._call("nat_status"))
 
@@ -363,14 +358,9 @@ class LibP2PTransport(Transport):
         """What the current host's guards and validation dropped (counts restart from 0 with each host)."""
         return dict(await self._call("counters"))
 
-    def peers_snapshot(self) -> list[PeerInfo]:
-        """The peer list as of the last poll (every health_interval_s), without a round trip."""
-        return list(self._peers_snapshot)
-
     async def _refresh_peers(self) -> list[PeerInfo]:
         rows = await self._call("peers")
         infos = [PeerInfo(peer, tuple(addrs), latency, tuple(topics)) for peer, addrs, latency, topics in rows]
-        self._peers_snapshot = infos
         for info in infos:
             for addr in info.addrs:
                 if "/tcp/" in addr and "/ip4/0.0.0.0/" not in addr:

@@ -1,39 +1,35 @@
-"""The libp2p network host: py-libp2p 0.8.1 on trio, driven by the node over one socket (libp2p_ipc frames).
+"""The libp2p network host: py-libp2p 0.8.1 on trio, driven by the node over one socket (frames of `ipc.py`).
 
-Run as `python -m swarm_node.transport.libp2p_host --ipc-fd N` (what `libp2p_transport` does: a child process, so a
-remote crash in py-libp2p ends only this process) or in a thread via `run_host(sock)`. Contract:
+`run_host(sock)` serves one node: in the child process (`host_process.py`, what `transport.py` starts by default, so
+a remote crash in py-libp2p ends only that process) or on a trio thread (`launch.py`). Contract:
 - Reads HELLO (private key + HostSettings), starts TCP + Noise (only) + yamux, GossipSub (/meshsub/1.2.0 and
   1.1.0, StrictSign, default message ids, heartbeat 1 s, library spam limiter off: our validators and peer score
   do that job), answers READY(peer id, listen addrs, advertised addrs), then serves CALLs until the node's
-  socket closes, then exits.
+  socket closes, then returns.
 - CALL methods: subscribe(topic, validated), publish(topic, data), connect(multiaddr) -> peer id,
   peers() -> [[id, addrs, latency_ms | None, topics]], serve(protocol), open_stream(peer, protocol) -> sid,
-  counters() -> {name: count} of what the guards and validation dropped, nat_status() -> libp2p_nat's view.
-- NAT traversal (`libp2p_nat.NatServices`, in the same nursery): DHT rendezvous, AutoNAT, circuit relay v2,
+  counters() -> {name: count} of what the guards and validation dropped, nat_status() -> nat.py's view.
+- NAT traversal (`nat.NatServices`, in the same nursery): DHT rendezvous, AutoNAT, circuit relay v2,
   DCUtR; an incoming stream of a `no_relay_protocols` protocol over a relayed connection is reset at once.
 - Every subscription is drained continuously; messages signed by others go to the node as DELIVER. For a
   validated topic every message from a peer is first sent to the node as VALIDATE and waits (up to
-  validation_timeout_s, then IGNORE) for its VERDICT before it is delivered or forwarded (libp2p_guards).
+  validation_timeout_s, then IGNORE) for its VERDICT before it is delivered or forwarded (guards.py).
 - publish applies back-pressure on the per-peer outbound queues (see HostSettings) and refuses a message over
   the gossip size limit with an error instead of letting the library drop it silently.
-- Streams are bridged as S_* frames with credit-based flow control (STREAM_WINDOW per direction).
+- Streams are bridged as S_* frames with credit-based flow control (`stream_bridge.py`).
 - Nothing a peer sends may raise out of this module's handlers; the crash guards cover the library's own paths.
-- Peer score (`libp2p_scoring.py`): gossipsub v1.1 scoring with non-zero weights (py-libp2p ships all at 0); its
+- Peer score (`scoring.py`): gossipsub v1.1 scoring with non-zero weights (py-libp2p ships all at 0); its
   application-specific part is the node's reputation table, pushed as SCORES frames (kept across calls, replaced
   whole). A signer whose pushed score is at or below graylist_threshold is IGNOREd at once (no VALIDATE round
-  trip); a forwarder the router graylists, or past its validation budget, is ignored unvalidated (libp2p_guards).
+  trip); a forwarder the router graylists, or past its validation budget, is ignored unvalidated (guards.py).
 """
 
 from __future__ import annotations
 
-import argparse
-import faulthandler
 import itertools
 import logging
 import math
-import signal
 import socket
-import sys
 import time
 from collections import Counter
 from typing import Any
@@ -44,7 +40,6 @@ from libp2p import new_host
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.serialization import deserialize_private_key
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
-from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
@@ -53,15 +48,13 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 
 from swarm_node.transport.base import ValidationResult
-from swarm_node.transport.libp2p_guards import (
+from swarm_node.transport.libp2p.guards import (
     GuardedPubsub,
     install_record_caches,
     install_signature_guard,
     raise_library_limits,
 )
-from swarm_node.transport.libp2p_ipc import (
-    STREAM_CHUNK,
-    STREAM_WINDOW,
+from swarm_node.transport.libp2p.ipc import (
     FrameDecoder,
     HostSettings,
     IpcError,
@@ -69,8 +62,9 @@ from swarm_node.transport.libp2p_ipc import (
     check_scores,
     encode,
 )
-from swarm_node.transport.libp2p_nat import NatServices
-from swarm_node.transport.libp2p_scoring import score_params
+from swarm_node.transport.libp2p.nat import NatServices
+from swarm_node.transport.libp2p.scoring import score_params
+from swarm_node.transport.libp2p.stream_bridge import StreamBridge
 from swarm_node.transport.shaping import RequestBudget
 
 log = logging.getLogger(__name__)
@@ -82,63 +76,6 @@ def gossip_limit(settings: HostSettings) -> int:
     return settings.max_message_bytes - GOSSIP_OVERHEAD_BYTES
 
 
-class _StreamBridge:
-    """One libp2p stream <-> S_* frames. Either side's error resets the stream and tells the other side."""
-
-    def __init__(self, owner: NetworkHost, sid: int, stream: Any) -> None:
-        self.owner, self.sid, self.stream = owner, sid, stream
-        self.to_peer_send, self.to_peer_recv = trio.open_memory_channel[bytes | None](math.inf)
-        self.credit = STREAM_WINDOW  # bytes we may still push to the node before it reports consuming them
-        self.credit_event = trio.Event()
-        self.scope = trio.CancelScope()
-
-    def add_credit(self, n: int) -> None:
-        self.credit += n
-        self.credit_event.set()
-        self.credit_event = trio.Event()
-
-    async def run(self) -> None:
-        reason = ""
-        with self.scope:
-            try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._to_node)
-                    nursery.start_soon(self._to_peer)
-                await self.stream.close()
-            except Exception as exc:  # any failure of a peer's stream (reset, EOF mid-write, muxer error)
-                reason = f"{type(exc).__name__}: {exc}"
-        if self.scope.cancelled_caught or reason:
-            await self.stream.reset()
-            if reason:
-                self.owner.send(Op.S_RESET, self.sid, reason)
-        self.owner.streams.pop(self.sid, None)
-
-    def abort(self) -> None:
-        self.scope.cancel()
-
-    async def _to_node(self) -> None:
-        while True:
-            while self.credit <= 0:
-                await self.credit_event.wait()
-            try:
-                data = await self.stream.read(min(self.credit, STREAM_CHUNK))
-            except StreamEOF:
-                data = b""
-            if not data:
-                self.owner.send(Op.S_CLOSE, self.sid)
-                return
-            self.credit -= len(data)
-            self.owner.send(Op.S_DATA, self.sid, data)
-
-    async def _to_peer(self) -> None:
-        async for item in self.to_peer_recv:
-            if item is None:
-                await self.stream.close_write()
-                return
-            await self.stream.write(item)
-            self.owner.send(Op.S_CREDIT, self.sid, len(item))
-
-
 class NetworkHost:
     """State of one running host; methods named in `_methods` are the node's CALLs."""
 
@@ -146,7 +83,7 @@ class NetworkHost:
         self.settings = settings
         self.counters: Counter[str] = Counter()
         self.out_send, self.out_recv = trio.open_memory_channel[bytes](math.inf)
-        self.streams: dict[int, _StreamBridge] = {}
+        self.streams: dict[int, StreamBridge] = {}
         self._sids = itertools.count(1)
         self._vids = itertools.count(1)
         self._verdicts: dict[int, tuple[trio.Event, list[ValidationResult]]] = {}
@@ -277,7 +214,7 @@ class NetworkHost:
         self.send(Op.RESULT, req_id, True, value)
 
     async def nat_status(self) -> dict[str, Any]:
-        """Reachability, relays, relayed bytes and DHT discovery (libp2p_nat.NatServices.status)."""
+        """Reachability, relays, relayed bytes and DHT discovery (nat.NatServices.status)."""
         return self.nat.status()
 
     async def get_counters(self) -> dict[str, int]:
@@ -296,8 +233,8 @@ class NetworkHost:
         result: list[ValidationResult] = []
         self._verdicts[vid] = (event, result)
         # The deadline (wall clock: host and node share the machine) lets the node skip requests we have given up
-        # on: under a flood the backlog then drains at once instead of being validated for nothing, which had
-        # starved honest messages for ~80 s after a flood ended (issue 14).
+        # on: after a flood the backlog then drains at once instead of being validated for nothing, starving honest
+        # messages (docs/MEASUREMENTS.md).
         self.send(Op.VALIDATE, vid, topic, signer, data, time.time() + self.settings.validation_timeout_s)
         try:
             with trio.move_on_after(self.settings.validation_timeout_s):
@@ -383,12 +320,12 @@ class NetworkHost:
         self.host.set_stream_handler(protocol, self._incoming_stream)
 
     async def _incoming_stream(self, stream: Any) -> None:
-        if self.nat.refuses(stream):  # bulk protocols are not served through a relay (libp2p_nat)
+        if self.nat.refuses(stream):  # bulk protocols are not served through a relay (nat.py)
             await stream.reset()
             return
         try:
             sid = next(self._sids)
-            bridge = _StreamBridge(self, sid, stream)
+            bridge = StreamBridge(self, sid, stream)
             self.streams[sid] = bridge
             remote = stream.get_remote_address()
             host, port = (remote[0], remote[1]) if remote else (None, None)
@@ -402,7 +339,7 @@ class NetworkHost:
         with trio.fail_after(self.settings.connect_timeout_s):
             stream = await self.host.new_stream(ID.from_base58(peer), [protocol])
         sid = next(self._sids)
-        bridge = _StreamBridge(self, sid, stream)
+        bridge = StreamBridge(self, sid, stream)
         self.streams[sid] = bridge
         assert self._nursery is not None
         self._nursery.start_soon(bridge.run)
@@ -426,25 +363,3 @@ async def run_host(sock: socket.socket) -> None:
     private_key = deserialize_private_key(key)
     host = NetworkHost(KeyPair(private_key, private_key.get_public_key()), HostSettings.from_wire(settings))
     await host.serve_node(conn, decoder)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ipc-fd", type=int, required=True, help="inherited socket connected to the node")
-    parser.add_argument("--log-level", default="WARNING")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s libp2p-host %(levelname)s %(name)s: %(message)s")
-    # py-libp2p logs ordinary outcomes at ERROR (a peer that does not speak a protocol, a dial that fails, with
-    # multi-line dumps); the node gets them as TransportError and reports them at its own level.
-    for name in ("libp2p.host.basic_host", "libp2p.transport.tcp.tcp", "libp2p.kad_dht", "libp2p.network.swarm",
-                 "libp2p.relay.circuit_v2.protocol", "libp2p.relay.circuit_v2.transport", "libp2p.host.autonat"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    # Ctrl-C reaches the whole process group; the node decides when we stop (it closes the socket).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # as the node: `kill -USR1` dumps our stacks
-    trio.run(run_host, socket.socket(fileno=args.ipc_fd))
-
-
-if __name__ == "__main__":
-    main()

@@ -29,7 +29,7 @@ from libp2p.kad_dht import DHTMode, KadDHT
 from libp2p.kad_dht.pb.kademlia_pb2 import Message
 from libp2p.peer.id import ID
 
-from swarm_node.transport.libp2p_ipc import HostSettings
+from swarm_node.transport.libp2p.ipc import HostSettings
 from swarm_node.transport.shaping import RequestBudget
 
 REFUSALS = ("rate", "total", "streams", "slow", "large", "full")

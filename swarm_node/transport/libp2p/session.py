@@ -1,6 +1,6 @@
 """One running network host as seen from the node: its socket (`Session`) and the streams it bridges (`IpcStream`).
 
-Contract: a `Session` owns the node's end of the socketpair with one host: `send` writes a libp2p_ipc frame (or
+Contract: a `Session` owns the node's end of the socketpair with one host: `send` writes an `ipc.py` frame (or
 raises TransportUnavailable once the host is gone), `request` sends a CALL and waits for its RESULT (TransportError
 on an error result or after `timeout_s`), `read_frames` returns the next batch of frames ([] once the socket
 closed), `on_stream_frame` routes S_DATA / S_CLOSE / S_RESET / S_CREDIT to the stream they name, and `end(why)`
@@ -16,8 +16,8 @@ import itertools
 from typing import Any
 
 from swarm_node.transport.base import Stream, StreamReset, TransportError, TransportUnavailable
-from swarm_node.transport.libp2p_ipc import STREAM_CHUNK, STREAM_WINDOW, FrameDecoder, Op, encode
-from swarm_node.transport.libp2p_launch import HostHandle
+from swarm_node.transport.libp2p.ipc import STREAM_CHUNK, STREAM_WINDOW, FrameDecoder, Op, encode
+from swarm_node.transport.libp2p.launch import HostHandle
 
 
 class IpcStream(Stream):

@@ -29,9 +29,8 @@ Runs inside the network host (trio). Contract:
   restarted and redialled before we noticed), so the library re-opens one on the live connection.
 - `raise_library_limits` patches the hard-coded per-peer outbound queue (32 RPCs) and subscription channel (32).
 - Throughput (same wire format): `GuardedPubsub.handle_sending_messages` merges the RPCs queued for a peer into
-  one RPC per write (4-node bench on 2 busy cores: 16-21 -> 33-36 groups/s), and `install_record_caches` stops
-  rebuilding and re-verifying the signed peer record that rides on every RPC (it was the largest item left in
-  host profiles: env_to_send_in_RPC alone took a third of the host's CPU time).
+  one RPC per write, and `install_record_caches` stops rebuilding and re-verifying the signed peer record that
+  rides on every RPC (what each gained: docs/MEASUREMENTS.md).
 With `crash_guards=False` the two crash paths behave as in the library (to test supervision).
 """
 

@@ -1,17 +1,10 @@
 """Launching the libp2p network host, and where it runs: a child process or a trio thread in this process.
 
-Architecture, and the measurement behind it. py-libp2p is trio-only and pure Python (Noise, yamux, protobuf and
-gossipsub all hold the GIL). The host runs either in a child process (`libp2p_host`, isolation "process") or on a
-trio thread inside the node (isolation "thread"); both speak the same frames (libp2p_ipc) over a socketpair, so
-only the isolation differs. Measured with `python -m bench.gossip --arch` (bench/results/gossip_arch.json): a
-training-loop stand-in (torch + Python work) on a node that receives 100 groups/s made 145 steps/s with no network,
-87 with the host in a child process and 51 with it on a thread (medians of 3 interleaved runs, 2 cores at load
-average ~9, so noisy: single runs ranged 62-134 and 29-93). We chose "process" (the default):
-  * a remote crash or leak in py-libp2p ends only the child; the supervisor (libp2p_transport) restarts it with
-    the same identity and listen port, re-subscribes, re-serves protocols and redials the peers it knew, and
-    training sees nothing but TransportUnavailable on calls made while it is down (tests kill it with SIGKILL);
-  * its Python work competes with the trainer and vLLM for CPU but not for their GIL, which cost more above;
-  * thread isolation stays available (cheaper start, ~0.1 s instead of ~1-2 s) but has no crash isolation.
+py-libp2p is trio-only and pure Python, so the host runs apart from the node's event loop: in a child process
+(`host_process.py`, isolation "process", the default: a crash in py-libp2p ends only the child, which the supervisor
+in `transport.py` restarts) or on a trio thread inside the node (isolation "thread": a cheaper start, no crash
+isolation); both speak the same frames (`ipc.py`) over a socketpair, so only the isolation differs. Why "process"
+is the default, measured: docs/MEASUREMENTS.md.
 
 Contract: `LAUNCHERS[config.isolation](child_sock, config)` starts a host on its end of a socketpair and returns a
 `HostHandle` (wait for its end, kill it). The process launcher passes the socket as an inherited descriptor (the
@@ -29,7 +22,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from swarm_node.transport.libp2p_ipc import HostSettings
+from swarm_node.transport.libp2p.ipc import HostSettings
 from swarm_node.transport.supervisor import Backoff
 
 
@@ -86,7 +79,7 @@ async def launch_process(child_sock: socket.socket, config: LibP2PConfig) -> Hos
     except (AttributeError, OSError, ValueError):  # stderr replaced by an object without a descriptor
         stdout = subprocess.DEVNULL
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "swarm_node.transport.libp2p_host", "--ipc-fd", str(fd),
+        sys.executable, "-m", "swarm_node.transport.libp2p.host_process", "--ipc-fd", str(fd),
         "--log-level", config.host_log_level, pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=stdout,
     )
     child_sock.close()
@@ -112,7 +105,7 @@ async def launch_thread(child_sock: socket.socket, config: LibP2PConfig) -> Host
     """The host on a trio thread in this process (no crash isolation)."""
     import trio  # imported here so the process isolation never loads trio or libp2p into the node
 
-    from swarm_node.transport.libp2p_host import run_host
+    from swarm_node.transport.libp2p.host import run_host
 
     loop = asyncio.get_running_loop()
     done: asyncio.Future[str] = loop.create_future()

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from libp2p.peer.id import ID
 from libp2p.pubsub.score import ScoreParams, TopicScoreParams
 
-from swarm_node.transport.libp2p_ipc import HostSettings
+from swarm_node.transport.libp2p.ipc import HostSettings
 
 SCORE_DECAY_PER_HEARTBEAT = 0.999  # invalid-message counts fade with a half-life of ~11 min at 1 s heartbeats
 BEHAVIOUR_DECAY_PER_HEARTBEAT = 0.99  # protocol-misbehaviour penalties fade with a half-life of ~70 s

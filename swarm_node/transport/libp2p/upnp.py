@@ -17,18 +17,8 @@ Contract (trio, runs in the network host; NatServices starts `PortMapper().run(p
   NAT in front of the gateway, a double NAT, where a mapping reaches no one), `judge` (what an attempt's answers
   mean), `mappable_port` (which listen port is worth mapping).
 
-Why miniupnpc directly and not py-libp2p 0.8.1's `libp2p.discovery.upnp.UpnpManager` (a thin wrapper over the same
-miniupnpc), measured against miniupnpd 2.3.1 in a router namespace (tests/test_nat_upnp.py):
-- no deadline can bound it: its calls run on threads trio cannot abandon, so a gateway that stalls also stalls the
-  host's shutdown. Ours are abandoned at the deadline.
-- every failure is the same `False`, with misleading ERROR logs: with no gateway at all, miniupnpc's `discover()`
-  raises Exception("Success"), which the manager takes for one device found, then logs "UPnP devices were found,
-  but none are valid Internet Gateway Devices"; a gateway whose WAN address is private (miniupnpd then answers an
-  empty external IP) is logged as "a smart home device". The one line we owe the user could not say which it was.
-- its double-NAT check is `is_private`, which is False for carrier-grade NAT addresses (100.64.0.0/10): it would map
-  a port nobody on the internet can reach, and we would advertise it.
-- it maps with lease 0 (permanent): a host killed before it deletes the mapping (the supervisor SIGKILLs a hung
-  one) would leave the port forwarded on the user's router for good.
+Why miniupnpc directly and not py-libp2p 0.8.1's `UpnpManager` (it cannot bound its time or say what went wrong, and
+maps permanently): docs/NAT.md, finding 10.
 """
 
 from __future__ import annotations

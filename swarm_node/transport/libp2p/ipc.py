@@ -69,7 +69,7 @@ class HostSettings:
     waits before publishing anyway (a peer that stops reading must not stall us; the miss is counted and logged).
     seen_ttl_s/sweep_s: gossipsub seen-cache (tests shorten it to exercise replays after it forgets).
     validation_timeout_s: a node that does not answer a VALIDATE in time makes the message IGNOREd.
-    Gossipsub v1.1 peer score (py-libp2p's `ScoreParams`; libp2p_host.score_params): invalid_penalty is P4's
+    Gossipsub v1.1 peer score (py-libp2p's `ScoreParams`; host.score_params): invalid_penalty is P4's
     weight (score lost per REJECTed message), app_score_weight P6's (times the node's pushed reputation score,
     SCORES), behaviour_penalty P5's (protocol misbehaviour the library counts, past behaviour_threshold).
     Thresholds, 0 > gossip > publish > graylist as the spec requires: under gossip_threshold no gossip to or from
@@ -78,7 +78,7 @@ class HostSettings:
     ([peers] graylist_score, -20 by default): the node pushes its own score for a peer it tolerates (above
     graylist_score: with the defaults above every threshold here) and reputation.BLOCKED_APP_SCORE (-1000, below all of
     them) for a peer it has graylisted, banned or denied. crash_guards: False only to test that the supervisor restarts
-    a dead host. NAT traversal (libp2p_nat): rendezvous is the DHT key's name (the swarm topic; "" turns the DHT off),
+    a dead host. NAT traversal (nat.py): rendezvous is the DHT key's name (the swarm topic; "" turns the DHT off),
     looked up every dht_interval_s; autonat_confirmations distinct AutoNAT servers must dial us back before we call
     ourselves public; relay_service on | off | auto (serve as a relay once public); relay_reservations: relays we keep a
     slot on while not public; relay_max_*: what we grant as a relay (reservations, concurrent circuits),
@@ -86,9 +86,9 @@ class HostSettings:
     tries to turn each relayed connection into a direct one. no_relay_protocols: stream protocols we never serve over a
     relayed connection (policy-delta chunks: a node reachable only through a relay would spend the relay's bandwidth;
     the puller moves on to the next holder, the source last). upnp: ask the router to forward our TCP listen port by
-    UPnP before AutoNAT's first round (libp2p_upnp); off here because it changes the router of whoever runs the host
+    UPnP before AutoNAT's first round (upnp.py); off here because it changes the router of whoever runs the host
     (tests, benches), on in `join` (network.upnp).
-    Floods (libp2p_dht, libp2p_relay; docs/NAT.md): every incoming DHT request and relay HOP request (RESERVE,
+    Floods (dht.py, relay.py; docs/NAT.md): every incoming DHT request and relay HOP request (RESERVE,
     CONNECT) takes a token from its peer's bucket (dht_peer_burst at once, refilled at dht_peer_rate per second;
     relay_peer_*) and from one bucket for all peers (dht_total_*, relay_total_*); without one it is refused
     before py-libp2p reads it. dht_max_record_bytes bounds a PUT_VALUE record and an ADD_PROVIDER provider entry;
