@@ -38,7 +38,7 @@ from typing import Any
 
 from simulations.report import moving_average, node_mean_curve
 from simulations.runner import cell_dir, finished_result, read_rows, run_cell
-from simulations.scenario import Scenario, Variant, load_scenario
+from simulations.scenario import Scenario, Variant, load_scenario, with_overrides
 from swarm_node import tasks
 from swarm_node.config import NodeConfig, apply_mapping
 
@@ -279,11 +279,7 @@ def main() -> None:
     ap.add_argument("--finished-only", action="store_true",
                     help="run nothing: report the cells that completed (a grid still in progress; `complete` false)")
     args = ap.parse_args()
-    scn = load_scenario(args.file)
-    changes: dict[str, Any] = {k: v for k, v in (("rounds", args.rounds), ("nodes", args.nodes)) if v}
-    if args.seeds:
-        changes["seeds"] = tuple(args.seeds)
-    scn = dataclasses.replace(scn, **changes)
+    scn = with_overrides(load_scenario(args.file), rounds=args.rounds, nodes=args.nodes, seeds=args.seeds)
     run_dir = args.run_dir or Path(scn.run_dir)
     wanted = set(args.cells) if args.cells else None
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,6 @@ seed (`--seeds K`, same --run-dir), then once more without --seeds to gather eve
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import time
@@ -24,7 +23,7 @@ from typing import Any
 
 from simulations.report import plot_reward_curves
 from simulations.runner import cell_dir, read_rows, run_cell
-from simulations.scenario import Variant, load_scenario
+from simulations.scenario import Variant, load_scenario, with_overrides
 
 RESULTS = Path(__file__).parent / "results"
 SCENARIO = Path(__file__).resolve().parents[1] / "simulations" / "scenarios" / "sapo_sweep.toml"
@@ -84,11 +83,7 @@ def main() -> None:
     ap.add_argument("--run-dir", type=Path)
     ap.add_argument("--is", dest="with_is", action="store_true", help="add the 4/4+is configuration")
     args = ap.parse_args()
-    scn = load_scenario(args.scenario)
-    changes: dict[str, Any] = {k: v for k, v in (("rounds", args.rounds), ("nodes", args.nodes)) if v}
-    if args.seeds:
-        changes["seeds"] = tuple(args.seeds)
-    scn = dataclasses.replace(scn, **changes)
+    scn = with_overrides(load_scenario(args.scenario), rounds=args.rounds, nodes=args.nodes, seeds=args.seeds)
     variants = list(scn.variants)
     if args.with_is:
         variants.append(Variant("4/4+is", {"share": {"local_groups": 4, "external_groups": 4,
