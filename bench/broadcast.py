@@ -14,8 +14,8 @@
   on 127.0.0.1, fully connected, running swarm_node.policy_sync.broadcast.PolicyBroadcaster with app-level shaping
   (swarm_node.transport.shaping: B up and B down per node), for the (N, M) pairs of `--libp2p-cases`. Time from the
   learner's publish call (announce on gossip included) to the last receiver's verified payload, by the shared
-  wall clock; medians of `--runs` runs, pipelined and star interleaved. B = 4 MB/s keeps the CPU out of the way on
-  2 cores (at 8 MB/s, 7 peers ran ~25% behind the simulation; at 4 MB/s within 2%).
+  wall clock; medians of `--runs` runs, pipelined and star interleaved. The default B (4 MB/s) is low enough that
+  the processes' CPU does not slow the transfers on a small machine (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
