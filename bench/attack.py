@@ -41,7 +41,7 @@ from typing import Any
 
 from simulations.attack_grid import FRACTIONS, JUNK_OFF, JUNK_ON, SOLO, Cell, grid, summarise
 from simulations.runner import finished_result, run_cell
-from simulations.scenario import Scenario, Variant, load_scenario
+from simulations.scenario import Scenario, Variant, load_scenario, with_overrides
 
 RESULTS = Path(__file__).parent / "results"
 SCENARIO = Path(__file__).resolve().parents[1] / "simulations" / "scenarios" / "attack.toml"
@@ -138,12 +138,8 @@ def main() -> None:
     ap.add_argument("--finished-only", action="store_true", help="sim and junk parts: run nothing, report the cells "
                     "that completed (a run still in progress: `complete` false)")
     args = ap.parse_args()
-    scn = load_scenario(args.file)
-    changes: dict[str, Any] = {k: v for k, v in (("rounds", args.rounds), ("nodes", args.nodes),
-                                                 ("eval_problems", args.eval_problems)) if v}
-    if args.seeds:
-        changes["seeds"] = tuple(args.seeds)
-    scn = dataclasses.replace(scn, **changes)
+    scn = with_overrides(load_scenario(args.file), rounds=args.rounds, nodes=args.nodes,
+                         eval_problems=args.eval_problems, seeds=args.seeds)
     run_dir = args.run_dir or Path(scn.run_dir)
     started = time.monotonic()
     result: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}

@@ -14,8 +14,8 @@
   on 127.0.0.1, fully connected, running swarm_node.policy_sync.broadcast.PolicyBroadcaster with app-level shaping
   (swarm_node.transport.shaping: B up and B down per node), for the (N, M) pairs of `--libp2p-cases`. Time from the
   learner's publish call (announce on gossip included) to the last receiver's verified payload, by the shared
-  wall clock; medians of `--runs` runs, pipelined and star interleaved. B = 4 MB/s keeps the CPU out of the way on
-  2 cores (at 8 MB/s, 7 peers ran ~25% behind the simulation; at 4 MB/s within 2%).
+  wall clock; medians of `--runs` runs, pipelined and star interleaved. The default B (4 MB/s) is low enough that
+  the processes' CPU does not slow the transfers on a small machine (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -31,14 +31,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.child import emit, mesh_commands, serve
+from bench.procs import JsonProc, event_is
+
 RESULTS = Path(__file__).resolve().parent / "results"
-REPO = Path(__file__).resolve().parents[1]
 MB = 1 << 20
-
-
-def emit(**event: Any) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
-    sys.stdout.flush()
 
 
 # ------------------------------------------------------------------------------------------- the node process
@@ -63,90 +60,27 @@ async def node_main(bandwidth: float, chunk_bytes: int) -> None:
             emit(event="received", version=announce.version, t=time.time(),
                  ok=hashlib.sha256(payload).digest() == announce.sha256)
 
+    async def publish(cmd: dict[str, Any]) -> dict[str, Any]:
+        payload = os.urandom(cmd["size"])
+        t0 = time.time()
+        await node.publish(transport.peer_id, cmd["version"], cmd["version"] - 1, "bench", payload,
+                           "sha256:bench", cmd["receivers"], schedule=cmd["schedule"])
+        return {"event": "published", "version": cmd["version"], "t0": t0}
+
+    async def stats(_cmd: dict[str, Any]) -> dict[str, Any]:
+        return {"event": "stats", "bad_chunks": node.stats.bad_chunks, "peer_failures": node.stats.peer_failures}
+
     reporter = asyncio.ensure_future(report())
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    while line := await reader.readline():
-        cmd = json.loads(line)
-        op = cmd["cmd"]
-        if op == "connect":
-            for addr in cmd["addrs"]:
-                await transport.connect(addr)
-            emit(event="connected")
-        elif op == "wait_subscribed":
-            while sum(TOPIC_POLICY in p.topics for p in await transport.peers()) < cmd["n"]:
-                await asyncio.sleep(0.1)
-            emit(event="subscribed")
-        elif op == "publish":
-            payload = os.urandom(cmd["size"])
-            t0 = time.time()
-            await node.publish(transport.peer_id, cmd["version"], cmd["version"] - 1, "bench", payload,
-                               "sha256:bench", cmd["receivers"], schedule=cmd["schedule"])
-            emit(event="published", version=cmd["version"], t0=t0)
-        elif op == "stats":
-            emit(event="stats", bad_chunks=node.stats.bad_chunks, peer_failures=node.stats.peer_failures)
-        elif op == "quit":
-            break
+    await serve({**mesh_commands(transport, TOPIC_POLICY), "publish": publish, "stats": stats})
     reporter.cancel()
     await node.stop()
     await transport.stop()
 
 
 # ------------------------------------------------------------------------------------------- the orchestrator
-class Proc:
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.events: list[dict[str, Any]] = []
-        self.new = asyncio.Event()
-        self.task = asyncio.ensure_future(self._read())
-
-    async def _read(self) -> None:
-        assert self.proc.stdout is not None
-        while line := await self.proc.stdout.readline():
-            try:
-                self.events.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-            self.new.set()
-        self.new.set()
-
-    def send(self, **cmd: Any) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
-
-    async def expect(self, event: str, timeout: float = 120.0, **match: Any) -> dict[str, Any]:
-        async def wait() -> dict[str, Any]:
-            seen = 0
-            while True:
-                for e in self.events[seen:]:
-                    if e.get("event") == event and all(e.get(k) == v for k, v in match.items()):
-                        return e
-                seen = len(self.events)
-                if self.task.done():
-                    raise RuntimeError(f"node exited with {self.proc.returncode}")
-                self.new.clear()
-                await self.new.wait()
-        return await asyncio.wait_for(wait(), timeout)
-
-    async def close(self) -> None:
-        if self.proc.returncode is None:
-            self.send(cmd="quit")
-            try:
-                await asyncio.wait_for(self.proc.wait(), 20)
-            except asyncio.TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-        self.task.cancel()
-
-
-async def spawn(bandwidth: float, chunk_bytes: int) -> Proc:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bench.broadcast", "--node", "--bandwidth-mb-s", str(bandwidth / MB),
-        "--chunk-bytes", str(chunk_bytes), cwd=REPO, env=env, stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE)
-    return Proc(proc)
+async def spawn(bandwidth: float, chunk_bytes: int) -> JsonProc:
+    return await JsonProc.start("bench.broadcast", "--node", "--bandwidth-mb-s", str(bandwidth / MB),
+                                "--chunk-bytes", str(chunk_bytes), name="node")
 
 
 def parse_case(text: str) -> tuple[int, float]:
@@ -161,13 +95,13 @@ async def libp2p_part(args: argparse.Namespace, bandwidth: float) -> list[dict[s
     procs = [await spawn(bandwidth, args.chunk_bytes) for _ in range(receivers_max + 1)]
     rows: list[dict[str, float]] = []
     try:
-        ready = [await p.expect("ready") for p in procs]
+        ready = [await p.expect(event_is("ready"), 120) for p in procs]
         for i, proc in enumerate(procs[1:], start=1):
             proc.send(cmd="connect", addrs=[r["addr"] for r in ready[:i]])
-            await proc.expect("connected")
+            await proc.expect(event_is("connected"), 120)
         for proc in procs:
             proc.send(cmd="wait_subscribed", n=len(procs) - 1)
-            await proc.expect("subscribed")
+            await proc.expect(event_is("subscribed"), 120)
         await asyncio.sleep(2.0)  # heartbeats: the gossip mesh grafts everywhere
         learner, workers = procs[0], procs[1:]
         version = 0
@@ -178,8 +112,8 @@ async def libp2p_part(args: argparse.Namespace, bandwidth: float) -> list[dict[s
                     version += 1
                     learner.send(cmd="publish", version=version, size=int(size_mb * MB), schedule=schedule,
                                  receivers=[r["peer_id"] for r in ready[1:n + 1]])
-                    t0 = (await learner.expect("published", version=version))["t0"]
-                    done = [await w.expect("received", timeout=300, version=version) for w in workers[:n]]
+                    t0 = (await learner.expect(event_is("published", version=version), 120))["t0"]
+                    done = [await w.expect(event_is("received", version=version), 300) for w in workers[:n]]
                     assert all(d["ok"] for d in done), done
                     times[kind].append(max(d["t"] for d in done) - t0)
                     print(f"  libp2p n={n} {size_mb:g} MB {kind}: {times[kind][-1]:.2f} s", file=sys.stderr)
@@ -188,7 +122,7 @@ async def libp2p_part(args: argparse.Namespace, bandwidth: float) -> list[dict[s
                             bandwidth))
     finally:
         for proc in procs:
-            await proc.close()
+            await proc.close(quit_grace_s=20)
     return rows
 
 

@@ -25,13 +25,14 @@ import json
 import os
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from bench.child import emit, mesh_commands, serve
+from bench.procs import JsonProc, event_is
+
 RESULTS = Path(__file__).resolve().parent / "results"
-REPO = Path(__file__).resolve().parents[1]
 STREAM_PROTOCOL = "/swarm-node/bench-blob/1.0.0"
 BLOB_BYTES = 20 << 20
 
@@ -66,11 +67,6 @@ def make_validator() -> Any:
         return ValidationResult[verdict.name]
 
     return validate
-
-
-def emit(**event: Any) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
-    sys.stdout.flush()
 
 
 async def worker(isolation: str) -> None:
@@ -108,60 +104,52 @@ async def worker(isolation: str) -> None:
     await transport.subscribe(TOPIC_ROLLOUTS, on_delivery)
     await transport.serve_stream(STREAM_PROTOCOL, blob_sink)
     await transport.start()
-    emit(event="ready", peer_id=transport.peer_id, addr=transport.listen_addrs()[0])
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     trainer_steps: list[float] = []
-    while line := await reader.readline():
-        cmd = json.loads(line)
-        op = cmd["cmd"]
-        if op == "connect":
-            for addr in cmd["addrs"]:
-                await transport.connect(addr)
-            emit(event="connected")
-        elif op == "wait_subscribed":
-            while sum(TOPIC_ROLLOUTS in p.topics for p in await transport.peers()) < cmd["n"]:
-                await asyncio.sleep(0.1)
-            emit(event="subscribed")
-        elif op == "go":
-            latencies.clear()  # each round is measured on its own
-            received.clear()
-            last_rx[0] = 0.0
-            await asyncio.sleep(max(0.0, cmd["t0"] - time.time()))
-            interval = 1.0 / cmd["rate"] if cmd.get("rate") else 0.0
-            errors = 0
-            for i in range(cmd["count"]):
-                if interval:
-                    await asyncio.sleep(max(0.0, cmd["t0"] + i * interval - time.time()))
-                try:
-                    await transport.publish(TOPIC_ROLLOUTS, rollout_message(transport.peer_id, i))
-                except Exception as exc:  # a bench counts failures instead of stopping
-                    errors += 1
-                    emit(event="publish_error", error=str(exc))
-            emit(event="done", t_end=time.time(), errors=errors)
-        elif op == "stats":
-            emit(event="stats", received=received, latencies=latencies, last_rx=last_rx[0],
-                 counters=await transport.host_counters(), trainer_steps=trainer_steps)
-        elif op == "send_blob":
-            blob = os.urandom(BLOB_BYTES)
-            times = []
-            for _ in range(cmd["repeat"]):
-                t0 = time.perf_counter()
-                stream = await transport.open_stream(cmd["peer"], STREAM_PROTOCOL)
-                await stream.write(blob)
-                await stream.close()
-                ack = int.from_bytes(await stream.read_exactly(8), "big")
-                times.append(time.perf_counter() - t0)
-                assert ack == BLOB_BYTES, ack
-            emit(event="blob", seconds=times)
-        elif op == "train":
-            # A stand-in training loop on the main thread: torch matmuls (release the GIL) plus Python work
-            # (hold it), the mix of a small-model RL step. Gossip keeps arriving on the loop meanwhile.
-            trainer_steps = await loop.run_in_executor(None, train_for, cmd["seconds"])
-            emit(event="trained", steps=len(trainer_steps))
-        elif op == "quit":
-            break
+
+    async def go(cmd: dict[str, Any]) -> dict[str, Any]:
+        latencies.clear()  # each round is measured on its own
+        received.clear()
+        last_rx[0] = 0.0
+        await asyncio.sleep(max(0.0, cmd["t0"] - time.time()))
+        interval = 1.0 / cmd["rate"] if cmd.get("rate") else 0.0
+        errors = 0
+        for i in range(cmd["count"]):
+            if interval:
+                await asyncio.sleep(max(0.0, cmd["t0"] + i * interval - time.time()))
+            try:
+                await transport.publish(TOPIC_ROLLOUTS, rollout_message(transport.peer_id, i))
+            except Exception as exc:  # a bench counts failures instead of stopping
+                errors += 1
+                emit(event="publish_error", error=str(exc))
+        return {"event": "done", "t_end": time.time(), "errors": errors}
+
+    async def stats(_cmd: dict[str, Any]) -> dict[str, Any]:
+        return {"event": "stats", "received": received, "latencies": latencies, "last_rx": last_rx[0],
+                "counters": await transport.host_counters(), "trainer_steps": trainer_steps}
+
+    async def send_blob(cmd: dict[str, Any]) -> dict[str, Any]:
+        blob = os.urandom(BLOB_BYTES)
+        times = []
+        for _ in range(cmd["repeat"]):
+            t0 = time.perf_counter()
+            stream = await transport.open_stream(cmd["peer"], STREAM_PROTOCOL)
+            await stream.write(blob)
+            await stream.close()
+            ack = int.from_bytes(await stream.read_exactly(8), "big")
+            times.append(time.perf_counter() - t0)
+            assert ack == BLOB_BYTES, ack
+        return {"event": "blob", "seconds": times}
+
+    async def train(cmd: dict[str, Any]) -> dict[str, Any]:
+        # A stand-in training loop on the main thread: torch matmuls (release the GIL) plus Python work
+        # (hold it), the mix of a small-model RL step. Gossip keeps arriving on the loop meanwhile.
+        trainer_steps[:] = await loop.run_in_executor(None, train_for, cmd["seconds"])
+        return {"event": "trained", "steps": len(trainer_steps)}
+
+    emit(event="ready", peer_id=transport.peer_id, addr=transport.listen_addrs()[0])
+    await serve({**mesh_commands(transport, TOPIC_ROLLOUTS), "go": go, "stats": stats, "send_blob": send_blob,
+                 "train": train})
     await transport.stop()
 
 
@@ -183,77 +171,43 @@ def train_for(seconds: float) -> list[float]:
 
 
 # ------------------------------------------------------------------------------------------- the orchestrator
-class Proc:
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.lines: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.task = asyncio.ensure_future(self._read())
-
-    async def _read(self) -> None:
-        assert self.proc.stdout is not None
-        while line := await self.proc.stdout.readline():
-            try:
-                await self.lines.put(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-
-    def send(self, **cmd: Any) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
-
-    async def expect(self, event: str, timeout: float = 120.0) -> dict[str, Any]:
-        while True:
-            msg = await asyncio.wait_for(self.lines.get(), timeout)
-            if msg.get("event") == event:
-                return msg
-
-    async def close(self) -> None:
-        if self.proc.returncode is None:
-            self.send(cmd="quit")
-            try:
-                await asyncio.wait_for(self.proc.wait(), 15)
-            except asyncio.TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-        self.task.cancel()
+async def spawn(isolation: str) -> JsonProc:
+    return await JsonProc.start("bench.gossip", "--worker", "--isolation", isolation, name=f"{isolation} node")
 
 
-async def spawn(isolation: str) -> Proc:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bench.gossip", "--worker", "--isolation", isolation, cwd=REPO, env=env,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
-    return Proc(proc)
+async def next_event(proc: JsonProc, event: str, timeout: float = 120.0) -> dict[str, Any]:
+    """The node's next `event` (each "done" or "stats" answers one command, so none is read twice)."""
+    return await proc.take(event_is(event), timeout)
 
 
-async def start_swarm(nodes: int, isolation: str) -> tuple[list[Proc], list[dict[str, Any]]]:
+async def start_swarm(nodes: int, isolation: str) -> tuple[list[JsonProc], list[dict[str, Any]]]:
     procs = [await spawn(isolation) for _ in range(nodes)]
-    ready = [await p.expect("ready") for p in procs]
+    ready = [await next_event(p, "ready") for p in procs]
     for i, proc in enumerate(procs[1:], start=1):  # full mesh: each node dials every earlier one
         proc.send(cmd="connect", addrs=[r["addr"] for r in ready[:i]])
-        await proc.expect("connected")
+        await next_event(proc, "connected")
     for proc in procs:
         proc.send(cmd="wait_subscribed", n=nodes - 1)
-        await proc.expect("subscribed")
+        await next_event(proc, "subscribed")
     await asyncio.sleep(1.5)  # a heartbeat or two so the mesh is grafted everywhere
     return procs, ready
 
 
-async def gossip_round(procs: list[Proc], groups: int, rate: float | None) -> dict[str, float]:
+async def gossip_round(procs: list[JsonProc], groups: int, rate: float | None) -> dict[str, float]:
     n = len(procs)
     per_node = groups // n
     t0 = time.time() + 1.0
     for proc in procs:
         proc.send(cmd="go", t0=t0, count=per_node, rate=(rate / n) if rate else None)
     for proc in procs:
-        await proc.expect("done", 600)
+        await next_event(proc, "done", 600)
     expected = per_node * (n - 1)
     deadline = time.time() + 30
     while True:
         stats = []
         for proc in procs:
             proc.send(cmd="stats")
-            stats.append(await proc.expect("stats"))
+            stats.append(await next_event(proc, "stats"))
         delivered = sum(sum(s["received"].values()) for s in stats)
         if delivered >= expected * n or time.time() > deadline:
             break
@@ -269,9 +223,9 @@ async def gossip_round(procs: list[Proc], groups: int, rate: float | None) -> di
     }
 
 
-async def stream_round(procs: list[Proc], ready: list[dict[str, Any]], repeat: int) -> float:
+async def stream_round(procs: list[JsonProc], ready: list[dict[str, Any]], repeat: int) -> float:
     procs[1].send(cmd="send_blob", peer=ready[2]["peer_id"], repeat=repeat)
-    seconds = (await procs[1].expect("blob", 300))["seconds"]
+    seconds = (await next_event(procs[1], "blob", 300))["seconds"]
     return BLOB_BYTES / statistics.median(seconds) / 1e6
 
 
@@ -284,7 +238,7 @@ async def one_run(nodes: int, groups: int, rate: float, isolation: str) -> dict[
         return {"paced": paced, "capacity": capacity}
     finally:
         for proc in procs:
-            await proc.close()
+            await proc.close(quit_grace_s=15)
 
 
 def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -341,11 +295,11 @@ async def arch(args: argparse.Namespace) -> None:
                 t0 = time.time() + 1.0
                 procs[0].send(cmd="train", seconds=args.train_s + 1.0)
                 procs[1].send(cmd="go", t0=t0, count=count, rate=100.0)
-                trained = (await procs[0].expect("trained", 600))["steps"]
-                await procs[1].expect("done", 600)
+                trained = (await next_event(procs[0], "trained", 600))["steps"]
+                await next_event(procs[1], "done", 600)
                 await asyncio.sleep(2.0)
                 procs[0].send(cmd="stats")
-                stats = await procs[0].expect("stats")
+                stats = await next_event(procs[0], "stats")
                 lat = sorted(stats["latencies"])
                 samples[isolation].append({
                     "steps_per_s": trained / (args.train_s + 1.0), "received": sum(stats["received"].values()),
@@ -353,7 +307,7 @@ async def arch(args: argparse.Namespace) -> None:
                     "p99_ms": 1000 * lat[int(0.99 * (len(lat) - 1))] if lat else None, "load_avg": load_average()})
             finally:
                 for proc in procs:
-                    await proc.close()
+                    await proc.close(quit_grace_s=15)
     median = {iso: {k: statistics.median(x[k] for x in xs) for k in xs[0] if xs[0][k] is not None}
               for iso, xs in samples.items()}
     result = {"note": "trainer stand-in (torch matmuls + Python work, 1 torch thread) on node A while node B "

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.libp2p_helpers.procs import JsonProc
+from bench.procs import JsonProc
 from tests.netns.swarm import PORT, public_addr, start_node
 from tests.netns.topology import Topology, namespaces_unavailable
 from tests.netns.upnp import igd_unavailable, probe_gateways

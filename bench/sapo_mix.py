@@ -36,16 +36,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.sapo_paper import add_gains_vs_8_0
 from simulations.report import moving_average, node_mean_curve
 from simulations.runner import cell_dir, finished_result, read_rows, run_cell
-from simulations.scenario import Scenario, Variant, load_scenario
+from simulations.scenario import Scenario, Variant, load_scenario, with_overrides
 from swarm_node import tasks
 from swarm_node.config import NodeConfig, apply_mapping
 
 RESULTS = Path(__file__).parent / "results"
 SCENARIO = Path(__file__).resolve().parents[1] / "simulations" / "scenarios" / "sapo_mix.toml"
-# SAPO (arXiv 2509.08721), cumulative reward after 2000 rounds, 8 nodes, Qwen2.5-0.5B, ReasoningGYM mix.
-PAPER = {"8/0": 561.79, "6/2": 854.43, "4/4": 1093.31, "2/6": 945.87}
 OWN_SHARE = 0.7  # specialised: a node's prompts from its own specialty (the rest from the whole mix)
 
 
@@ -198,12 +197,7 @@ def homogeneous(scn: Scenario, run_dir: Path, wanted: set[str] | None, results_f
                 finished_only: bool = False) -> dict[str, Any]:
     results = run_configs(scn, HOMOGENEOUS, run_dir / "homogeneous", wanted, finished_only)
     out = {name: summarise_config(run_dir / "homogeneous", name, cells) for name, cells in results.items()}
-    base = out.get("8/0", {}).get("cum_reward_mean")
-    for name, c in out.items():
-        c["gain_vs_8_0_pct"] = 100 * (c["cum_reward_mean"] / base - 1) if base and c["cum_reward_mean"] else None
-        if name in PAPER:
-            c["paper_cum_reward"] = PAPER[name]
-            c["paper_gain_vs_8_0_pct"] = 100 * (PAPER[name] / PAPER["8/0"] - 1)
+    add_gains_vs_8_0(out)
     plot(curves_of(run_dir / "homogeneous", results), results_file.with_name(f"{results_file.stem}_homogeneous.png"),
          f"SAPO on a task mix, homogeneous: {scn.nodes} nodes, G = 8")
     return out
@@ -279,11 +273,7 @@ def main() -> None:
     ap.add_argument("--finished-only", action="store_true",
                     help="run nothing: report the cells that completed (a grid still in progress; `complete` false)")
     args = ap.parse_args()
-    scn = load_scenario(args.file)
-    changes: dict[str, Any] = {k: v for k, v in (("rounds", args.rounds), ("nodes", args.nodes)) if v}
-    if args.seeds:
-        changes["seeds"] = tuple(args.seeds)
-    scn = dataclasses.replace(scn, **changes)
+    scn = with_overrides(load_scenario(args.file), rounds=args.rounds, nodes=args.nodes, seeds=args.seeds)
     run_dir = args.run_dir or Path(scn.run_dir)
     wanted = set(args.cells) if args.cells else None
     args.out.parent.mkdir(parents=True, exist_ok=True)

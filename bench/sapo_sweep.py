@@ -8,28 +8,26 @@ eval = greedy held-out accuracy, averaged over nodes. Writes bench/results/sapo_
 
     python -m bench.sapo_sweep [--rounds 300] [--seeds 0 1 2] [--nodes 4] [--run-dir runs/sapo_sweep] [--is]
 
-Defaults come from the scenario (300 rounds: ~30 min per cell on 2 cores). To use both cores, run one process per
+Defaults come from the scenario (cell run times: docs/BENCHMARKS.md). To use both cores, run one process per
 seed (`--seeds K`, same --run-dir), then once more without --seeds to gather every cell into the results.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+from bench.sapo_paper import add_gains_vs_8_0
 from simulations.report import plot_reward_curves
 from simulations.runner import cell_dir, read_rows, run_cell
-from simulations.scenario import Variant, load_scenario
+from simulations.scenario import Variant, load_scenario, with_overrides
 
 RESULTS = Path(__file__).parent / "results"
 SCENARIO = Path(__file__).resolve().parents[1] / "simulations" / "scenarios" / "sapo_sweep.toml"
-# SAPO (arXiv 2509.08721), cumulative reward after 2000 rounds, 8 nodes, Qwen2.5-0.5B, ReasoningGYM mix.
-PAPER = {"8/0": 561.79, "6/2": 854.43, "4/4": 1093.31, "2/6": 945.87}
 
 
 def window_reward(rows: list[dict[str, str]], first: int, last: int) -> float:
@@ -57,12 +55,7 @@ def summarise(scn: Any, results: dict[str, list[dict[str, Any]]], total_s: float
             "last_window_reward_mean": statistics.fmean(window_reward(r, scn.rounds - window + 1, scn.rounds)
                                                         for r in rows) if rows else None,
         }
-    base = configs.get("8/0", {}).get("cum_reward_mean")
-    for name, c in configs.items():
-        c["gain_vs_8_0_pct"] = (100 * (c["cum_reward_mean"] / base - 1)) if base and c["cum_reward_mean"] else None
-        if name in PAPER:
-            c["paper_cum_reward"] = PAPER[name]
-            c["paper_gain_vs_8_0_pct"] = 100 * (PAPER[name] / PAPER["8/0"] - 1)
+    add_gains_vs_8_0(configs)
     return {"nodes": scn.nodes, "rounds": scn.rounds,
             "group_size": scn.node_config(scn.variants[0], 0, 0, Path(".")).run.group_size,
             "seeds": list(scn.seeds), "configs": configs,
@@ -84,11 +77,7 @@ def main() -> None:
     ap.add_argument("--run-dir", type=Path)
     ap.add_argument("--is", dest="with_is", action="store_true", help="add the 4/4+is configuration")
     args = ap.parse_args()
-    scn = load_scenario(args.scenario)
-    changes: dict[str, Any] = {k: v for k, v in (("rounds", args.rounds), ("nodes", args.nodes)) if v}
-    if args.seeds:
-        changes["seeds"] = tuple(args.seeds)
-    scn = dataclasses.replace(scn, **changes)
+    scn = with_overrides(load_scenario(args.scenario), rounds=args.rounds, nodes=args.nodes, seeds=args.seeds)
     variants = list(scn.variants)
     if args.with_is:
         variants.append(Variant("4/4+is", {"share": {"local_groups": 4, "external_groups": 4,

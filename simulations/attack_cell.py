@@ -39,7 +39,7 @@ from simulations.cells import (
     peer_name,
     train_round,
 )
-from simulations.memory_cell import link_model, set_membership
+from simulations.memory_cell import set_membership
 from simulations.network import NetworkHub
 from simulations.results import cell_fingerprint
 from simulations.scenario import Scenario, Variant
@@ -175,7 +175,7 @@ def attack_cell(scn: Scenario, variant: Variant, seed: int, root: Path, on_round
     tally = AttackTally.from_state(snaps.loop_state())
 
     async def main() -> list[SimNode]:
-        hub = NetworkHub(link_model(scn), seed)
+        hub = NetworkHub(scn.network.link(), seed)
         nodes: list[SimNode] = []
         for i in range(scn.nodes):
             if i not in kinds:

@@ -34,7 +34,7 @@ def echo_cell(scn: Scenario, variant: Variant, seed: int, root: Path, on_round: 
         steps=scn.rounds, workers=scn.nodes - 1, worker_speeds=[scn.node_spec(i).speed for i in range(1, scn.nodes)],
         max_staleness=cfg.train.max_staleness, prompts_per_step=cfg.run.prompts_per_step,
         group_size=cfg.run.group_size, seed=seed, model_path=scn.node_spec(0).model, encoding=cfg.echo.encoding,
-        bandwidth_mb_s=(net.uplink_mbps / 8) or 1e6, latency_s=net.latency_ms / 1000,
+        bandwidth_mb_s=(net.uplink_mbps / 8) or 1e6, latency_s=net.link().latency_s,
         chunk_bytes=cfg.echo.chunk_bytes, schedule=cfg.echo.schedule, overrides=merged)
     rows: list[dict[str, Any]] = []
 

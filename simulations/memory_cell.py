@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from simulations.cells import CellSamplers, LogFn, RoundFn, SimNode, build_nodes, peer_name, row, train_round
-from simulations.network import LinkModel, NetworkHub
+from simulations.network import NetworkHub
 from simulations.results import cell_fingerprint
 from simulations.scenario import Scenario, Variant
 from simulations.snapshots import KEEP_CHECKPOINTS, PROGRESS_FILE, CellSnapshots, read_snapshot, restore
@@ -102,11 +102,6 @@ RoundLoop = Callable[[Scenario, str, int, list[SimNode], NetworkHub, CellSampler
 ROUND_LOOPS: dict[str, RoundLoop] = {"sync": _run_sync, "async": _run_async}  # by scenario mode
 
 
-def link_model(scn: Scenario) -> LinkModel:
-    net = scn.network
-    return LinkModel(net.latency_ms / 1000, net.uplink_mbps * 1e6, net.downlink_mbps * 1e6, net.loss)
-
-
 
 def memory_cell(scn: Scenario, variant: Variant, seed: int, root: Path, stats: list[NodeStats], samplers: CellSamplers,
                  rows: list[dict[str, Any]], on_round: RoundFn | None, log: LogFn) -> list[SimNode]:
@@ -114,7 +109,7 @@ def memory_cell(scn: Scenario, variant: Variant, seed: int, root: Path, stats: l
     snaps = CellSnapshots(root, cell_fingerprint(scn, variant), scn.checkpoint_rounds, resumed, log)
 
     async def main() -> list[SimNode]:
-        hub = NetworkHub(link_model(scn), seed)
+        hub = NetworkHub(scn.network.link(), seed)
         nodes = build_nodes(scn, variant, seed, root, stats, lambda i: MemoryTransport(hub, peer_name(i)), samplers,
                             resume=resumed is not None, keep_checkpoints=KEEP_CHECKPOINTS)
         if resumed is not None:

@@ -37,11 +37,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from simulations import variants
+from simulations.network import LinkModel
 from swarm_node.config import NodeConfig, apply_mapping, read_toml
 from swarm_node.errors import ConfigError, UserError
 from swarm_node.train.device_classes import device_class, parse_device_classes
@@ -53,11 +55,18 @@ SIM_SAMPLERS = variants.SIM_SAMPLERS
 
 @dataclass(frozen=True)
 class NetworkSpec:
+    """[network] in the file's units. These fields, not the link they build, go into a cell's fingerprint: a
+    conversion that rounds differently must not orphan stored results."""
+
     latency_ms: float = 20.0
     uplink_mbps: float = 0.0  # 0: unlimited
     downlink_mbps: float = 0.0
     loss: float = 0.0
     round_s: float = 10.0
+
+    def link(self) -> LinkModel:
+        """Every node's link for the network model (seconds, bit/s)."""
+        return LinkModel(self.latency_ms / 1000, self.uplink_mbps * 1e6, self.downlink_mbps * 1e6, self.loss)
 
 
 @dataclass(frozen=True)
@@ -317,3 +326,14 @@ def check_shared_lora(scn: Scenario) -> None:
 
 def load_scenario(path: Path) -> Scenario:
     return parse_scenario(read_toml(path, "scenario file"), path.stem)
+
+
+def with_overrides(scn: Scenario, *, rounds: int | None = None, nodes: int | None = None,
+                   eval_problems: int | None = None, seeds: Sequence[int] | None = None) -> Scenario:
+    """`scn` with what a bench's command line gave; None, 0 or no seeds keeps the scenario's own value (argparse
+    leaves an option it was not given at None)."""
+    changes: dict[str, Any] = {k: v for k, v in (("rounds", rounds), ("nodes", nodes),
+                                                 ("eval_problems", eval_problems)) if v}
+    if seeds:
+        changes["seeds"] = tuple(seeds)
+    return dataclasses.replace(scn, **changes)

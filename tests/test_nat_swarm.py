@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.libp2p_helpers.procs import JsonProc
+from bench.procs import JsonProc
 from tests.netns.swarm import PORT, public_addr, start_node
 from tests.netns.topology import Topology, namespaces_unavailable
 

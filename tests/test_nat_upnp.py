@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 import trio
 
+from bench.procs import REPO, JsonProc
 from swarm_node.config import NetworkConfig, load_config
 from swarm_node.errors import ConfigError
 from swarm_node.transport.libp2p.ipc import HostSettings
 from swarm_node.transport.libp2p.upnp import BUDGET_S, PortMapper, judge, mappable_port, usable_external_ip
 from swarm_node.transport.nat_report import summarise, watch_nat
-from tests.libp2p_helpers.procs import REPO, JsonProc
 from tests.netns.topology import Topology, namespaces_unavailable
 from tests.netns.upnp import igd_unavailable, mapping_rules, probe_gateways, start_igd
 

@@ -61,3 +61,17 @@ def test_sharing_gain_over_its_control_counts_only_seeds_both_finished() -> None
     seeds, gain = sharing_gain_pct(control, sharing)
     assert seeds == [1] and gain == pytest.approx(10.0)  # 66 / 60 - 1; seeds 2 and 3 have no pair
     assert sharing_gain_pct(control, []) == ([], None)
+
+
+def test_gains_over_8_0_beside_the_papers() -> None:
+    from bench.sapo_paper import PAPER, add_gains_vs_8_0
+
+    configs = {"8/0": {"cum_reward_mean": 50.0}, "4/4": {"cum_reward_mean": 55.0},
+               "4/4+is": {"cum_reward_mean": None}}
+    add_gains_vs_8_0(configs)
+    assert configs["8/0"] == {"cum_reward_mean": 50.0, "gain_vs_8_0_pct": 0.0, "paper_cum_reward": 561.79,
+                              "paper_gain_vs_8_0_pct": 0.0}
+    assert configs["4/4"]["gain_vs_8_0_pct"] == pytest.approx(10.0)
+    assert configs["4/4"]["paper_gain_vs_8_0_pct"] == pytest.approx(100 * (1093.31 / 561.79 - 1))
+    assert configs["4/4+is"] == {"cum_reward_mean": None, "gain_vs_8_0_pct": None}  # not one of the paper's
+    assert set(PAPER) == {"8/0", "6/2", "4/4", "2/6"}

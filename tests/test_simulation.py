@@ -14,7 +14,7 @@ from protocol.messages import CompletionWire, RolloutGroup, TaskRefWire
 from simulations.network import LinkModel, NetworkHub
 from simulations.report import moving_average, write_report
 from simulations.runner import run_cell
-from simulations.scenario import parse_scenario
+from simulations.scenario import NetworkSpec, parse_scenario, with_overrides
 from swarm_node import tasks
 from swarm_node.config import NodeConfig
 from swarm_node.errors import UserError
@@ -46,6 +46,23 @@ def test_bad_scenarios_are_one_line_errors(data: dict, message: str) -> None:
     with pytest.raises(UserError) as err:
         parse_scenario(data, "t")
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_network_table_builds_the_link_in_the_models_units() -> None:
+    spec = parse_scenario({"network": {"latency_ms": 50.0, "uplink_mbps": 10.0, "downlink_mbps": 50, "loss": 0.01}},
+                          "t").network
+    assert spec == NetworkSpec(latency_ms=50.0, uplink_mbps=10.0, downlink_mbps=50.0, loss=0.01, round_s=10.0)
+    assert spec.link() == LinkModel(latency_s=0.05, uplink_bps=10e6, downlink_bps=50e6, loss=0.01)
+    assert NetworkSpec().link() == LinkModel()  # the defaults agree: 20 ms, unlimited, no loss
+
+
+def test_command_line_overrides_replace_only_what_was_given() -> None:
+    scn = parse_scenario({"simulation": {"nodes": 3, "rounds": 7, "seeds": [0, 1], "eval_problems": 5}}, "t")
+    same = with_overrides(scn, rounds=None, nodes=None, eval_problems=None, seeds=None)
+    assert same == scn
+    changed = with_overrides(scn, rounds=2, nodes=4, eval_problems=9, seeds=[3])
+    assert (changed.rounds, changed.nodes, changed.eval_problems, changed.seeds) == (2, 4, 9, (3,))
+    assert changed.network == scn.network and changed.variants == scn.variants
 
 
 def test_network_model_latency_bandwidth_loss() -> None:

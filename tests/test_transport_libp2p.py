@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from bench.procs import JsonProc
 from swarm_node.identity import generate
 from swarm_node.transport.base import Delivery, StreamReset, TransportError, TransportUnavailable, ValidationResult
 from swarm_node.transport.connectivity import local_self_check, start_network
@@ -23,7 +24,6 @@ from swarm_node.transport.libp2p.ipc import HostSettings
 from swarm_node.transport.libp2p.launch import LibP2PConfig
 from swarm_node.transport.libp2p.transport import LibP2PTransport
 from swarm_node.transport.supervisor import Backoff
-from tests.libp2p_helpers.procs import JsonProc
 
 pytestmark = [pytest.mark.libp2p, pytest.mark.timeout(120)]
 

@@ -14,7 +14,7 @@ import asyncio
 
 import pytest
 
-from tests.libp2p_helpers.procs import JsonProc
+from bench.procs import JsonProc
 from tests.libp2p_helpers.rollouts import TOPIC, rollout_batch
 
 pytestmark = [pytest.mark.libp2p, pytest.mark.timeout(150)]

@@ -31,10 +31,7 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils import encode_varint_prefixed
 
-
-def emit(**event: Any) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
-    sys.stdout.flush()
+from bench.child import emit
 
 
 class Attacker:

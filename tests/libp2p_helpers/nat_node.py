@@ -15,14 +15,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
+from bench.child import Handler, emit, serve
 from swarm_node.identity import generate
 from swarm_node.policy_sync.broadcast import PolicyBroadcaster
 from swarm_node.transport.base import Delivery, Stream, TransportError
@@ -33,11 +33,6 @@ from swarm_node.transport.supervisor import Backoff
 from tests.libp2p_helpers.rollouts import TOPIC, group_ids, protocol_validator, rollout_batch
 
 ECHO = "/swarm-node/test-echo/1.0.0"
-
-
-def emit(**event: Any) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
-    sys.stdout.flush()
 
 
 async def serve_echo(stream: Stream) -> None:
@@ -72,32 +67,18 @@ async def publish_groups(transport: LibP2PTransport, numbers: Iterator[int], cou
     return gids
 
 
-Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+def node_commands(transport: LibP2PTransport, numbers: Iterator[int]) -> dict[str, Handler]:
+    """The commands every NAT test node answers: nat, publish and echo (the driver adds its own)."""
+    async def nat(_cmd: dict[str, Any]) -> dict[str, Any]:
+        return {"event": "nat", "status": await transport.nat_status()}
 
+    async def publish(cmd: dict[str, Any]) -> dict[str, Any]:
+        return {"event": "published", "group_ids": await publish_groups(transport, numbers, cmd["count"])}
 
-async def serve_commands(transport: LibP2PTransport, numbers: Iterator[int], extra: dict[str, Handler]) -> None:
-    """Answer the test's commands until "quit" or the end of stdin: nat, publish and echo here, the driver's own
-    commands through `extra` (name -> handler returning the answer event's fields, "event" included)."""
-    async for cmd in commands():
-        rid, name = cmd.get("rid"), cmd["cmd"]
-        if name == "quit":
-            return
-        if name == "nat":
-            emit(event="nat", rid=rid, status=await transport.nat_status())
-        elif name == "publish":
-            emit(event="published", rid=rid, group_ids=await publish_groups(transport, numbers, cmd["count"]))
-        elif name == "echo":
-            emit(event="echo", rid=rid, **await echo_once(transport, cmd["peer"], cmd["data"]))
-        else:
-            emit(rid=rid, **await extra[name](cmd))
+    async def echo(cmd: dict[str, Any]) -> dict[str, Any]:
+        return {"event": "echo", **await echo_once(transport, cmd["peer"], cmd["data"])}
 
-
-async def commands() -> AsyncIterator[dict[str, Any]]:
-    """The JSON commands the test writes to our stdin, one per line, until it closes it."""
-    reader = asyncio.StreamReader()
-    await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    while line := await reader.readline():
-        yield json.loads(line)
+    return {"nat": nat, "publish": publish, "echo": echo}
 
 
 async def keep_bootstrap(transport: LibP2PTransport, addr: str) -> None:
@@ -155,7 +136,7 @@ async def main(args: argparse.Namespace) -> None:
     if args.publish_every > 0:
         tasks.append(asyncio.ensure_future(publish_regularly()))
     emit(event="ready", peer_id=transport.peer_id, addrs=transport.listen_addrs(), started_at=started_at)
-    await serve_commands(transport, numbers, {"stats": stats, "publish_delta": publish_delta})
+    await serve({**node_commands(transport, numbers), "stats": stats, "publish_delta": publish_delta})
     for task in tasks:
         task.cancel()
     await broadcaster.stop()

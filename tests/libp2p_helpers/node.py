@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import itertools
 import logging
 import sys
 from typing import Any
 
+from bench.child import emit, serve
 from swarm_node.identity import generate
 from swarm_node.transport.base import Delivery, TransportError
 from swarm_node.transport.connectivity import start_network
@@ -24,11 +25,6 @@ from swarm_node.transport.libp2p.launch import LibP2PConfig
 from swarm_node.transport.libp2p.transport import LibP2PTransport
 from swarm_node.transport.supervisor import Backoff
 from tests.libp2p_helpers.rollouts import TOPIC, group_ids, protocol_validator, rollout_batch
-
-
-def emit(**event: Any) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
-    sys.stdout.flush()
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -47,37 +43,35 @@ async def main(args: argparse.Namespace) -> None:
                         backoff=Backoff(initial_s=0.2, max_s=1.0), check_interval_s=0.5)
     emit(event="ready", peer_id=transport.peer_id, addr=transport.listen_addrs()[0])
 
-    reader = asyncio.StreamReader()
-    await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    index = 0
-    while line := await reader.readline():
-        cmd = json.loads(line)
-        rid = cmd.get("rid")
-        if cmd["cmd"] == "publish":
-            gids = []
-            for _ in range(cmd["count"]):
-                index += 1
-                gid, data = rollout_batch(transport.peer_id, index)
-                try:
-                    await transport.publish(TOPIC, data)
-                    gids.append(gid.hex())
-                except TransportError as exc:
-                    emit(event="publish_error", error=str(exc))
-            emit(event="published", rid=rid, group_ids=gids)
-        elif cmd["cmd"] == "stats":
-            counters = await transport.host_counters()
-            peers = [p.peer_id for p in await transport.peers()]
-            emit(event="stats", rid=rid, delivered=delivered, verdicts=transport.stats.validated,
-                 restarts=transport.stats.restarts, host_counters=counters, peers=peers)
-        elif cmd["cmd"] == "connect":
-            emit(event="connected", rid=rid, peer_id=await transport.connect(cmd["addr"]))
-        elif cmd["cmd"] == "wait_subscribed":
-            while sum(TOPIC in p.topics for p in await transport.peers()) < cmd["n"]:
-                await asyncio.sleep(0.1)
-            await asyncio.sleep(0.3)  # a moment for the mesh graft
-            emit(event="subscribed", rid=rid)
-        elif cmd["cmd"] == "quit":
-            break
+    numbers = itertools.count(1)
+
+    async def publish(cmd: dict[str, Any]) -> dict[str, Any]:
+        gids = []
+        for _ in range(cmd["count"]):
+            gid, data = rollout_batch(transport.peer_id, next(numbers))
+            try:
+                await transport.publish(TOPIC, data)
+                gids.append(gid.hex())
+            except TransportError as exc:
+                emit(event="publish_error", error=str(exc))
+        return {"event": "published", "group_ids": gids}
+
+    async def stats(_cmd: dict[str, Any]) -> dict[str, Any]:
+        counters = await transport.host_counters()
+        peers = [p.peer_id for p in await transport.peers()]
+        return {"event": "stats", "delivered": delivered, "verdicts": transport.stats.validated,
+                "restarts": transport.stats.restarts, "host_counters": counters, "peers": peers}
+
+    async def connect(cmd: dict[str, Any]) -> dict[str, Any]:
+        return {"event": "connected", "peer_id": await transport.connect(cmd["addr"])}
+
+    async def wait_subscribed(cmd: dict[str, Any]) -> dict[str, Any]:
+        while sum(TOPIC in p.topics for p in await transport.peers()) < cmd["n"]:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.3)  # a moment for the mesh graft
+        return {"event": "subscribed"}
+
+    await serve({"publish": publish, "stats": stats, "connect": connect, "wait_subscribed": wait_subscribed})
     await transport.stop()
 
 

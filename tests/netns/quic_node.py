@@ -22,6 +22,7 @@ from typing import Any
 
 import multiaddr
 
+from bench.child import emit, serve
 from swarm_node.identity import generate
 from swarm_node.transport.base import Delivery
 from swarm_node.transport.libp2p import host as host_module
@@ -31,7 +32,7 @@ from swarm_node.transport.libp2p.relay import RelayClient
 from swarm_node.transport.libp2p.transport import LibP2PTransport
 from swarm_node.transport.reachability import Reachability, Verdicts
 from swarm_node.transport.supervisor import Backoff
-from tests.libp2p_helpers.nat_node import ECHO, emit, keep_bootstrap, serve_commands, serve_echo
+from tests.libp2p_helpers.nat_node import ECHO, keep_bootstrap, node_commands, serve_echo
 from tests.libp2p_helpers.rollouts import TOPIC, group_ids, protocol_validator
 
 DEBUG_LOGGERS = ("libp2p.relay.circuit_v2.dcutr", "libp2p.transport.quic", "swarm_node.transport",
@@ -116,7 +117,7 @@ async def main(args: argparse.Namespace) -> None:
 
     async def stats(_cmd: dict[str, Any]) -> dict[str, Any]:
         return {"event": "stats", "delivered": delivered, "peers": [p.peer_id for p in await transport.peers()]}
-    await serve_commands(transport, itertools.count(1), {"conns": conns, "stats": stats})
+    await serve({**node_commands(transport, itertools.count(1)), "conns": conns, "stats": stats})
     for task in tasks:
         task.cancel()
     await transport.stop()

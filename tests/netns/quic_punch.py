@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Any
 
-from tests.libp2p_helpers.procs import REPO, JsonProc
+from bench.procs import REPO, JsonProc
 from tests.netns.topology import Topology, namespaces_unavailable
 
 PORT = 4001

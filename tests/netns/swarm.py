@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from tests.libp2p_helpers.procs import REPO, JsonProc
+from bench.procs import REPO, JsonProc
 from tests.netns.topology import Topology
 
 PORT = 4001

@@ -14,12 +14,12 @@ import asyncio
 import logging
 import sys
 
+from bench.child import commands, emit
 from swarm_node.identity import generate
 from swarm_node.transport.base import TransportError
 from swarm_node.transport.libp2p.ipc import HostSettings
 from swarm_node.transport.libp2p.launch import LibP2PConfig
 from swarm_node.transport.libp2p.transport import LibP2PTransport
-from tests.libp2p_helpers.nat_node import commands, emit
 
 PORT = 4001
 
