@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,3 +90,28 @@ def test_worker_cost_travels_as_a_status_capability() -> None:
     assert reported_cost(("sampler:hf",)) == 0.0
     assert reported_cost(("cost_per_hour:nan",)) == 0.0 and reported_cost(("cost_per_hour:-1",)) == 0.0
     assert reported_cost(("cost_per_hour:lots",)) == 0.0
+
+
+def test_the_simulated_learner_publishes_as_configured(warm_tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Drift: echo_sim built its learner by hand and ignored `echo.publish_every` and `echo.keep_versions` (its
+    workers read `publish_every`); every ECHO-2 learner is now built by the one assembly."""
+    from simulations import echo_sim
+
+    cfg = EchoSimConfig(steps=4, workers=2, max_staleness=1, prompts_per_step=4, group_size=4,
+                        model_path=str(warm_tiny_model_dir), encoding="dense-bf16",
+                        overrides={"task.reward": "score", "echo.publish_every": 2, "echo.keep_versions": 3})
+    kept: list[int] = []
+    real_learner = echo_sim.Assembly.learner
+
+    def learner(self: echo_sim.Assembly) -> Any:
+        built = real_learner(self)
+        kept.append(built.publisher.keep)
+        return built
+
+    echo_sim.Assembly.learner = learner  # type: ignore[method-assign]
+    try:
+        result = run_echo(cfg, tmp_path)
+    finally:
+        echo_sim.Assembly.learner = real_learner  # type: ignore[method-assign]
+    assert kept == [3]
+    assert [m.get("published_version") for m in result.steps] == [None, 1, None, 2]  # every 2nd learner step

@@ -1,19 +1,25 @@
-"""The architecture holds: import contracts (pyproject's [tool.importlinter]), no import cycle, small modules.
+"""The architecture holds: import contracts (pyproject's [tool.importlinter]), no import cycle, small modules,
+and boundary types that cannot change under a component (frozen, no lists).
 
 Imports inside functions and under TYPE_CHECKING count: grimp reads every import statement.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import grimp
 
+from swarm_node import types as boundary
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("swarm_node", "protocol", "cli", "simulations", "bench")
-MAX_MODULE_LINES = 450
+MAX_MODULE_LINES = 400
 MAX_ROOT_MODULES = 12
 
 
@@ -93,3 +99,47 @@ def test_modules_are_small_and_the_root_is_a_map() -> None:
     assert {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES} == {}
     root = sorted(p.name for p in (REPO / "swarm_node").glob("*.py"))
     assert len(root) <= MAX_ROOT_MODULES, root
+
+
+def mutable_boundary_types(module: object) -> dict[str, str]:
+    """Dataclasses of `module` that are not frozen or that hold a list (in a field's type or its value)."""
+    found: dict[str, str] = {}
+    for name, cls in inspect.getmembers(module, inspect.isclass):
+        if cls.__module__ != module.__name__ or not dataclasses.is_dataclass(cls):  # type: ignore[attr-defined]
+            continue
+        if not cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+            found[name] = "not frozen"
+            continue
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if "list[" in str(hints[f.name]).lower() or isinstance(f.default, list):
+                found[name] = f"field {f.name} holds a list"
+    return found
+
+
+def test_boundary_types_are_frozen_and_hold_no_list() -> None:
+    assert mutable_boundary_types(boundary) == {}
+
+
+def test_the_boundary_check_finds_a_mutable_type() -> None:
+    planted = type(sys)("planted")
+
+    @dataclasses.dataclass
+    class Loose:
+        ids: tuple[int, ...]
+
+    @dataclasses.dataclass(frozen=True)
+    class Listy:
+        ids: list[int]
+
+    for cls in (Loose, Listy):
+        cls.__module__ = "planted"
+        setattr(planted, cls.__name__, cls)
+    assert mutable_boundary_types(planted) == {"Loose": "not frozen", "Listy": "field ids holds a list"}
+
+
+def test_a_boundary_value_given_lists_stores_tuples() -> None:
+    c = boundary.Completion([1, 2], "x", [-0.5, -0.25], 0)
+    assert c.token_ids == (1, 2) and c.logprobs == (-0.5, -0.25)
+    sample = boundary.TrainSample([3], [4], [-1.0], 1.0, token_weights=[0.5])
+    assert (sample.prompt_ids, sample.token_weights) == ((3,), (0.5,))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from swarm_node.config import load_config
 from swarm_node.node.core import Node, NodeEvents
@@ -84,3 +87,41 @@ def test_a_resumed_run_continues_exactly_as_an_uninterrupted_one(warm_tiny_model
     keys = ("step", "policy_version", "reward_mean", "loss", "grad_norm")
     assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in whole]
     assert resumed_rngs == whole_rngs
+
+
+def test_an_assembled_node_refuses_attribute_assignment(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """What a node is built from goes to its constructor or the assembly; nothing is patched in afterwards."""
+    from swarm_node.node.assembly import Sharing, assemble
+    from swarm_node.transport.memory import MemoryHub, MemoryTransport
+
+    cfg = load_config(None, {"model.path": str(tiny_model_dir), "sampler.kind": "hf", "run.steps": 1,
+                             "run.prompts_per_step": 2, "run.group_size": 4, "run.eval_problems": 0,
+                             "run.run_dir": str(tmp_path / "run"), "train.threads": 1, "status.port": -1})
+    assembly = assemble(cfg, Sharing.SAPO, transport=MemoryTransport(MemoryHub(), "node0"),
+                        events=NodeEvents(log=lambda _m: None))
+    node = assembly.node
+    try:
+        for name, value in (("pool", None), ("exchange", None), ("step", 7), ("version", 3), ("trainer", None),
+                            ("task_source", None)):
+            with pytest.raises(AttributeError, match="cannot be assigned once the node is set up"):
+                setattr(node, name, value)
+        assert node.step == 0 and node.version == 0 and not hasattr(node, "pool")
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            assembly.peer = None  # type: ignore[misc]
+    finally:
+        assembly.close()
+
+
+def test_a_solo_node_builds_no_sharing(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from swarm_node.node.assembly import assemble
+
+    cfg = load_config(None, {"model.path": str(tiny_model_dir), "sampler.kind": "hf", "run.steps": 1,
+                             "run.prompts_per_step": 2, "run.group_size": 4, "run.eval_problems": 0,
+                             "run.run_dir": str(tmp_path / "run"), "train.threads": 1, "status.port": -1})
+    assembly = assemble(cfg, events=NodeEvents(log=lambda _m: None))
+    try:
+        assert (assembly.guard, assembly.context, assembly.exchange, assembly.peer) == (None, None, None, None)
+        assert not (tmp_path / "run" / "peers.json").exists()
+        assert type(assembly.source()).__name__ == "SequentialSource"
+    finally:
+        assembly.close()
