@@ -10,4 +10,6 @@
 - `pool.py`: the bounded experience pool (per-peer caps, de-duplication, expiry in our own steps).
 - `selection.py`: which pooled groups an update takes, registry `SELECTIONS`.
 - `corrections.py`: external groups as training samples, registry `CORRECTIONS` (none, is, ftis, decoupled).
+- `peer.py`: the SAPO peer around a node's steps: publish each draft, and just before each update drain, ingest,
+  pool, expire and take J external groups into the draft (node/sources.SharingSource makes it a rollout source).
 """
