@@ -112,7 +112,7 @@ def test_sampled_logprobs_are_the_processed_distribution(sampler: VLLMSampler, p
     for prompt, group in zip(prompts, groups, strict=True):
         assert len(group) == 4
         for c in group:
-            ids = torch.tensor([prompt + c.token_ids])
+            ids = torch.tensor([[*prompt, *c.token_ids]])
             with torch.no_grad():
                 logits = hf_model(ids).logits[0, len(prompt) - 1: -1]  # [new tokens, V]: logits that drew each token
             sampled = torch.tensor(c.token_ids)[:, None]
