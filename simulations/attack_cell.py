@@ -118,9 +118,8 @@ def honest_node(scn: Scenario, variant: Variant, seed: int, root: Path, i: int, 
                 resume: bool) -> SimNode:
     """Node i as cells.build_nodes builds it (its exchange guarded as in `join`), with a tallying pool."""
     spec = scn.node_spec(i)
-    cfg = scn.node_config(variant, i, seed, root / peer_name(i))
-    cfg.run.resume = resume
-    cfg.run.keep_checkpoints = KEEP_CHECKPOINTS
+    cfg = scn.node_config(variant, i, seed, root / peer_name(i)).with_values(
+        {"run.resume": resume, "run.keep_checkpoints": KEEP_CHECKPOINTS})
     node = Node(cfg, stats, events=NodeEvents(log=lambda _m: None), model_dir=Path(spec.model) if spec.model else None)
     node.setup()
     transport = MemoryTransport(hub, peer_name(i))

@@ -89,8 +89,7 @@ def build_nodes(scn: Scenario, variant: Variant, seed: int, root: Path, stats: l
     nodes = []
     for i in range(scn.nodes):
         spec = scn.node_spec(i)
-        cfg = scn.node_config(variant, i, seed, root / peer_name(i))
-        cfg.run.resume = resume
+        cfg = scn.node_config(variant, i, seed, root / peer_name(i)).with_values({"run.resume": resume})
         node = Node(cfg, stats[i], events=NodeEvents(log=lambda _m: None),
                     model_dir=Path(spec.model) if spec.model else None, sampler=samplers.for_node(i))
         node.setup()

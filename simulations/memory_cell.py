@@ -118,7 +118,7 @@ def memory_cell(scn: Scenario, variant: Variant, seed: int, root: Path, stats: l
         nodes = build_nodes(scn, variant, seed, root, stats, lambda i: MemoryTransport(hub, peer_name(i)), samplers,
                             resume=resumed is not None)
         for n in nodes:
-            n.node.cfg.run.keep_checkpoints = KEEP_CHECKPOINTS
+            n.node.cfg = n.node.cfg.with_values({"run.keep_checkpoints": KEEP_CHECKPOINTS})
         if resumed is not None:
             rows.extend(resumed.rows)
             restore(resumed.progress, nodes, hub)

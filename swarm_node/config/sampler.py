@@ -37,6 +37,10 @@ class SamplerConfig:
             raise ConfigError(f"sampler.top_p must be in (0, 1], got {self.top_p}")
         positive(self, "max_new_tokens")
 
+    def engine_knobs(self) -> dict[str, float]:
+        """This kind's engine settings, as sampler/base.SamplerSettings names them (none for transformers)."""
+        return {}
+
 
 SAMPLER_CONFIGS: variants.Registry[type[SamplerConfig]] = variants.Registry("sampler config", variants.SAMPLER_KINDS)
 SamplerConfig.by_kind = SAMPLER_CONFIGS
@@ -64,6 +68,10 @@ class VLLMSamplerConfig(SamplerConfig):
     def validate(self) -> None:
         super().validate()
         non_negative(self, "threads", "max_model_len", "kv_cache_gb", "max_num_seqs")
+
+    def engine_knobs(self) -> dict[str, float]:
+        return {"threads": self.threads, "max_model_len": self.max_model_len, "kv_cache_gb": self.kv_cache_gb,
+                "max_num_seqs": self.max_num_seqs}
 
 
 @SAMPLER_CONFIGS.register("auto")

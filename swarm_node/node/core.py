@@ -95,7 +95,7 @@ class Node:
         self.stats.set_phase("building-model")
         self.model_dir = model_dir_for(cfg, self.model_dir_override, self.events.build_progress)
         # Device, precision and memory sizing (node/hardware.py), before any weights load.
-        self.hardware = Hardware.prepare(cfg, self.model_dir, self.task_source, self.events.log)
+        self.hardware = Hardware.prepare(cfg, self.model_dir, self.task_source, self.events.log, run_dir=self.run_dir)
         self.model, self.tokenizer = load_model(self.model_dir)
         if cfg.train.lora_rank:
             lora.attach_lora(self.model, cfg.train.lora_rank, cfg.train.lora_alpha, seed=cfg.run.seed)
@@ -121,10 +121,11 @@ class Node:
         self.stats.set_phase("loading-sampler")
         if self.sampler is None:
             self.sampler = make_sampler(cfg.sampler.kind, self.model_dir, self.model, self.tokenizer,
-                                        sampler_settings(cfg.sampler), self.version, self.events.log)
+                                        sampler_settings(cfg.sampler, self.hardware.sizes), self.version,
+                                        self.events.log)
         if self.step > 0:
             self.sampler.load_weights(self.policy_weights(), self.version)
-        self.hardware.attach(self.sampler)
+        self.hardware.attach(self.trainer, self.sampler)
         self.ready = True
 
     @property
@@ -231,7 +232,7 @@ class Node:
         """Sample and score this step's local groups: (groups, seconds, generated tokens)."""
         cfg = self.cfg
         assert self.sampler is not None, "generate_groups() is called once setup() has built the sampler"
-        count = cfg.share.local_groups or cfg.run.prompts_per_step
+        count = self.hardware.sizes.prompts_per_step
         insts = [tasks.instance(r) for r in self.task_source.draw(self.rng, count, turn=self.draws * count)]
         prompts = [self.tokenizer.encode(i.prompt) for i in insts]
         params = SamplingParams(cfg.sampler.temperature, cfg.sampler.top_p, cfg.sampler.max_new_tokens,
@@ -321,8 +322,7 @@ class Node:
         self.stats.update(pool_size=len(self.pool))
         train_started = time.monotonic()
         samples = to_samples(used) + external_samples(
-            self.trainer, externals, cfg.share.external_correction,
-            CorrectionParams(cfg.share.is_cap, cfg.share.is_band_low, cfg.share.is_band_high))
+            self.trainer, externals, cfg.share.correction.kind, CorrectionParams(**cfg.share.correction.knobs()))
         result = self.trainer.train_step(samples)
         train_s = time.monotonic() - train_started
         if result.skipped_minibatches:

@@ -40,7 +40,7 @@ from swarm_node.transport.base import TransportError
 def learner_for(node: Node) -> Learner:
     """The ECHO-2 learner of a set-up node (its config's bound, batch and codec)."""
     cfg = node.cfg
-    return Learner(node, batch_groups=cfg.run.prompts_per_step, max_staleness=cfg.train.max_staleness,
+    return Learner(node, batch_groups=node.hardware.sizes.prompts_per_step, max_staleness=cfg.train.max_staleness,
                    max_new_tokens=cfg.sampler.max_new_tokens, encoding=cfg.echo.encoding,
                    publish_every=cfg.echo.publish_every, keep=cfg.echo.keep_versions)
 
@@ -101,7 +101,8 @@ class LearnerSource(BaseSource):
         if not self.admission.workers:
             return
         run = self.cfg.run
-        demand = self.admission.demand(run.prompts_per_step * run.group_size, self.cfg.echo.publish_every)
+        demand = self.admission.demand(self.node.hardware.sizes.prompts_per_step * run.group_size,
+                                       self.cfg.echo.publish_every)
         decision = self.activator.decide(now, demand, list(self.admission.workers.values()))
         for peer, action in [(p, "start") for p in decision.start] + [(p, "stop") for p in decision.stop]:
             try:
