@@ -50,6 +50,6 @@ def test_config_rejects_an_unknown_name_of_every_kind() -> None:
     from swarm_node.config import load_config
 
     for key in ["task.reward", "task.selection", "sampler.kind", "train.advantage", "train.loss",
-                "share.external_correction", "share.selection", "network.role", "echo.encoding"]:
+                "share.correction.kind", "share.selection", "network.role", "echo.encoding"]:
         with pytest.raises(ConfigError, match=f"^{key} 'nope' unknown; choose one of "):
             load_config(overrides={key: "nope"})
