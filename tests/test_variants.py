@@ -17,7 +17,9 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
     from swarm_node.rl.advantages import ADVANTAGE_ESTIMATORS
     from swarm_node.rl.loss import LOSSES
     from swarm_node.roles import ROLES
+    from swarm_node.config import CORRECTION_CONFIGS, SAMPLER_CONFIGS
     from swarm_node.sampler.factory import SAMPLERS
+    from swarm_node.sampler.kinds import SAMPLER_PLANS
     from swarm_node.sharing.corrections import CORRECTIONS
     from swarm_node.sharing.selection import SELECTIONS
 
@@ -25,7 +27,8 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
             (CODECS, variants.CODECS), (SAMPLERS, variants.SAMPLER_KINDS), (tasks.REWARD_MODES, variants.REWARD_MODES),
             (tasks.TASK_SELECTIONS, variants.TASK_SELECTIONS), (WEIGHT_FORMS, variants.WEIGHT_FORMS),
             (ROLES, variants.ROLES), (CELL_RUNNERS, variants.SIM_MODES),
-            (CORRECTIONS, variants.CORRECTIONS)]
+            (CORRECTIONS, variants.CORRECTIONS), (CORRECTION_CONFIGS, variants.CORRECTIONS),
+            (SAMPLER_CONFIGS, variants.SAMPLER_KINDS), (SAMPLER_PLANS, variants.SAMPLER_KINDS)]
 
 
 def test_every_declared_name_is_registered() -> None:
