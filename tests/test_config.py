@@ -190,3 +190,16 @@ def test_every_scenario_file_loads_its_node_configs(tmp_path: Path) -> None:
         for variant in scn.variants:
             for index in range(scn.nodes):
                 assert scn.node_config(variant, index, 0, tmp_path).run.steps == scn.rounds
+
+
+def test_the_readme_configuration_block_loads_as_the_defaults(tmp_path: Path) -> None:
+    """README.md's [Configuration] example is a working file, and it states the defaults."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = readme.split("## Configuration", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    f = tmp_path / "readme.toml"
+    f.write_text(block)
+    from swarm_node.config import NodeConfig
+
+    loaded, default = load_config(f), NodeConfig()
+    assert loaded.task.mix and loaded.task.specialties() == default.task.specialties()  # the mix written out
+    assert loaded.with_values({"task.mix": []}).to_dict() == default.to_dict()
