@@ -12,12 +12,12 @@ from swarm_node.variants import Registry, UnknownVariant
 def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
     from simulations.runner import CELL_RUNNERS
     from swarm_node import tasks
+    from swarm_node.config import CORRECTION_CONFIGS, SAMPLER_CONFIGS
     from swarm_node.model.lora import WEIGHT_FORMS
     from swarm_node.policy_sync.codecs import CODECS
     from swarm_node.rl.advantages import ADVANTAGE_ESTIMATORS
     from swarm_node.rl.loss import LOSSES
     from swarm_node.roles import ROLES
-    from swarm_node.config import CORRECTION_CONFIGS, SAMPLER_CONFIGS
     from swarm_node.sampler.factory import SAMPLERS
     from swarm_node.sampler.kinds import SAMPLER_PLANS
     from swarm_node.sharing.corrections import CORRECTIONS
