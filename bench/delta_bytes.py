@@ -207,8 +207,7 @@ def main() -> None:
     args.fractions = sorted(set(args.fractions) | {args.default_fraction})
     torch.set_num_threads(1)
     started = time.monotonic()
-    cfg = NodeConfig()
-    cfg.run.seed = SEED
+    cfg = NodeConfig().with_values({"run.seed": SEED})
     encodings = {"full": {"encoding": "full", "options": {}},
                  "dense-bf16": {"encoding": "dense-bf16", "options": {}},
                  "topk": {"encoding": "topk", "options": {"topk_fraction": args.default_fraction}},
@@ -219,9 +218,7 @@ def main() -> None:
     models = {"default": {"path": str(default_dir),
                           **bytes_per_update(model, tokenizer, cfg, args.byte_steps, encodings)}}
     print(f"  default: {models['default']}", flush=True)
-    large_cfg = NodeConfig()
-    large_cfg.run.seed = SEED
-    large_cfg.run.prompts_per_step = LARGE_PROMPTS
+    large_cfg = NodeConfig().with_values({"run.seed": SEED, "run.prompts_per_step": LARGE_PROMPTS})
     with tempfile.TemporaryDirectory() as tmp:
         name, large, large_tok, _ = random_model("larger-random", LARGE_RECIPE, Path(tmp))
     models["larger"] = {"recipe": "bench.sampler.LARGE_RECIPE (random weights)", "reward": "digit fraction",

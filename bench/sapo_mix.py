@@ -41,7 +41,7 @@ from simulations.report import moving_average, node_mean_curve
 from simulations.runner import cell_dir, finished_result, read_rows, run_cell
 from simulations.scenario import Scenario, Variant, load_scenario, with_overrides
 from swarm_node import tasks
-from swarm_node.config import NodeConfig, apply_mapping
+from swarm_node.config import build_config
 
 RESULTS = Path(__file__).parent / "results"
 SCENARIO = Path(__file__).resolve().parents[1] / "simulations" / "scenarios" / "sapo_mix.toml"
@@ -53,14 +53,13 @@ def share(local: int, external: int, **extra: Any) -> dict[str, Any]:
 
 
 HOMOGENEOUS = [Variant("8/0", share(8, 0)), Variant("6/2", share(6, 2)), Variant("4/4", share(4, 4)),
-               Variant("2/6", share(2, 6)), Variant("4/4+none", share(4, 4, external_correction="none"))]
+               Variant("2/6", share(2, 6)), Variant("4/4+none", share(4, 4, correction={"kind": "none"}))]
 CONTROLS = {"2/0": "2/6", "4/0": "4/4"}  # control (J = 0) -> the sharing configuration with its local completions
 
 
 def mix_of(scn: Scenario) -> list[dict[str, Any]]:
     """The scenario's mix as config entries (name, options): what every node of the homogeneous scenario draws."""
-    cfg = NodeConfig()
-    apply_mapping(cfg, scn.config)
+    cfg = build_config([(scn.config, f" in scenario {scn.name!r}")])
     source = cfg.task.build_source()
     return [{"name": s.name, "options": json.loads(s.config)} for s in source.mix]
 
@@ -252,8 +251,7 @@ def heldout_disjoint(scn: Scenario, draws: int = 2000) -> bool:
     """No training draw of the scenario's mix is a held-out problem (the partition's check, on this mix)."""
     import random
 
-    cfg = NodeConfig()
-    apply_mapping(cfg, scn.config)
+    cfg = build_config([(scn.config, f" in scenario {scn.name!r}")])
     source = cfg.task.build_source()
     train = {tasks.instance(r).question for r in source.draw(random.Random(0), draws)}
     held = {tasks.instance(r).question for r in source.eval_refs(min(400, draws))}

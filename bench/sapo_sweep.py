@@ -81,7 +81,7 @@ def main() -> None:
     variants = list(scn.variants)
     if args.with_is:
         variants.append(Variant("4/4+is", {"share": {"local_groups": 4, "external_groups": 4,
-                                                     "external_correction": "is"}}))
+                                                     "correction": {"kind": "is"}}}))
     run_dir = args.run_dir or Path(scn.run_dir)
     RESULTS.mkdir(exist_ok=True)
     started = time.monotonic()

@@ -28,18 +28,19 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
-MODES = {  # mode -> (simulation.sampler, config.sampler.kind)
-    "shared": ("shared-lora", "vllm"),
-    "vllm_per_node": ("per-node", "vllm"),
-    "hf_per_node": ("per-node", "hf"),
+VLLM = {"kind": "vllm", "threads": 1, "kv_cache_gb": 0.125}  # [sampler]: the vLLM engine's own settings
+MODES = {  # mode -> (simulation.sampler, config.sampler)
+    "shared": ("shared-lora", VLLM),
+    "vllm_per_node": ("per-node", VLLM),
+    "hf_per_node": ("per-node", {"kind": "hf"}),
 }
 
 
 def scenario(mode: str, nodes: int, rounds: int) -> dict[str, Any]:
-    sim_sampler, kind = MODES[mode]
+    sim_sampler, sampler = MODES[mode]
     return {"simulation": {"nodes": nodes, "rounds": rounds, "seeds": [0], "eval_problems": 0, "sampler": sim_sampler},
             "config": {"run": {"group_size": 8},
-                       "sampler": {"kind": kind, "threads": 1, "kv_cache_gb": 0.125},
+                       "sampler": dict(sampler),
                        "train": {"threads": 1, "lora_rank": 8, "lora_alpha": 16.0, "lr": 1e-3},
                        "share": {"local_groups": 8, "external_groups": 0}}}
 

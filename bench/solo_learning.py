@@ -25,7 +25,7 @@ from typing import Any
 
 import tomllib
 
-from swarm_node.config import load_config
+from swarm_node.config import SAMPLER_CONFIGS, load_config
 from swarm_node.node.assembly import assemble
 from swarm_node.node.run_files import NodeEvents
 from swarm_node.train.evaluate import evaluate
@@ -89,9 +89,11 @@ def run_parallel(args: argparse.Namespace) -> list[dict[str, Any]]:
     for seed in args.seeds:
         out = Path(args.run_root) / f"seed{seed}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
+        # one engine thread where the kind runs an engine (its own setting: [sampler] threads)
+        engine = ["sampler.threads=1"] if "threads" in SAMPLER_CONFIGS[args.sampler]().engine_knobs() else []
         cmd = [sys.executable, "-m", "bench.solo_learning", "--seeds", str(seed), "--steps", str(args.steps),
                "--sampler", args.sampler, "--out", str(out), "--run-root", args.run_root,
-               "--set", "train.threads=1", "sampler.threads=1", *args.set]
+               "--set", "train.threads=1", *engine, *args.set]
         procs.append((subprocess.Popen(cmd), out))
     results = []
     for proc, out in procs:

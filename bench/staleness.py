@@ -58,13 +58,15 @@ def virtual_part(staleness: list[int], steps: int, workers: int, seed: int) -> l
 
 
 def _config(role_index: int, staleness: int, steps: int, seed: int, run_dir: str, sampler: str) -> Any:
-    from swarm_node.config import load_config
+    from swarm_node.config import SAMPLER_CONFIGS, load_config
 
+    # one engine thread where the kind runs an engine (its own setting: [sampler] threads)
+    engine = {"sampler.threads": 1} if "threads" in SAMPLER_CONFIGS[sampler]().engine_knobs() else {}
     return load_config(None, {
         "run.prompts_per_step": PROMPTS, "run.group_size": GROUP, "run.seed": seed * 1000 + role_index,
         "run.run_dir": run_dir, "run.steps": steps, "run.eval_problems": 0, "run.checkpoint_every": steps + 1,
-        "sampler.kind": sampler, "sampler.threads": 1, "train.threads": 1, "train.max_staleness": staleness,
-        "status.port": -1})
+        "sampler.kind": sampler, "train.threads": 1, "train.max_staleness": staleness,
+        "status.port": -1, **engine})
 
 
 def _pin(core: int) -> None:

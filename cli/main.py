@@ -27,10 +27,10 @@ from cli.common import (
     StepProgress,
     configure_logging,
     console,
-    parse_task_options,
     start_status_server,
     user_errors,
 )
+from cli.options import config_help, node_overrides
 from cli.peers_cmd import peers_app
 from swarm_node import variants
 
@@ -66,52 +66,40 @@ def main() -> None:
 
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file (flags override it)")]
-StepsOpt = Annotated[int | None, typer.Option("--steps", help="training steps [200]")]
+StepsOpt = Annotated[int | None, typer.Option("--steps", help=config_help("run.steps", "training steps"))]
 TaskOpt = Annotated[str | None, typer.Option(
     "--task", help="one reasoning-gym dataset instead of the default mix (chain_sum, basic_arithmetic, gcd, "
                    "count_bits)")]
 TaskOptionOpt = Annotated[list[str] | None, typer.Option("--task-option", help="dataset option KEY=VALUE")]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="local HF causal-LM dir [embedded default]")]
-GroupOpt = Annotated[int | None, typer.Option("--group-size", help="completions per prompt G [8]")]
-PromptsOpt = Annotated[int | None, typer.Option("--prompts-per-step", help="prompts per step B [16]")]
-SeedOpt = Annotated[int | None, typer.Option("--seed", help="run seed [0]")]
+GroupOpt = Annotated[int | None, typer.Option("--group-size", help=config_help("run.group_size",
+                                                                                "completions per prompt G"))]
+PromptsOpt = Annotated[int | None, typer.Option("--prompts-per-step", help=config_help("run.prompts_per_step",
+                                                                                       "prompts per step B"))]
+SeedOpt = Annotated[int | None, typer.Option("--seed", help=config_help("run.seed", "run seed"))]
 RunDirOpt = Annotated[str | None, typer.Option("--run-dir", help="where metrics and checkpoints go")]
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="continue from the newest complete checkpoint")]
-SamplerOpt = Annotated[str | None, typer.Option("--sampler", help="auto | vllm | hf [auto]")]
-LrOpt = Annotated[float | None, typer.Option("--lr", help="learning rate")]
-MinibatchOpt = Annotated[int | None, typer.Option("--minibatches", help="optimizer steps per batch [2]")]
-CkptOpt = Annotated[int | None, typer.Option("--checkpoint-every", help="checkpoint every K steps [25]")]
-EvalOpt = Annotated[int | None, typer.Option("--eval-problems", help="held-out problems for the final eval")]
-StatusPortOpt = Annotated[int | None, typer.Option("--status-port", help="status API port; 0 ephemeral, -1 off")]
-StatusHostOpt = Annotated[str | None, typer.Option("--status-host", help="status bind address [127.0.0.1]")]
+SamplerOpt = Annotated[str | None, typer.Option("--sampler", help=config_help(
+    "sampler.kind", " | ".join(variants.SAMPLER_KINDS)))]
+LrOpt = Annotated[float | None, typer.Option("--lr", help=config_help("train.lr", "learning rate"))]
+MinibatchOpt = Annotated[int | None, typer.Option("--minibatches", help=config_help("train.minibatches",
+                                                                                    "optimizer steps per batch"))]
+CkptOpt = Annotated[int | None, typer.Option("--checkpoint-every", help=config_help("run.checkpoint_every",
+                                                                                    "checkpoint every K steps"))]
+EvalOpt = Annotated[int | None, typer.Option("--eval-problems", help=config_help(
+    "run.eval_problems", "held-out problems for the final eval"))]
+StatusPortOpt = Annotated[int | None, typer.Option("--status-port", help=config_help(
+    "status.port", "status API port; 0 ephemeral, -1 off"))]
+StatusHostOpt = Annotated[str | None, typer.Option("--status-host", help=config_help("status.host",
+                                                                                     "status bind address"))]
 StatusTokenOpt = Annotated[str | None, typer.Option("--status-token", help="bearer token for the status API")]
-StalenessOpt = Annotated[int | None, typer.Option("--max-staleness", help="S: version lag allowed between generation "
-                                                                         "and training; >= 1 overlaps them [0]")]
-DeviceOpt = Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda | cuda:N | mps [auto]")]
+StalenessOpt = Annotated[int | None, typer.Option("--max-staleness", help=config_help(
+    "train.max_staleness", "S: version lag allowed between generation and training; >= 1 overlaps them"))]
+DeviceOpt = Annotated[str | None, typer.Option("--device", help=config_help(
+    "run.device", f"{' | '.join(variants.DEVICES)} | cuda:N"))]
+# The config's default is 0, "derived from the device": the help says what it derives.
 BudgetOpt = Annotated[str | None, typer.Option("--memory-budget", help="memory one step may take, e.g. 6GiB, "
                                                "800MiB (a number: MiB) [75% of RAM / 90% of VRAM]")]
-
-
-def hardware_overrides(device: str | None, memory_budget: str | None) -> dict[str, object]:
-    from swarm_node.train.sizing import parse_mib
-
-    return {"run.device": device, "run.memory_budget_mib": parse_mib(memory_budget) if memory_budget else None}
-
-
-def node_overrides(steps: int | None, task: str | None, task_option: list[str] | None, model: str | None,
-                   group_size: int | None, prompts_per_step: int | None, seed: int | None, run_dir: str | None,
-                   resume: bool, sampler: str | None, lr: float | None, minibatches: int | None,
-                   checkpoint_every: int | None, eval_problems: int | None, status_port: int | None,
-                   status_host: str | None, status_token: str | None,
-                   max_staleness: int | None = None) -> dict[str, object]:
-    return {
-        "run.steps": steps, "run.group_size": group_size, "run.prompts_per_step": prompts_per_step,
-        "run.seed": seed, "run.run_dir": run_dir, "run.resume": True if resume else None,
-        "run.checkpoint_every": checkpoint_every, "run.eval_problems": eval_problems,
-        "task.name": task, "task.options": parse_task_options(task_option), "model.path": model,
-        "sampler.kind": sampler, "train.lr": lr, "train.minibatches": minibatches, "train.max_staleness": max_staleness,
-        "status.port": status_port, "status.host": status_host, "status.token": status_token,
-    }
 
 
 @app.command()
@@ -124,14 +112,12 @@ def solo(config: ConfigOpt = None, steps: StepsOpt = None, task: TaskOpt = None,
          status_token: StatusTokenOpt = None, max_staleness: StalenessOpt = None, device: DeviceOpt = None,
          memory_budget: BudgetOpt = None) -> None:
     """Train one node alone, offline, on the embedded default model and task."""
+    params = dict(locals())  # the flags, by parameter name: cli/options.NODE_KEYS maps them to config keys
     with user_errors():
         from swarm_node.config import load_config
         from swarm_node.status.stats import NodeStats
 
-        cfg = load_config(config, node_overrides(
-            steps, task, task_option, model, group_size, prompts_per_step, seed, run_dir, resume, sampler, lr,
-            minibatches, checkpoint_every, eval_problems, status_port, status_host, status_token, max_staleness)
-            | hardware_overrides(device, memory_budget))
+        cfg = load_config(config, node_overrides(params))
         configure_logging()
         stats = NodeStats(role="solo")
         server = start_status_server(stats, cfg.status.host, cfg.status.port, cfg.status.token)
@@ -184,22 +170,26 @@ def heldout_line(before: EvalResult | None, after: EvalResult) -> str:
 
 
 BootstrapOpt = Annotated[list[str] | None, typer.Option("--bootstrap", help="multiaddr of a peer to join through")]
-ListenOpt = Annotated[str | None, typer.Option("--listen", help="listen multiaddr [/ip4/0.0.0.0/tcp/0]")]
+ListenOpt = Annotated[str | None, typer.Option("--listen", help=config_help("network.listen", "listen multiaddr"))]
 AnnounceOpt = Annotated[list[str] | None, typer.Option("--announce-addr", help="address others should dial")]
 IdentityOpt = Annotated[str | None, typer.Option("--identity", help="key file [RUN_DIR/identity.key]")]
-RelayOpt = Annotated[str | None, typer.Option("--relay", help="serve as a circuit relay for peers behind NAT: "
-                                                              "auto (once we are public) | on | off [auto]")]
-UpnpOpt = Annotated[bool | None, typer.Option("--upnp/--no-upnp", help="ask the router to forward our port by "
-                                                                     "UPnP first, where it offers that [on]")]
-RoleOpt = Annotated[str | None, typer.Option("--role", help="peer (SAPO) | learner | worker (ECHO-2) [peer]")]
+RelayOpt = Annotated[str | None, typer.Option("--relay", help=config_help(
+    "network.relay", "serve as a circuit relay for peers behind NAT: auto (once we are public) | on | off"))]
+UpnpOpt = Annotated[bool | None, typer.Option("--upnp/--no-upnp", help=config_help(
+    "network.upnp", "ask the router to forward our port by UPnP first, where it offers that"))]
+RoleOpt = Annotated[str | None, typer.Option("--role", help=config_help(
+    "network.role", "peer (SAPO) | learner | worker (ECHO-2)"))]
 LearnerOpt = Annotated[str | None, typer.Option("--learner", help="worker: peer id of the learner to follow")]
-CostOpt = Annotated[float | None, typer.Option("--cost-per-hour", help="worker: its price, told to the learner")]
-LocalGroupsOpt = Annotated[int | None, typer.Option("--local-groups", help="I: local groups per update")]
-ExternalGroupsOpt = Annotated[int | None, typer.Option("--external-groups", help="J: external groups per update")]
-MaxAgeOpt = Annotated[int | None, typer.Option("--max-external-age", help="K: drop external groups older than K "
-                                                                          "of our steps")]
-CORRECTIONS_HELP = f"how peers' completions are weighted: {' | '.join(variants.CORRECTIONS)}"
-CorrectionOpt = Annotated[str | None, typer.Option("--external-correction", help=CORRECTIONS_HELP)]
+CostOpt = Annotated[float | None, typer.Option("--cost-per-hour", help=config_help(
+    "echo.cost_per_hour", "worker: its price, told to the learner"))]
+LocalGroupsOpt = Annotated[int | None, typer.Option("--local-groups", help=config_help(
+    "share.local_groups", "I: local groups per update (0: --prompts-per-step)"))]
+ExternalGroupsOpt = Annotated[int | None, typer.Option("--external-groups", help=config_help(
+    "share.external_groups", "J: external groups per update"))]
+MaxAgeOpt = Annotated[int | None, typer.Option("--max-external-age", help=config_help(
+    "share.max_external_age", "K: drop external groups older than K of our steps"))]
+CorrectionOpt = Annotated[str | None, typer.Option("--external-correction", help=config_help(
+    "share.correction.kind", f"how peers' completions are weighted: {' | '.join(variants.CORRECTIONS)}"))]
 
 
 @app.command()
@@ -218,22 +208,12 @@ def join(bootstrap: BootstrapOpt = None, listen: ListenOpt = None, announce_addr
     """Join a swarm over libp2p: as a peer, share rollouts and train on theirs (SAPO); as a learner or a worker
     following one (--role, --learner), the ECHO-2 mode. Prints the address others can join through; without
     --bootstrap it starts a new swarm."""
+    params = dict(locals())  # the flags, by parameter name: cli/options.NODE_KEYS maps them to config keys
     with user_errors():
         from swarm_node.config import load_config
         from swarm_node.status.stats import NodeStats
 
-        overrides = node_overrides(
-            steps, task, task_option, model, group_size, prompts_per_step, seed, run_dir, resume, sampler, lr,
-            minibatches, checkpoint_every, eval_problems, status_port, status_host, status_token, max_staleness)
-        overrides.update(hardware_overrides(device, memory_budget))
-        overrides.update({
-            "network.bootstrap": bootstrap, "network.listen": listen, "network.announce_addr": announce_addr,
-            "network.identity": identity, "network.role": role, "network.learner": learner,
-            "network.relay": relay, "network.upnp": upnp, "echo.cost_per_hour": cost_per_hour,
-            "share.local_groups": local_groups,
-            "share.external_groups": external_groups, "share.max_external_age": max_external_age,
-            "share.external_correction": external_correction,
-        })
+        overrides = node_overrides(params)
         if run_dir is None and config is None:
             overrides["run.run_dir"] = "runs/peer"
         cfg = load_config(config, overrides)

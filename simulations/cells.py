@@ -9,7 +9,6 @@ status on STATUS_HOST:P+i.
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -97,8 +96,8 @@ def build_node(scn: Scenario, variant: Variant, seed: int, root: Path, i: int, s
     `resume`: from the newest checkpoint in its run dir (a resumed cell, snapshots.py)."""
     spec = scn.node_spec(i)
     cfg = scn.node_config(variant, i, seed, root / peer_name(i))
-    run = dataclasses.replace(cfg.run, resume=resume, keep_checkpoints=keep_checkpoints or cfg.run.keep_checkpoints)
-    assembly = assemble(dataclasses.replace(cfg, run=run), Sharing.SAPO, transport=transport, stats=stats,
+    cfg = cfg.with_values({"run.resume": resume, "run.keep_checkpoints": keep_checkpoints or cfg.run.keep_checkpoints})
+    assembly = assemble(cfg, Sharing.SAPO, transport=transport, stats=stats,
                         events=NodeEvents(log=lambda _m: None), model_dir=Path(spec.model) if spec.model else None,
                         sampler=samplers.for_node(i), pool=pool, exchange=exchange)
     stats.update(peer_id=transport.peer_id, total_steps=scn.rounds, phase="training")

@@ -44,7 +44,7 @@ from typing import Any
 
 from simulations import variants
 from simulations.network import LinkModel
-from swarm_node.config import NodeConfig, apply_mapping, read_toml
+from swarm_node.config import NodeConfig, build_config, read_toml
 from swarm_node.errors import ConfigError, UserError
 from swarm_node.train.device_classes import device_class, parse_device_classes
 
@@ -115,20 +115,17 @@ class Scenario:
 
     def node_config(self, variant: Variant, index: int, seed: int, run_dir: Path) -> NodeConfig:
         """Defaults < [config] < variant config < [[node]] config < what the harness fixes (dirs, seeds)."""
-        cfg = NodeConfig()
         spec = self.node_spec(index)
         memory = {"run": {"memory_budget_mib": spec.memory_mib}} if spec.memory_mib else {}
-        for layer in (self.config, variant.config, memory, spec.config):
-            apply_mapping(cfg, copy.deepcopy(layer), where=f" in scenario {self.name!r}")
-        cfg.run.seed = seed * 1000 + index
-        cfg.run.run_dir = str(run_dir)
-        cfg.run.steps = self.rounds
-        cfg.run.resume = False
-        cfg.run.checkpoint_every = self.rounds + 1  # the harness keeps per-round metrics, not checkpoints
-        cfg.run.eval_problems = self.eval_problems
-        cfg.status.port = -1
-        cfg.run.memory_guard = False  # the nodes share this process: its memory is not one node's
-        return cfg.validate()
+        where = f" in scenario {self.name!r}"
+        harness = {"run": {"seed": seed * 1000 + index, "run_dir": str(run_dir), "steps": self.rounds, "resume": False,
+                           # the harness keeps per-round metrics, not checkpoints
+                           "checkpoint_every": self.rounds + 1, "eval_problems": self.eval_problems,
+                           # the nodes share this process: its memory is not one node's
+                           "memory_guard": False},
+                   "status": {"port": -1}}
+        layers = (self.config, variant.config, memory, spec.config)
+        return build_config([(copy.deepcopy(layer), where) for layer in layers] + [(harness, " (simulation harness)")])
 
 
 _SECTIONS = {"simulation", "network", "config", "variants", "node", "attacker", "devices"}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from typer.testing import CliRunner
 
@@ -16,3 +18,29 @@ def test_help_renders(command: str, option: str) -> None:
     result = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert option in result.output
+
+
+@pytest.mark.parametrize(("command", "option", "default"), [
+    ("solo", "--steps", "[200]"), ("solo", "--sampler", "auto | vllm | hf [auto]"), ("solo", "--lr", "[0.0001]"),
+    ("join", "--external-correction", "none | is | ftis | decoupled [is]"), ("join", "--upnp", "[on]"),
+    ("join", "--listen", "[/ip4/0.0.0.0/tcp/0]"), ("join", "--role", "[peer]"),
+])
+def test_help_shows_the_config_default(command: str, option: str, default: str) -> None:
+    result = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "250"})
+    entries = re.split(r"\n(?=  -)", result.output)  # an option's entry: its line and the wrapped ones after it
+    entry = " ".join(next(e for e in entries if e.split()[0] == option).split())
+    assert default in entry, entry
+
+
+def test_flags_become_config_keys_by_the_table() -> None:
+    from cli.options import NODE_KEYS, default_of, node_overrides
+    from swarm_node.config import load_config
+
+    for key in NODE_KEYS.values():
+        default_of(key)  # every key the table names exists in the config
+    overrides = node_overrides({"steps": 7, "external_correction": "ftis", "sampler": None, "resume": False,
+                                "task_option": ["max_value=12"], "task": "gcd", "memory_budget": "1GiB"})
+    assert overrides == {"run.steps": 7, "share.correction.kind": "ftis", "sampler.kind": None, "run.resume": None,
+                         "task.options": {"max_value": 12}, "task.name": "gcd", "run.memory_budget_mib": 1024}
+    cfg = load_config(None, overrides)
+    assert (cfg.run.steps, cfg.share.correction.kind, cfg.run.memory_budget_mib) == (7, "ftis", 1024)

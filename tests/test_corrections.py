@@ -214,24 +214,28 @@ def test_unit_token_weights_leave_the_loss_unchanged(tiny_model_dir: Path) -> No
 
 def test_registry_holds_every_declared_correction() -> None:
     assert set(CORRECTIONS) == set(variants.CORRECTIONS) >= {"none", "is", "ftis", "decoupled"}
-    with pytest.raises(UnknownVariant, match="unknown share.external_correction 'tis'; choose one of none, is"):
+    with pytest.raises(UnknownVariant, match="unknown share.correction.kind 'tis'; choose one of none, is"):
         CORRECTIONS["tis"]
 
 
 def test_share_config_caps_external_weights_at_1() -> None:
     cfg = load_config()
-    assert cfg.share.is_cap == 1.0 and (cfg.share.is_band_low, cfg.share.is_band_high) == DEFAULT_BAND
+    assert cfg.share.correction.kind == "is" and cfg.share.correction.knobs() == {"cap": 1.0}
+    ftis = load_config(overrides={"share.correction.kind": "ftis"}).share.correction
+    assert ftis.knobs() == {"cap": 1.0, "band_low": DEFAULT_BAND[0], "band_high": DEFAULT_BAND[1]}
+    assert CorrectionParams(**ftis.knobs()) == CorrectionParams()
     assert cfg.train.is_cap == 2.0  # own stale rollouts (trusted) keep theirs
     for name in variants.CORRECTIONS:
-        assert load_config(overrides={"share.external_correction": name}).share.external_correction == name
-    with pytest.raises(ConfigError, match=r"^share.is_cap must be <= 1 \(peers' log-probs may only shrink"):
-        load_config(overrides={"share.is_cap": 1.5})
-    with pytest.raises(ConfigError, match="share.is_cap must be > 0"):
-        load_config(overrides={"share.is_cap": 0.0})
-    assert load_config(overrides={"share.is_cap": 0.5}).share.is_cap == 0.5
+        assert load_config(overrides={"share.correction.kind": name}).share.correction.kind == name
+    with pytest.raises(ConfigError, match=r"^share.correction.cap must be <= 1 \(peers' log-probs may only shrink"):
+        load_config(overrides={"share.correction.cap": 1.5})
+    with pytest.raises(ConfigError, match="share.correction.cap must be > 0"):
+        load_config(overrides={"share.correction.cap": 0.0})
+    assert load_config(overrides={"share.correction.cap": 0.5}).share.correction.knobs() == {"cap": 0.5}
     for low, high in ((1.5, 8.0), (0.5, 0.9), (-0.1, 2.0)):
         with pytest.raises(ConfigError, match="need 0 <= low <= 1 <= high"):
-            load_config(overrides={"share.is_band_low": low, "share.is_band_high": high})
+            load_config(overrides={"share.correction.kind": "ftis", "share.correction.band_low": low,
+                                   "share.correction.band_high": high})
     with pytest.raises(ValueError, match="cap must be in"):
         CorrectionParams(cap=2.0)
     with pytest.raises(ValueError, match="band needs"):

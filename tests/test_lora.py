@@ -109,15 +109,10 @@ def test_written_adapter_is_peft_layout(tmp_path: Path) -> None:
 
 
 def test_lora_config_is_for_peers_only() -> None:
-    cfg = NodeConfig()
-    cfg.train.lora_rank = -1
     with pytest.raises(ConfigError, match="lora_rank"):
-        cfg.validate()
-    cfg = NodeConfig()
-    cfg.train.lora_rank = 8
-    cfg.network.role = "learner"
+        NodeConfig().with_values({"train.lora_rank": -1})
     with pytest.raises(ConfigError, match="lora_rank must be 0 for role 'learner'"):
-        cfg.validate()
+        NodeConfig().with_values({"train.lora_rank": 8, "network.role": "learner"})
 
 
 def shared_engine(tmp_path: Path, policies: int, **settings: float) -> SharedLoRAEngine:

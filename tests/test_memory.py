@@ -3,6 +3,8 @@ node's sizing at start (a budget below the model is one line; the chosen sizes r
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -61,16 +63,22 @@ def test_soak_growth_over_first_and_last_windows() -> None:
     assert growth(start) == (0.0, None)
 
 
-def test_hardware_writes_the_chosen_sizes_into_the_config(tiny_model_dir: Path) -> None:
+def test_hardware_returns_the_chosen_sizes_and_records_them(tiny_model_dir: Path, tmp_path: Path) -> None:
     cfg = load_config(overrides={"model.path": str(tiny_model_dir), "sampler.kind": "hf", "run.memory_guard": False,
                                  "run.memory_budget_mib": 460, "run.prompts_per_step": 16, "run.group_size": 8})
+    before = cfg.to_dict()
     lines: list[str] = []
-    hw = Hardware.prepare(cfg, tiny_model_dir, cfg.task.build_source(size=64), lines.append, Found())
+    hw = Hardware.prepare(cfg, tiny_model_dir, cfg.task.build_source(size=64), lines.append, Found(),
+                          run_dir=tmp_path)
     assert lines[0] == "device: auto picked cpu (no CUDA or MPS device found)"
     assert lines[1].startswith("memory: budget 460 MiB, one step ~")
     assert hw.sizing.estimate.total <= 460 * MIB and hw.sizing.reasons  # the runtime alone is 450 MiB
-    assert cfg.train.microbatch_tokens == hw.sizing.sizes.microbatch_tokens < 8192
-    assert cfg.run.prompts_per_step == hw.sizing.sizes.prompts_per_step
+    assert hw.sizes == hw.sizing.sizes and hw.sizes.microbatch_tokens < 8192
+    assert cfg.to_dict() == before  # sizing does not touch the config
+    assert (cfg.train.microbatch_tokens, cfg.run.prompts_per_step) == (8192, 16)
+    recorded = json.loads((tmp_path / "sizes.json").read_text())
+    assert recorded["sizes"] == dataclasses.asdict(hw.sizes) and recorded["budget_mib"] == 460
+    assert recorded["reasons"] == list(hw.sizing.reasons) and recorded["shrinks"] == []
     assert hw.meter is None and hw.after_step(1, None, None) == {}  # type: ignore[arg-type]
 
 
@@ -115,6 +123,8 @@ def test_guard_shrinks_the_next_step_instead_of_dying(tiny_model_dir: Path) -> N
     model, tokenizer = load_model(tiny_model_dir)
     trainer = Trainer(model, cfg.train, cfg.sampler, pad_id=0)
     sampler = HFSampler(model, tokenizer)
+    hw.attach(trainer, sampler)
+    assert trainer.microbatch_tokens == 1024 and sampler.max_rows == 0
     peaks = iter([800, 950, 955, 990])  # MiB, against a 1000 MiB budget
     hw.meter = PeakMeter(lambda: next(peaks) * MIB, lambda: 0, lambda: None)
     hw.guard = MemoryGuard(1000 * MIB)
@@ -122,11 +132,12 @@ def test_guard_shrinks_the_next_step_instead_of_dying(tiny_model_dir: Path) -> N
     assert hw.after_step(1, trainer, sampler) == {"mem_peak_mib": 800.0}
     assert trainer.microbatch_tokens == 1024 and len(lines) == 2
     hw.after_step(2, trainer, sampler)  # 950 >= 90%: halve the micro-batches
-    assert trainer.microbatch_tokens == cfg.train.microbatch_tokens == max(512, seq)
+    assert trainer.microbatch_tokens == hw.sizes.microbatch_tokens == max(512, seq)
+    assert cfg.train.microbatch_tokens == 1024  # the config holds still
     assert lines[-1] == (f"memory: step 2 peaked at 950 MiB of a 1000 MiB budget; next steps: microbatch_tokens "
                          f"{max(512, seq)} (asked 1024; the same gradient in more passes)")
     hw.after_step(3, trainer, sampler)  # 955: not 1% above the last trigger
     assert len(lines) == 3
     hw.after_step(4, trainer, sampler)  # 990: a new high, shrink again
     assert trainer.microbatch_tokens == max(256, seq) and len(lines) == 4
-    assert cfg.run.prompts_per_step == 4 and sampler.max_rows == 0
+    assert hw.sizes.prompts_per_step == cfg.run.prompts_per_step == 4 and sampler.max_rows == 0

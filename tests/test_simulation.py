@@ -16,7 +16,6 @@ from simulations.report import moving_average, write_report
 from simulations.runner import run_cell
 from simulations.scenario import NetworkSpec, parse_scenario, with_overrides
 from swarm_node import tasks
-from swarm_node.config import NodeConfig
 from swarm_node.errors import UserError
 from swarm_node.node.assembly import Sharing, assemble
 from swarm_node.node.core import NodeEvents
@@ -34,7 +33,7 @@ TINY = {"run": {"group_size": 4, "prompts_per_step": 2}, "sampler": {"kind": "hf
     ({"simulation": {"mode": "fast"}}, "simulation.mode must be one of sync, async, echo, attack, not 'fast'"),
     ({"network": {"loss": 1.5}}, "network.loss must be in [0, 1), got 1.5"),
     ({"network": {"latency_ms": "x"}}, "network.latency_ms must be float, got 'x'"),
-    ({"config": {"share": {"is_cap": 3.0}}}, "share.is_cap must be <= 1"),
+    ({"config": {"share": {"correction": {"cap": 3.0}}}}, "share.correction.cap must be <= 1"),
     ({"config": {"share": {"selection": "best"}}}, "share.selection 'best' unknown"),
     ({"config": {"train": {"lr_typo": 1}}}, "unknown key 'train.lr_typo'"),
     ({"node": [{"index": 5}]}, "node[0].index must be in [0, 2), got 5"),
@@ -120,17 +119,18 @@ def _oracle_groups(source: tasks.TaskSource, tok: object, step: int) -> list[Rol
 
 
 def _weak_reward_after(tiny_model_dir: Path, tmp_path: Path, external: int, rounds: int = 20) -> float:
-    cfg = NodeConfig()
-    from swarm_node.config import apply_mapping
-    apply_mapping(cfg, {**TINY, "train": {"threads": 1, "minibatches": 1, "lr": 1e-2, "warmup_steps": 0},
-                        "share": {"local_groups": 1, "external_groups": external},
-                        # two-digit sums: the tiny random model almost never answers them by chance
-                        "task": {"name": "chain_sum",
-                                 "options": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}}})
-    cfg.run.run_dir, cfg.run.seed, cfg.run.eval_problems, cfg.status.port = str(tmp_path / f"j{external}"), 0, 0, -1
+    from swarm_node.config import build_config
+    cfg = build_config([({**TINY, "train": {"threads": 1, "minibatches": 1, "lr": 1e-2, "warmup_steps": 0},
+                          "share": {"local_groups": 1, "external_groups": external},
+                          # two-digit sums: the tiny random model almost never answers them by chance
+                          "task": {"name": "chain_sum",
+                                   "options": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}},
+                          "run": {**TINY["run"], "run_dir": str(tmp_path / f"j{external}"), "seed": 0,
+                                  "eval_problems": 0},
+                          "status": {"port": -1}}, "")])
     hub = NetworkHub(LinkModel(latency_s=0.01))
     weak, oracle = MemoryTransport(hub, "weak"), MemoryTransport(hub, "oracle")
-    assembly = assemble(cfg.validate(), Sharing.SAPO, transport=weak, events=NodeEvents(log=lambda _m: None),
+    assembly = assemble(cfg, Sharing.SAPO, transport=weak, events=NodeEvents(log=lambda _m: None),
                         model_dir=tiny_model_dir)
     node = assembly.node
     from swarm_node.model.tokenizer import tokenizer_hash

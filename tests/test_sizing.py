@@ -83,8 +83,8 @@ def test_budget_below_the_floors_is_one_line_with_the_minimum() -> None:
 
 
 def test_vllm_kv_cache_is_halved_down_to_one_sequence() -> None:
-    req = StepRequest(**{**REQ.__dict__, "sampler": "vllm", "kv_cache_bytes": 10_000, "kv_floor_bytes": 2560,
-                         "microbatch_tokens": 10})
+    req = StepRequest(**{**REQ.__dict__, "row_limited": False, "engine_runtime_bytes": VLLM_RUNTIME_BYTES,
+                         "kv_cache_bytes": 10_000, "kv_floor_bytes": 2560, "microbatch_tokens": 10})
     assert requested(FP, req) == Sizes(4, 10, 0, 10_000)
     assert floors(req) == Sizes(1, 10, 0, 2560)
     # sampler: (4000 weights + KV + 700 MiB runtime) * 1.15; training at one row 17848; no HF generation.

@@ -15,12 +15,14 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
     from simulations.byzantine import ATTACKS
     from simulations.runner import CELL_RUNNERS
     from swarm_node import tasks
+    from swarm_node.config import CORRECTION_CONFIGS, SAMPLER_CONFIGS
     from swarm_node.model.lora import WEIGHT_FORMS
     from swarm_node.policy_sync.codecs import CODECS
     from swarm_node.rl.advantages import ADVANTAGE_ESTIMATORS
     from swarm_node.rl.loss import LOSSES
     from swarm_node.roles import ROLES
     from swarm_node.sampler.factory import SAMPLERS
+    from swarm_node.sampler.kinds import SAMPLER_PLANS
     from swarm_node.sharing.corrections import CORRECTIONS
     from swarm_node.sharing.selection import SELECTIONS
 
@@ -28,7 +30,8 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
             (CODECS, variants.CODECS), (SAMPLERS, variants.SAMPLER_KINDS), (tasks.REWARD_MODES, variants.REWARD_MODES),
             (tasks.TASK_SELECTIONS, variants.TASK_SELECTIONS), (WEIGHT_FORMS, variants.WEIGHT_FORMS),
             (ROLES, variants.ROLES), (CELL_RUNNERS, sim_variants.SIM_MODES), (ATTACKS, sim_variants.ATTACKS),
-            (CORRECTIONS, variants.CORRECTIONS)]
+            (CORRECTIONS, variants.CORRECTIONS), (CORRECTION_CONFIGS, variants.CORRECTIONS),
+            (SAMPLER_CONFIGS, variants.SAMPLER_KINDS), (SAMPLER_PLANS, variants.SAMPLER_KINDS)]
 
 
 def test_every_declared_name_is_registered() -> None:
@@ -53,6 +56,6 @@ def test_config_rejects_an_unknown_name_of_every_kind() -> None:
     from swarm_node.config import load_config
 
     for key in ["task.reward", "task.selection", "sampler.kind", "train.advantage", "train.loss",
-                "share.external_correction", "share.selection", "network.role", "echo.encoding"]:
+                "share.correction.kind", "share.selection", "network.role", "echo.encoding"]:
         with pytest.raises(ConfigError, match=f"^{key} 'nope' unknown; choose one of "):
             load_config(overrides={key: "nope"})

@@ -91,7 +91,8 @@ class Assembly:
 
     def learner(self) -> Learner:
         cfg = self.node.cfg
-        return Learner(self.node, batch_groups=cfg.run.prompts_per_step, max_staleness=cfg.train.max_staleness,
+        return Learner(self.node, batch_groups=self.node.hardware.sizes.prompts_per_step,
+                       max_staleness=cfg.train.max_staleness,
                        max_new_tokens=cfg.sampler.max_new_tokens, encoding=cfg.echo.encoding,
                        publish_every=cfg.echo.publish_every, keep=cfg.echo.keep_versions)
 

@@ -120,7 +120,7 @@ class Node:
         self.stats.set_phase("building-model")
         self.model_dir = model_dir_for(cfg, self._model_dir_override, self.events.build_progress)
         # Device, precision and memory sizing (node/hardware.py), before any weights load.
-        self.hardware = Hardware.prepare(cfg, self.model_dir, self.task_source, self.events.log)
+        self.hardware = Hardware.prepare(cfg, self.model_dir, self.task_source, self.events.log, run_dir=self.run_dir)
         self.model, self.tokenizer = load_model(self.model_dir)
         if cfg.train.lora_rank:
             lora.attach_lora(self.model, cfg.train.lora_rank, cfg.train.lora_alpha, seed=cfg.run.seed)
@@ -139,10 +139,11 @@ class Node:
         self.stats.set_phase("loading-sampler")
         if self._sampler is None:
             self._sampler = make_sampler(cfg.sampler.kind, self.model_dir, self.model, self.tokenizer,
-                                         sampler_settings(cfg.sampler), self._version, self.events.log)
+                                         sampler_settings(cfg.sampler, self.hardware.sizes), self._version,
+                                         self.events.log)
         if self._step > 0:
             self._sampler.load_weights(self.policy_weights(), self._version)
-        self.hardware.attach(self._sampler)
+        self.hardware.attach(self.trainer, self._sampler)
         self._sealed = True
 
     def wire_limits(self) -> Limits:
@@ -227,7 +228,7 @@ class Node:
         """Sample and score this step's local groups: (groups, seconds, generated tokens)."""
         cfg = self.cfg
         assert self._sampler is not None, "generate_groups() is called once setup() has built the sampler"
-        count = cfg.share.local_groups or cfg.run.prompts_per_step
+        count = self.hardware.sizes.prompts_per_step
         source = self.task_source
         insts = [tasks.instance(r) for r in source.draw(self.streams.task, count, turn=self._draws * count)]
         prompts = [self.tokenizer.encode(i.prompt) for i in insts]
@@ -293,8 +294,7 @@ class Node:
         off_policy = [self._version - g.version > 0 or not g.origin.is_local for g in used]
         train_started = time.monotonic()
         samples = to_samples(used, off_policy) + external_samples(
-            self.trainer, list(externals), cfg.share.external_correction,
-            CorrectionParams(cfg.share.is_cap, cfg.share.is_band_low, cfg.share.is_band_high))
+            self.trainer, list(externals), cfg.share.correction.kind, CorrectionParams(**cfg.share.correction.knobs()))
         result = self.trainer.train_step(samples)
         train_s = time.monotonic() - train_started
         if result.skipped_minibatches:

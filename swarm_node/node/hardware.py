@@ -1,26 +1,30 @@
 """A node's hardware: its device, precision and memory sizing at start, and the memory guard after each step.
 
-Contract:
-- `Hardware.prepare(cfg, model_dir, task_source, log)`, before any weights load: resolves `run.device`
-  (model/device.py: one line saying what it picked; a device that is not there is a UserError), the precision
-  (`train.precision`), the budget (`run.memory_budget_mib`, else `device_memory.default_budget_bytes`), the model's
-  footprint (built on the meta device: no weights read) and one step's request (the longest of 32 drawn prompts,
-  + 25%, + max_new_tokens), then `sizing.choose`. The chosen sizes are written into the config (`share.local_groups`
-  when set, else `run.prompts_per_step`; `train.microbatch_tokens`; `sampler.kv_cache_gb` when vLLM is expected)
-  and one line says what was chosen and why. A run that cannot fit is a `SizingError` line before anything loads.
-  With the guard on it also fixes glibc's mmap threshold (`device_memory.return_freed_memory`).
-- `place(model)` moves the model to the device; `attach(trainer, sampler)` hands the sizes to the sampler (HF
-  rows per pass) and starts the peak meter.
-- `after_step(trainer, sampler)` (run.memory_guard on): the step's measured peak (`device_memory.PeakMeter`); when
-  `sizing.MemoryGuard` says so, the next step is one `sizing.shrink` notch smaller (the vLLM KV cache, fixed once the
-  engine runs, is left alone), said in one line. Returns {"mem_peak_mib": ...} for the step's metrics ({} when off).
+Contract (the config is read, never written: the sizes live here):
+- `Hardware.prepare(cfg, model_dir, task_source, log, run_dir=None)`, before any weights load: resolves
+  `run.device` (model/device.py: one line saying what it picked; a device that is not there is a UserError), the
+  precision (`train.precision`), the budget (`run.memory_budget_mib`, else `device_memory.default_budget_bytes`),
+  the model's footprint (built on the meta device: no weights read), what the sampler kind expects
+  (sampler/kinds.py: the kind "auto" becomes, its context, its KV cache, whether it takes a rows limit) and one
+  step's request (the longest of 32 drawn prompts, + 25%, + max_new_tokens), then `sizing.choose`. `hw.sizes` are
+  the chosen sizes: prompts per step (the local groups: `share.local_groups` when set, else
+  `run.prompts_per_step`), micro-batch tokens, HF rows per pass and the vLLM KV cache; one line says what was
+  chosen and why. With `run_dir` they are recorded in RUN_DIR/sizes.json (and again at each guard change). A run
+  that cannot fit is a `SizingError` line before anything loads. With the guard on it also fixes glibc's mmap
+  threshold (`device_memory.return_freed_memory`).
+- `place(model)` moves the model to the device; `attach(trainer, sampler)` hands the sizes to the trainer
+  (micro-batch tokens) and the sampler (`Sampler.limit_rows`), and starts the peak meter.
+- `after_step(step, trainer, sampler)` (run.memory_guard on): the step's measured peak (`device_memory.PeakMeter`);
+  when `sizing.MemoryGuard` says so, the next step is one `sizing.shrink` notch smaller (the vLLM KV cache, fixed
+  once the engine runs, is left alone), said in one line. Returns {"mem_peak_mib": ...} for the step's metrics ({}
+  when off).
 With run.memory_guard off (a node sharing its process: simulations) the runtime is `sizing.RUNTIME_BYTES`, not
 the process's measured memory, and nothing is watched.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import dataclasses
 import json
 import math
 import random
@@ -38,15 +42,13 @@ from swarm_node.model.default_model import load_tokenizer, model_config
 from swarm_node.model.device_memory import PeakMeter, default_budget_bytes, return_freed_memory
 from swarm_node.model.lora import TARGET_MODULES
 from swarm_node.sampler.base import Sampler
-from swarm_node.sampler.hf import HFSampler
+from swarm_node.sampler.kinds import SamplerPlan, plan_for
 from swarm_node.train import sizing
 from swarm_node.train.trainer import Trainer
 
 PROMPT_PROBES = 32  # problems drawn to measure prompt lengths
 PROMPT_MARGIN = 1.25
-KV_BLOCK_TOKENS = 32  # vLLM's smallest KV block (sampler/vllm_sampler.py): its cache floor is whole blocks
-VLLM_DEFAULT_SEQS = 256  # vLLM's max_num_seqs default (sampler/vllm_sampler.py)
-VLLM_KV_FRACTION = 0.25  # vLLM's own cap on its derived KV cache (sampler/vllm_sampler.py), here of the budget
+SIZES_FILE = "sizes.json"  # in the run dir: the sizes chosen at start and at each guard change
 
 LogFn = Callable[[str], None]
 
@@ -82,13 +84,6 @@ def longest_prompt(model_dir: Path, source: tasks.TaskSource) -> int:
     return max(len(tokenizer.encode(tasks.instance(r).prompt)) for r in refs)
 
 
-def expected_sampler(kind: str) -> str:
-    """The sampler a kind will most likely run: "auto" starts vLLM when it is installed."""
-    if kind == "auto":
-        return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
-    return kind
-
-
 @dataclass
 class Hardware:
     cfg: NodeConfig
@@ -100,10 +95,12 @@ class Hardware:
     meter: PeakMeter | None = None
     guard: sizing.MemoryGuard | None = None
     at_floor_said: bool = field(default=False)
+    run_dir: Path | None = None
+    shrinks: list[dict[str, object]] = field(default_factory=list)  # the guard's changes, as recorded
 
     @classmethod
     def prepare(cls, cfg: NodeConfig, model_dir: Path, source: tasks.TaskSource, log: LogFn,
-                found: devices.Found | None = None) -> Hardware:
+                found: devices.Found | None = None, run_dir: Path | None = None) -> Hardware:
         found = found or devices.Found.probe()
         choice = devices.resolve_device(cfg.run.device, found)
         log(choice.line)
@@ -118,27 +115,35 @@ class Hardware:
         req = step_request(cfg, model_dir, source, fp, budget, choice, meter)
         chosen = sizing.choose(fp, req, budget)
         hw = cls(cfg, choice, autocast, chosen, replace(sizing.floors(req), kv_cache_bytes=chosen.sizes.kv_cache_bytes),
-                 log, meter, sizing.MemoryGuard(budget) if meter is not None else None)
-        hw.apply(chosen.sizes, req.sampler == "vllm")
+                 log, meter, sizing.MemoryGuard(budget) if meter is not None else None, run_dir=run_dir)
         log(chosen.line())
+        hw.record()
         return hw
 
-    def apply(self, sizes: sizing.Sizes, vllm: bool = False) -> None:
-        """Write the sizes into the config the node reads."""
-        cfg = self.cfg
-        if cfg.share.local_groups:
-            cfg.share.local_groups = sizes.prompts_per_step
-        else:
-            cfg.run.prompts_per_step = sizes.prompts_per_step
-        cfg.train.microbatch_tokens = sizes.microbatch_tokens
-        if vllm:
-            cfg.sampler.kv_cache_gb = sizes.kv_cache_bytes / 2**30
+    @property
+    def sizes(self) -> sizing.Sizes:
+        """The sizes the node runs with now (the guard may lower them between steps)."""
+        return self.sizing.sizes
+
+    def record(self) -> None:
+        """RUN_DIR/sizes.json: the budget, the sizes chosen at start with their reasons, the guard's changes."""
+        if self.run_dir is None:
+            return
+        data = {"budget_mib": sizing.mib(self.sizing.budget), "sizes": dataclasses.asdict(self.sizing.sizes),
+                "reasons": list(self.sizing.reasons), "estimate_mib": sizing.mib(self.sizing.estimate.total),
+                "shrinks": self.shrinks}
+        path = self.run_dir / SIZES_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.replace(path)
 
     def place(self, model: torch.nn.Module) -> torch.nn.Module:
         return devices.place(model, self.choice.device)
 
-    def attach(self, sampler: Sampler) -> None:
-        self.attach_rows(sampler)
+    def attach(self, trainer: Trainer, sampler: Sampler) -> None:
+        """Hand the sizes to the trainer and the sampler; start watching the memory."""
+        trainer.microbatch_tokens = self.sizes.microbatch_tokens
+        sampler.limit_rows(self.sizes.gen_rows)
         if self.meter is not None:
             self.meter.reset()
 
@@ -158,31 +163,21 @@ class Hardware:
             else:
                 said = sizing.changes(self.sizing.sizes, lower)
                 self.sizing = replace(self.sizing, sizes=lower)
-                self.apply(lower)
                 trainer.microbatch_tokens = lower.microbatch_tokens
                 if sampler is not None:
-                    self.attach_rows(sampler)
+                    sampler.limit_rows(lower.gen_rows)
+                self.shrinks.append({"step": step, "peak_mib": sizing.mib(peak), **dataclasses.asdict(lower)})
+                self.record()
                 self.log(f"{head}; next steps: {'; '.join(said)}")
         return {"mem_peak_mib": round(peak / sizing.MIB, 1)}
-
-    def attach_rows(self, sampler: Sampler) -> None:
-        if isinstance(sampler, HFSampler):
-            sampler.max_rows = self.sizing.sizes.gen_rows
 
 
 def step_request(cfg: NodeConfig, model_dir: Path, source: tasks.TaskSource, fp: sizing.Footprint, budget: int,
                  choice: devices.DeviceChoice, meter: PeakMeter | None) -> sizing.StepRequest:
-    context = int(json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", 2048))
-    context = min(context, cfg.sampler.max_model_len or context)
+    model_context = int(json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", 2048))
+    plan: SamplerPlan = plan_for(cfg.sampler, fp, model_context, budget)
     prompt = math.ceil(longest_prompt(model_dir, source) * PROMPT_MARGIN)
-    seq = min(context, prompt + cfg.sampler.max_new_tokens)
-    kind = expected_sampler(cfg.sampler.kind)
-    per_token = fp.kv_bytes_per_token(sizing.FLOAT)  # vLLM runs float32 (SamplerSettings.dtype)
-    kv_floor = per_token * -(-context // KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS
-    kv = int(cfg.sampler.kv_cache_gb * 2**30)
-    if kind == "vllm" and not kv:  # what vLLM would derive itself, its cap taken of the budget
-        kv = max(kv_floor, min(per_token * context * (cfg.sampler.max_num_seqs or VLLM_DEFAULT_SEQS),
-                               int(budget * VLLM_KV_FRACTION)))
+    seq = min(plan.context, prompt + cfg.sampler.max_new_tokens)
     runtime = sizing.RUNTIME_BYTES
     if choice.kind != "cpu":
         runtime = 0  # the budget is the card's; the process's host memory is not in it
@@ -192,6 +187,6 @@ def step_request(cfg: NodeConfig, model_dir: Path, source: tasks.TaskSource, fp:
         prompts_per_step=cfg.share.local_groups or cfg.run.prompts_per_step, group_size=cfg.run.group_size,
         seq_tokens=seq, max_new_tokens=cfg.sampler.max_new_tokens, microbatch_tokens=cfg.train.microbatch_tokens,
         minibatches=cfg.train.minibatches, external_groups=cfg.share.external_groups,
-        reference=cfg.train.kl_coef > 0, sampler=kind, kv_cache_bytes=kv if kind == "vllm" else 0,
-        kv_floor_bytes=kv_floor if kind == "vllm" else 0, overlapped=cfg.train.max_staleness > 0,
-        runtime_bytes=runtime)
+        reference=cfg.train.kl_coef > 0, overlapped=cfg.train.max_staleness > 0, runtime_bytes=runtime,
+        row_limited=plan.row_limited, kv_cache_bytes=plan.kv_cache_bytes, kv_floor_bytes=plan.kv_floor_bytes,
+        sampler_dtype_bytes=plan.dtype_bytes, engine_runtime_bytes=plan.engine_runtime_bytes)

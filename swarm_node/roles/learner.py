@@ -89,8 +89,8 @@ class LearnerSource(BaseSource):
                 self.publish(self.learner.publisher.snapshot(), [])
         if not self.admission.workers:
             return
-        run = self.cfg.run
-        demand = self.admission.demand(run.prompts_per_step * run.group_size, self.cfg.echo.publish_every)
+        demand = self.admission.demand(self.learner.batch_groups * self.cfg.run.group_size,
+                                       self.cfg.echo.publish_every)
         decision = self.activator.decide(now, demand, list(self.admission.workers.values()))
         for peer, action in [(p, "start") for p in decision.start] + [(p, "stop") for p in decision.stop]:
             try:

@@ -68,6 +68,10 @@ class Sampler(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook, most samplers hold nothing to release
         """Release engine resources."""
 
+    def limit_rows(self, rows: int) -> None:  # noqa: B027 - optional hook: only a sampler that takes the limit
+        """At most `rows` rows per generation pass (0: no limit), as the node's memory sizing chose
+        (sampler/kinds.py says which kinds take it); a sampler that sizes itself (an engine) ignores it."""
+
 
 def check_prompt_lengths(prompts: list[list[int]], max_new_tokens: int, max_len: int) -> None:
     for i, prompt in enumerate(prompts):

@@ -5,7 +5,7 @@ so their log-softmax is exactly the processed log-prob of `rl.logprobs`. Weights
 reference, so the trainer can keep updating its own model while this one samples the version it was given.
 Device: the copy stays on the given model's device (model/device.py placed it); inputs go there and results come
 back as Python lists. A seeded call forks the RNG of that device too, so it leaves the caller's streams as they were.
-Memory: `max_rows` (0: no limit; set by the node's memory sizing, train/sizing.py) caps the rows of one
+Memory: `max_rows` (0: no limit; `limit_rows`, from the node's memory sizing, train/sizing.py) caps the rows of one
 `generate()` pass; a larger request runs in consecutive passes of whole prompts, the seeded RNG running on from
 one pass to the next. With no cap (the default) a call is one pass, as before.
 """
@@ -28,6 +28,9 @@ class HFSampler(Sampler):
         self.max_len = int(getattr(model.config, "max_position_embeddings", 2048))
         self.device = next(self.model.parameters()).device
         self.max_rows = 0  # rows per generate() pass; 0: all rows in one pass
+
+    def limit_rows(self, rows: int) -> None:
+        self.max_rows = rows
 
     def passes(self, prompts: int, n: int) -> list[range]:
         """Prompt index ranges, one per generate() pass: whole prompts, at most max_rows rows (at least one prompt)."""

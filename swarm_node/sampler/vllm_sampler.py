@@ -40,11 +40,8 @@ from vllm.platforms import current_platform
 
 from swarm_node.errors import UserError
 from swarm_node.sampler.base import Completion, Sampler, SamplerSettings, SamplingParams, check_prompt_lengths
+from swarm_node.sampler.kinds import DEFAULT_MAX_NUM_SEQS, DTYPE_BYTES, KV_BLOCK_TOKENS, KV_CACHE_MAX_FRACTION
 
-DEFAULT_MAX_NUM_SEQS = 256
-KV_CACHE_MAX_FRACTION = 0.25  # of the memory available at start: the trainer, its optimizer and peers need the rest
-KV_BLOCK_TOKENS = 32  # the smallest block vLLM's CPU attention takes; the cache is allocated in whole blocks
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Head sizes vLLM's CPU attention kernels implement (CPUAttentionBackend.get_supported_head_sizes in 0.32); any
 # other size starts fine and fails at the first forward pass, so it is rejected before the engine starts.
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)

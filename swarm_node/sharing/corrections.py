@@ -8,12 +8,13 @@ sender's claimed log-prob of each token, None when it does not apply (another to
 re-tokenization), and then every correction leaves the on-policy sample as it is.
 
 The sender's log-probs are untrusted: they may only shrink a completion's gradient, never enlarge it. So every
-weight below is <= cap = `share.is_cap` <= 1, whatever the sender claims (config.py rejects a cap above 1).
+weight below is <= cap = `share.correction.cap` <= 1, whatever the sender claims (config/share.py rejects a cap
+above 1).
 With r_t = pi_local(y_t) / mu_sender(y_t) per completion token t (T tokens), A the advantage:
 - "none": weight 1, external completions trained as on-policy (SAPO's and rl-swarm's choice).
 - "is": the advantage becomes A * min(exp(mean_t log r_t), cap): one truncated, length-normalised (GSPO)
   sequence weight.
-- "ftis": filtered truncated IS, per token: w_t = 0 when r_t is outside the band [is_band_low, is_band_high],
+- "ftis": filtered truncated IS, per token: w_t = 0 when r_t is outside the band [band_low, band_high],
   else min(r_t, cap); the token's loss term is multiplied by w_t (`TrainSample.token_weights`). A dropped token
   (w_t = 0) still counts in the token mean's denominator, as in prime-rl's masking. Per token rather than per
   sequence: the policies of two peers disagree on a few tokens (a digit, the stop), and dropping those keeps the
@@ -47,7 +48,7 @@ DEFAULT_BAND = (0.125, 8.0)  # ftis: prime-rl's token mask defaults
 
 @dataclass(frozen=True)
 class CorrectionParams:
-    """The knobs of the corrections: `cap` (share.is_cap, <= 1) and ftis's band on r (share.is_band_low/high)."""
+    """The knobs of the corrections (`share.correction`'s, by `knobs()`): `cap` (<= 1) and ftis's band on r."""
 
     cap: float = 1.0
     band_low: float = DEFAULT_BAND[0]
@@ -62,7 +63,7 @@ class CorrectionParams:
 
 # fn(on-policy sample (behaviour = pi_local), sender log-probs or None, params) -> the sample to train on
 Correction = Callable[[TrainSample, "list[float] | None", CorrectionParams], TrainSample]
-CORRECTIONS: variants.Registry[Correction] = variants.Registry("share.external_correction", variants.CORRECTIONS)
+CORRECTIONS: variants.Registry[Correction] = variants.Registry("share.correction.kind", variants.CORRECTIONS)
 
 
 def sequence_is_weight(local_logprobs: list[float], sender_logprobs: list[float], cap: float) -> float:

@@ -3,14 +3,15 @@
 Contract (pure: no I/O, no torch; tests/test_sizing.py checks hand-computed numbers):
 - `Footprint` is the model (parameter counts, shapes), `StepRequest` what the config asks of one step, `Sizes`
   the four things sizing may lower: prompts per step, micro-batch tokens (`train.microbatch_tokens`, the padded
-  positions of one forward/backward), HF generation rows per pass (0: all) and the vLLM KV cache bytes.
+  positions of one forward/backward), HF generation rows per pass (0: all) and the vLLM KV cache bytes. The
+  sizes are the node's to hand to its trainer and sampler (node/hardware.py); the config is never changed.
 - `estimate(fp, req, sizes)` is the peak bytes of one step, part by part (`Estimate`): runtime (the process before
   the model: measured by the node, or `RUNTIME_BYTES`), weights (fp32 master weights), optimizer (gradients and
   Adam's two moments of the trainable parameters), reference (a frozen copy when kl_coef > 0), sampler (its copy
-  of the weights; vLLM: plus its KV cache and `VLLM_RUNTIME_BYTES`), generation (HF: the KV cache and scores of
-  one pass), training (one micro-batch: logits and their softmax copies, and the activations kept for backward).
-  Everything but the runtime is multiplied by `MARGIN`. Sequential steps peak at fixed + max(generation,
-  training); overlapped ones (max_staleness >= 1) at fixed + generation + training.
+  of the weights; an engine, vLLM: plus its KV cache and its runtime, `VLLM_RUNTIME_BYTES`), generation (HF: the
+  KV cache and scores of one pass), training (one micro-batch: logits and their softmax copies, and the
+  activations kept for backward). Everything but the runtime is multiplied by `MARGIN`. Sequential steps peak at
+  fixed + max(generation, training); overlapped ones (max_staleness >= 1) at fixed + generation + training.
 - `choose(fp, req, budget)`: the requested sizes when they fit, else the first fit going down one notch at a time
   (`shrink`), the change that alters the result least first: micro-batch tokens halved down to one full-length
   row (the same gradient); HF rows per pass halved down to one group (the same algorithm, other random draws); the
@@ -76,10 +77,14 @@ class StepRequest:
     minibatches: int = 1
     external_groups: int = 0  # J: peers' groups trained on each step
     reference: bool = False  # kl_coef > 0: a frozen copy of the model
-    sampler: str = "hf"  # "hf" | "vllm": the sampler expected to run
-    kv_cache_bytes: int = 0  # vLLM: the KV cache asked for (0: what one step's rows need)
-    kv_floor_bytes: int = 0  # vLLM: one sequence at full length (the engine's minimum)
-    sampler_dtype_bytes: int = FLOAT  # vLLM's weight dtype
+    # The sampler expected to run, as its kind describes it (sampler/kinds.py): row_limited, transformers'
+    # generate() in passes of at most `gen_rows` rows on its own fp32 copy; else an engine (vLLM) holding its
+    # weights in sampler_dtype_bytes, a fixed KV cache and engine_runtime_bytes.
+    row_limited: bool = True
+    kv_cache_bytes: int = 0  # engine: the KV cache asked for (0: what one step's rows need)
+    kv_floor_bytes: int = 0  # engine: one sequence at full length (its minimum)
+    sampler_dtype_bytes: int = FLOAT  # engine: its weight dtype
+    engine_runtime_bytes: int = 0  # engine: its memory beyond weights and KV cache (VLLM_RUNTIME_BYTES for vLLM)
     overlapped: bool = False  # max_staleness >= 1: generation and training at once
     runtime_bytes: int = RUNTIME_BYTES
 
@@ -158,7 +163,7 @@ def parse_mib(text: str) -> int:
 def requested(fp: Footprint, req: StepRequest) -> Sizes:
     """The sizes the config asks for; the vLLM KV cache, when not given, holds every row of one step at once."""
     kv = 0
-    if req.sampler == "vllm":
+    if not req.row_limited:
         rows = req.prompts_per_step * req.group_size
         wanted = req.kv_cache_bytes or rows * req.seq_tokens * fp.kv_bytes_per_token(req.sampler_dtype_bytes)
         kv = max(wanted, req.kv_floor_bytes)
@@ -166,8 +171,9 @@ def requested(fp: Footprint, req: StepRequest) -> Sizes:
 
 
 def floors(req: StepRequest) -> Sizes:
-    return Sizes(1, min(req.seq_tokens, req.microbatch_tokens), req.group_size if req.sampler == "hf" else 0,
-                 req.kv_floor_bytes if req.sampler == "vllm" else 0)
+    if req.row_limited:
+        return Sizes(1, min(req.seq_tokens, req.microbatch_tokens), req.group_size, 0)
+    return Sizes(1, min(req.seq_tokens, req.microbatch_tokens), 0, req.kv_floor_bytes)
 
 
 def estimate(fp: Footprint, req: StepRequest, sizes: Sizes) -> Estimate:
@@ -177,8 +183,8 @@ def estimate(fp: Footprint, req: StepRequest, sizes: Sizes) -> Estimate:
     weights = fp.params * FLOAT
     sampler = 0
     generation = 0
-    if req.sampler == "vllm":
-        sampler = fp.params * req.sampler_dtype_bytes + sizes.kv_cache_bytes + VLLM_RUNTIME_BYTES
+    if not req.row_limited:
+        sampler = fp.params * req.sampler_dtype_bytes + sizes.kv_cache_bytes + req.engine_runtime_bytes
     else:
         sampler = weights  # the HF sampler's own copy
         rows = sizes.prompts_per_step * req.group_size

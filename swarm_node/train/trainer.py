@@ -3,7 +3,7 @@
 Contract: `train_step(samples)` splits the samples into `minibatches` optimizer steps. The ratio's old log-probs
 are the sampler's behaviour log-probs (so the clip acts on real policy change); off-policy samples (a stale
 rollout, lag > 0) take the ratio against the proximal policy and carry the weight min(pi_proximal/mu, is_cap),
-where is_cap is the sample's own `TrainSample.is_cap` when set (external completions, share.is_cap <= 1) and
+where is_cap is the sample's own `TrainSample.is_cap` when set (external completions, share.correction.cap <= 1) and
 train.is_cap otherwise. A sample's `token_weights` (fixed per-token weights, 0 drops a token; set by an external
 correction) multiply its per-token loss terms, after any IS weight; a dropped token still counts in the token
 mean's denominator. Without these optional fields the computation is exactly the one without them.
@@ -197,7 +197,7 @@ class Trainer:
             rows = batch.off_policy.unsqueeze(-1)
             proximal = logp.detach()
             cap: float | torch.Tensor = self.cfg.is_cap
-            if batch.is_cap is not None:  # rows with their own cap (external completions: share.is_cap <= 1)
+            if batch.is_cap is not None:  # rows with their own cap (external completions: share.correction.cap <= 1)
                 cap = torch.nan_to_num(batch.is_cap, nan=self.cfg.is_cap).to(proximal.dtype).unsqueeze(-1)
             w = truncated_is_weights(proximal, batch.behaviour, cap)
             is_weights = torch.where(rows, w, torch.ones_like(w))

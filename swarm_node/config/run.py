@@ -1,0 +1,93 @@
+"""`[run]`, `[model]` and `[task]`: what a node runs, on which model and task, where it keeps its files."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from swarm_node import variants
+from swarm_node.config.checks import non_negative, one_of, positive
+from swarm_node.errors import ConfigError
+from swarm_node.tasks import DATASET_SIZE, DEFAULT_MIX, TaskSource, parse_specialties
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    section: ClassVar[str] = "run"
+
+    steps: int = 200
+    prompts_per_step: int = 16  # B: prompts drawn per step
+    group_size: int = 8  # G: completions per prompt
+    seed: int = 0
+    run_dir: str = "runs/solo"
+    resume: bool = False
+    checkpoint_every: int = 25
+    keep_checkpoints: int = 3
+    eval_every: int = 0  # 0: only at the end of the run
+    eval_problems: int = 200  # 0: no held-out eval
+    # Hardware (model/device.py, train/sizing.py, node/hardware.py): where the node computes, and the memory one
+    # step may take. device: variants.DEVICES, "cuda:N" for a card; memory_budget_mib 0: a safe fraction of the
+    # device's memory (RAM on CPU, VRAM on a GPU). memory_guard false: size by the estimate alone and do not watch
+    # the process's memory (a node sharing its process with others: simulations).
+    device: str = "auto"
+    memory_budget_mib: int = 0
+    memory_guard: bool = True
+
+    def validate(self) -> None:
+        positive(self, "steps", "prompts_per_step", "group_size", "checkpoint_every", "keep_checkpoints")
+        non_negative(self, "eval_every", "seed", "eval_problems", "memory_budget_mib")
+        kind, sep, index = self.device.partition(":")
+        if kind not in variants.DEVICES or (sep and (kind != "cuda" or not index.isdigit())):
+            raise ConfigError(f"run.device {self.device!r} unknown; choose one of auto, cpu, cuda, cuda:N, mps")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    section: ClassVar[str] = "model"
+
+    path: str = ""  # empty: the embedded default model
+
+    def validate(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """The task: by default the embedded mix (`tasks.DEFAULT_MIX`); or one task (`name`, `options`); or a mix:
+    `mix = [{name = "chain_sum", options = {...}, weight = 1.0}, ...]`. `accept`: the (name, options) entries
+    taken from peers, default the mix drawn."""
+
+    section: ClassVar[str] = "task"
+
+    name: str = ""  # empty: the mix (the default mix when `mix` is empty too)
+    options: dict[str, Any] = field(default_factory=dict)  # empty: the task's defaults (see tasks/reference.py)
+    seed: int = 0
+    reward: str = "exact"  # variants.REWARD_MODES: exact | score (reasoning-gym's partial credit)
+    selection: str = "balanced"  # variants.TASK_SELECTIONS: uniform | weighted | balanced (each prompt's specialty)
+    mix: list[dict[str, Any]] = field(default_factory=list)  # empty: `name`, or else tasks.DEFAULT_MIX
+    accept: list[dict[str, Any]] = field(default_factory=list)  # empty: our own mix
+
+    def validate(self) -> None:
+        non_negative(self, "seed")
+        one_of(self, "reward", variants.REWARD_MODES)
+        one_of(self, "selection", variants.TASK_SELECTIONS)
+        if self.mix and (self.name or self.options):
+            raise ConfigError("task.mix replaces task.name and task.options: set one or the other")
+        if self.options and not self.name:
+            raise ConfigError("task.options needs task.name (the dataset the options are for)")
+        parse_specialties(self.mix, "task.mix")
+        parse_specialties(self.accept, "task.accept", weighted=False)
+
+    def specialties(self) -> list[dict[str, Any]]:
+        """The mix drawn, as config entries: `mix`, else the one task `name`, else the embedded default mix."""
+        if self.mix:
+            return self.mix
+        if self.name:
+            return [{"name": self.name, "options": self.options}]
+        return copy.deepcopy(list(DEFAULT_MIX))
+
+    def build_source(self, size: int = DATASET_SIZE) -> TaskSource:
+        """The node's task source (builds every dataset: an unknown dataset or bad options fail here)."""
+        return TaskSource(seed=self.seed, size=size, reward=self.reward, selection=self.selection,
+                          mix=self.specialties(), accept=self.accept)

@@ -1,0 +1,51 @@
+"""`[train]`: the optimizer, the GRPO loss and its estimator, micro-batching, LoRA and precision."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from swarm_node import variants
+from swarm_node.config.checks import non_negative, one_of, positive
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    section: ClassVar[str] = "train"
+
+    lr: float = 1e-4
+    warmup_steps: int = 10  # optimizer steps of linear lr warm-up: Adam's first steps are sign-like and large
+    minibatches: int = 2  # optimizer steps per batch
+    advantage: str = "grpo"  # rl.advantages registry
+    loss: str = "grpo"  # rl.loss registry
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    kl_coef: float = 0.0
+    max_grad_norm: float = 1.0
+    is_cap: float = 2.0  # truncation of importance weights for off-policy rollouts
+    max_staleness: int = 0  # S: version lag allowed between generation and training; >= 1 overlaps them
+    weight_decay: float = 0.0
+    adam_eps: float = 1e-8
+    threads: int = 0  # torch intra-op threads; 0: all cores
+    # Padded positions (rows x longest row) per forward/backward (train/batching.py). The default run's minibatches
+    # (64 rows of ~84 tokens) fit in one micro-batch, so it computes exactly as an unsplit batch; 64 rows at the
+    # default model's full context (256) take two. Logits are positions x vocabulary floats: lower this for a
+    # large-vocabulary model.
+    microbatch_tokens: int = 8192
+    # LoRA (swarm_node/model/lora.py): 0 trains every weight; r > 0 freezes the base and trains rank-r adapters on the
+    # attention and MLP projections (scale lora_alpha / r). A simulation's shared vLLM engine serves them.
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    # variants.PRECISIONS (model/device.py): "auto" is bf16 autocast on a GPU that supports it, else fp32; the
+    # weights and the optimizer state stay fp32 (master weights) either way.
+    precision: str = "auto"
+
+    def validate(self) -> None:
+        one_of(self, "advantage", variants.ADVANTAGES)
+        one_of(self, "precision", variants.PRECISIONS)
+        one_of(self, "loss", variants.LOSSES)
+        positive(self, "lr", "minibatches", "max_grad_norm", "is_cap", "microbatch_tokens")
+        non_negative(self, "eps_low", "eps_high", "kl_coef", "weight_decay", "threads", "warmup_steps",
+                      "max_staleness")
+        positive(self, "adam_eps", "lora_alpha")
+        non_negative(self, "lora_rank")
