@@ -67,8 +67,8 @@ class EchoConfig:
     cost_per_hour: float = 0.0  # a worker's price, reported to its learner, which prefers cheap throughput
     snapshot_every: int = 25  # the learner also publishes a full snapshot every N updates, for joiners
     # A worker refuses an update whose L2 norm (new - current policy) exceeds this per published step (0: off).
-    # Measured on the default model (train.lr 1e-4, topk and dense-bf16): 0.01-0.17 per update; 10.0 is ~60x that.
-    # The norm grows with lr and sqrt(parameters): raise it for a larger model or learning rate.
+    # 10.0 is ~60x the default model's updates (docs/MEASUREMENTS.md). The norm grows with lr and sqrt(parameters):
+    # raise it for a larger model or learning rate.
     max_delta_norm: float = 10.0
 
     def validate(self) -> None:

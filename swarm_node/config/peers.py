@@ -25,9 +25,7 @@ class PeersConfig:
     burst_s: float = 5.0
     # Rollout messages per signer, before any decoding (sharing/ingest.PeerGuard's rate; 0: no limit). A peer sends
     # one message per training step (up to 16 groups); past the rate its messages are ignored unread (not held against
-    # it: a fast honest peer may exceed it). Measured once (40 s, loaded 2-core machine): 3 identities flooding
-    # valid 1-group messages at ~13/s each cost a sharing `join` 25% of its steps per minute without the cap, 17%
-    # with 5/s (issue 14).
+    # it: a fast honest peer may exceed it). Why 5/s: docs/MEASUREMENTS.md.
     max_messages_per_s: float = 5.0
     message_burst: float = 50.0
     active_window_s: float = 60.0

@@ -114,8 +114,7 @@ class ShareConfig:
     local_groups: int = 0
     external_groups: int = 0
     max_external_age: int = 4
-    # "is" is what the data supports: at 4 nodes x 300 rounds, 4/4 with "none" lost 13% of cumulative reward to
-    # 8/0 and "is" was level (bench/results/sapo_sweep.json).
+    # "is" is what the data supports (docs/MEASUREMENTS.md).
     correction: CorrectionConfig = field(default_factory=lambda: ISCorrectionConfig())
     pool_size: int = 256
     per_peer_pool_cap: int = 64
