@@ -17,7 +17,7 @@ from swarm_node.model.device_memory import MIB, PeakMeter, default_budget_bytes,
 from swarm_node.node.hardware import Hardware, footprint
 from swarm_node.train.sizing import SizingError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STATUS = "Name:\tpython\nVmPeak:\t  900 kB\nVmHWM:\t  512000 kB\nVmRSS:\t  256000 kB\nThreads:\t4\n"
 
 

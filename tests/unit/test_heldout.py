@@ -23,7 +23,7 @@ from swarm_node.sharing.rescore import CompletionBounds, ShareContext, accept_ex
 from swarm_node.status.stats import NodeStats
 from swarm_node.train.evaluate import EvalResult, evaluate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 QUESTION = "State the final answer to the following arithmetic problem: 8 - 0 ="  # held out (index 5 of seed 0)
 

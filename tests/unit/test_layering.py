@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grimp
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("swarm_node", "protocol", "cli", "simulations", "bench")
 MAX_MODULE_LINES = 450
 MAX_ROOT_MODULES = 12

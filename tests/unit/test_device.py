@@ -32,7 +32,7 @@ from swarm_node.train.batching import collate
 from swarm_node.train.trainer import Trainer
 from swarm_node.types import TrainSample
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 H100 = Found(cuda=("NVIDIA H100 80GB HBM3",), cuda_bf16=(True,))
 TWO_CARDS = Found(cuda=("NVIDIA GeForce RTX 3090", "Tesla T4"), cuda_bf16=(True, False))
 
