@@ -18,7 +18,7 @@ Contract (trio, runs in the network host; NatServices starts `PortMapper().run(p
   mean), `mappable_port` (which listen port is worth mapping).
 
 Why miniupnpc directly and not py-libp2p 0.8.1's `libp2p.discovery.upnp.UpnpManager` (a thin wrapper over the same
-miniupnpc), measured against miniupnpd 2.3.1 in a router namespace (tests/test_nat_upnp.py):
+miniupnpc), measured against miniupnpd 2.3.1 in a router namespace (tests/integration/test_nat_upnp.py):
 - no deadline can bound it: its calls run on threads trio cannot abandon, so a gateway that stalls also stalls the
   host's shutdown. Ours are abandoned at the deadline.
 - every failure is the same `False`, with misleading ERROR logs: with no gateway at all, miniupnpc's `discover()`
