@@ -1,5 +1,5 @@
 """A real `swarm-node join` under attack: its memory, its training rate, how fast it graylists (bench/attack.py
-part "live", tests/test_flood_e2e.py).
+part "live", tests/e2e/test_flood_e2e.py).
 
 Contract:
 - `LiveNode.start(run_dir, config, cpu, model, extra)`: one honest `join` process (a SAPO peer on 127.0.0.1 unless

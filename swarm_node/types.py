@@ -5,7 +5,7 @@ ECHO-2 roles and the node can all exchange these without importing one another.
 
 Every type here is frozen and holds tuples, not lists: a value handed to another component never changes under it.
 A changed value is a new value (`dataclasses.replace`). Sequences given to a constructor are stored as tuples.
-`tests/test_layering.py` checks both rules.
+`tests/unit/test_layering.py` checks both rules.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Config validation reads the name lists here, so it needs no component. Each component keeps its own
 `Registry` (name -> implementation), declared with one of these lists: registering a name that is not declared
-raises at import, and `tests/test_variants.py` checks that every declared name is registered. Adding a variant
+raises at import, and `tests/unit/test_variants.py` checks that every declared name is registered. Adding a variant
 is two edits: its name here, its `@REGISTRY.register(name)` next to the code.
 """
 

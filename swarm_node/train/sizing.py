@@ -1,6 +1,6 @@
 """Memory-aware sizing of one training step: estimate its peak memory, pick the largest step that fits a budget.
 
-Contract (pure: no I/O, no torch; tests/test_sizing.py checks hand-computed numbers):
+Contract (pure: no I/O, no torch; tests/unit/test_sizing.py checks hand-computed numbers):
 - `Footprint` is the model (parameter counts, shapes), `StepRequest` what the config asks of one step, `Sizes`
   the four things sizing may lower: prompts per step, micro-batch tokens (`train.microbatch_tokens`, the padded
   positions of one forward/backward), HF generation rows per pass (0: all) and the vLLM KV cache bytes. The

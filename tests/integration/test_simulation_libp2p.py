@@ -12,7 +12,7 @@ import pytest
 from simulations.runner import run_cell
 from simulations.scenario import parse_scenario
 from swarm_node.identity import IDENTITY_FILENAME, load
-from tests.test_simulation import TINY, free_port_pair
+from tests.unit.test_simulation import TINY, free_port_pair
 
 pytestmark = [pytest.mark.libp2p, pytest.mark.timeout(120)]
 

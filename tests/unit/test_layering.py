@@ -17,7 +17,7 @@ import grimp
 
 from swarm_node import types as boundary
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("swarm_node", "protocol", "cli", "simulations", "bench")
 MAX_MODULE_LINES = 400
 MAX_ROOT_MODULES = 12

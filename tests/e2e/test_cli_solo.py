@@ -15,7 +15,7 @@ import pytest
 from swarm_node.model import checkpoint
 
 CLI = [sys.executable, "-m", "cli.main"]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--sampler", "hf", "--status-port", "-1", "--prompts-per-step", "4", "--group-size", "4",
          "--eval-problems", "0"]
 

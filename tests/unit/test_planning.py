@@ -28,7 +28,7 @@ from swarm_node.echo.plan_search import cheapest_set
 from swarm_node.echo.planning import plan, plan_to_dict
 from swarm_node.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 A, B, C = WorkerSpec("a", 2.0, 1.0), WorkerSpec("b", 1.0, 0.3), WorkerSpec("c", 1.5, 0.6)
 PLAN_TOML = """
 [learner]

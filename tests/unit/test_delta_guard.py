@@ -26,7 +26,7 @@ from swarm_node.sharing.ingest import PeerGuard
 from swarm_node.sharing.reputation import DEFAULT_WEIGHTS, Reputation, ReputationParams
 from swarm_node.status.stats import NodeStats
 from swarm_node.transport.base import Stream
-from tests.test_broadcast import LEARNER, STATE, WORKERS, payload_of, publish, received, swarm
+from tests.unit.test_broadcast import LEARNER, STATE, WORKERS, payload_of, publish, received, swarm
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -27,7 +27,7 @@ from swarm_node.sharing.reputation import (
     write_bans,
 )
 from swarm_node.status.stats import NodeStats
-from tests.test_sharing import CTX, NOW, completion, wire
+from tests.unit.test_sharing import CTX, NOW, completion, wire
 
 PARAMS = ReputationParams(half_life_s=600.0, graylist_score=-20.0, ban_score=-50.0, ban_s=3600.0, max_score=5.0)
 

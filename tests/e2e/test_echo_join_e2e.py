@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ADDR = re.compile(r"join this node with: --bootstrap (/ip4/127\.0\.0\.1/tcp/\d+/p2p/(\w+))")
 CAUGHT_UP = re.compile(r"worker: caught up with the learner at v(\d+)")  # a stopped worker writes no metrics rows
 

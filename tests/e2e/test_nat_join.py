@@ -17,7 +17,7 @@ import pytest
 
 from tests.netns.topology import Topology, namespaces_unavailable
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PEER_ID = re.compile(r"join this node with: --bootstrap /ip4/[\d.]+/tcp/\d+/p2p/(\w+)")
 WHY_NOT = namespaces_unavailable()
 pytestmark = [pytest.mark.libp2p, pytest.mark.slow,

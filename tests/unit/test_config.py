@@ -183,7 +183,7 @@ def test_every_scenario_file_loads_its_node_configs(tmp_path: Path) -> None:
     """The TOML files of the repository keep working (scenarios hold [config] tables of node keys)."""
     from simulations.scenario import load_scenario
 
-    scenarios = sorted((Path(__file__).parents[1] / "simulations" / "scenarios").glob("*.toml"))
+    scenarios = sorted((Path(__file__).parents[2] / "simulations" / "scenarios").glob("*.toml"))
     assert scenarios
     for path in scenarios:
         scn = load_scenario(path)
@@ -194,7 +194,7 @@ def test_every_scenario_file_loads_its_node_configs(tmp_path: Path) -> None:
 
 def test_the_readme_configuration_block_loads_as_the_defaults(tmp_path: Path) -> None:
     """README.md's [Configuration] example is a working file, and it states the defaults."""
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     block = readme.split("## Configuration", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
     f = tmp_path / "readme.toml"
     f.write_text(block)

@@ -26,8 +26,8 @@ from swarm_node.status.stats import NodeStats
 from swarm_node.transport.base import ValidationResult
 from swarm_node.transport.memory import MemoryHub, MemoryTransport
 from swarm_node.types import Draft, PoolEntry
-from tests.test_broadcast import LEARNER, WORKERS, payload_of, publish, received, swarm
-from tests.test_delta_guard import Host, announce_of, fake_source, publisher_for, step_weight
+from tests.unit.test_broadcast import LEARNER, WORKERS, payload_of, publish, received, swarm
+from tests.unit.test_delta_guard import Host, announce_of, fake_source, publisher_for, step_weight
 
 TINY = {"run": {"group_size": 4, "prompts_per_step": 2}, "sampler": {"kind": "hf", "max_new_tokens": 8},
         "train": {"threads": 1, "minibatches": 1}, "share": {"local_groups": 2, "external_groups": 2}}

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.browser
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOCS_PNG = REPO / "docs" / "dashboard.png"
 # Tests never touch tracked files unless asked: SWARM_NODE_UPDATE_SCREENSHOT=1 refreshes the README picture.
 UPDATE_DOCS = os.environ.get("SWARM_NODE_UPDATE_SCREENSHOT") == "1"

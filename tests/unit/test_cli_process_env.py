@@ -18,5 +18,5 @@ PRINT = "import os, cli.main; print(os.environ['OMP_WAIT_POLICY'], os.environ['O
 def test_entry_point_defaults_and_user_overrides(given: dict[str, str], seen: str) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
     out = subprocess.run([sys.executable, "-c", PRINT], env={**env, **given}, capture_output=True, text=True,
-                         check=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                         check=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert out.stdout.split() == seen.split()

@@ -1,0 +1,1 @@
+"""Whole programs: `swarm-node` commands as subprocesses, the dashboard in a browser, join/echo/flood runs."""
