@@ -76,7 +76,9 @@ GroupOpt = Annotated[int | None, typer.Option("--group-size", help=config_help("
                                                                                 "completions per prompt G"))]
 PromptsOpt = Annotated[int | None, typer.Option("--prompts-per-step", help=config_help("run.prompts_per_step",
                                                                                        "prompts per step B"))]
-SeedOpt = Annotated[int | None, typer.Option("--seed", help=config_help("run.seed", "run seed"))]
+SeedOpt = Annotated[int | None, typer.Option(
+    "--seed", help="run seed: task draws, samples, minibatch order; reproduces a run exactly [solo: 0; join: derived "
+                   "from the node's identity, so that two peers left at the defaults draw different tasks]")]
 RunDirOpt = Annotated[str | None, typer.Option("--run-dir", help="where metrics and checkpoints go")]
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="continue from the newest complete checkpoint")]
 SamplerOpt = Annotated[str | None, typer.Option("--sampler", help=config_help(

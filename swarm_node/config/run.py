@@ -19,7 +19,9 @@ class RunConfig:
     steps: int = 200
     prompts_per_step: int = 16  # B: prompts drawn per step
     group_size: int = 8  # G: completions per prompt
-    seed: int = 0
+    # None: 0, except for `join`, which derives it from the node's identity (node/assembly.seeded), so that two
+    # peers left at the defaults draw different tasks and samples; a seed given reproduces a run exactly.
+    seed: int | None = None
     run_dir: str = "runs/solo"
     resume: bool = False
     checkpoint_every: int = 25
@@ -36,7 +38,9 @@ class RunConfig:
 
     def validate(self) -> None:
         positive(self, "steps", "prompts_per_step", "group_size", "checkpoint_every", "keep_checkpoints")
-        non_negative(self, "eval_every", "seed", "eval_problems", "memory_budget_mib")
+        non_negative(self, "eval_every", "eval_problems", "memory_budget_mib")
+        if self.seed is not None and self.seed < 0:
+            raise ConfigError(f"run.seed must be >= 0, got {self.seed}")
         kind, sep, index = self.device.partition(":")
         if kind not in variants.DEVICES or (sep and (kind != "cuda" or not index.isdigit())):
             raise ConfigError(f"run.device {self.device!r} unknown; choose one of auto, cpu, cuda, cuda:N, mps")

@@ -25,7 +25,7 @@ from protocol.messages import TOPIC_ROLLOUTS, RolloutGroup
 from protocol.validation import AcceptPolicy, ReplayGuard, validate_gossip
 from swarm_node.config import NodeConfig
 from swarm_node.identity import IDENTITY_FILENAME, Identity, load_or_create
-from swarm_node.node.assembly import Assembly, Sharing, assemble
+from swarm_node.node.assembly import Assembly, Sharing, assemble, seeded
 from swarm_node.node.run_files import NodeEvents, prepare_run_dir
 from swarm_node.sharing.exchange import Received, TransportExchange
 from swarm_node.status.stats import NodeStats
@@ -99,6 +99,9 @@ def joined(cfg: NodeConfig, stats: NodeStats, events: NodeEvents, sharing: Shari
     identity, net = start_libp2p(cfg, stats, events)
     assembly: Assembly | None = None
     try:
+        if cfg.run.seed is None:
+            cfg = seeded(cfg, identity.peer_id)
+            events.log(f"seed {cfg.run.seed}, derived from this node's identity (--seed N to choose one)")
         assembly = assemble(cfg, sharing, transport=net.transport, stats=stats, events=events,
                             salt=salt(identity.peer_id) if salt is not None else None, push=push_scores(net, stats),
                             outbox=lambda exchange: BackgroundExchange(exchange, net, events, stats))

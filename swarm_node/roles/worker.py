@@ -17,7 +17,6 @@ A failed network call is counted and logged; the loop goes on.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ from protocol.messages import TOPIC_CONTROL, TOPIC_STATUS, PolicyAnnounce, Statu
 from swarm_node.config import NodeConfig
 from swarm_node.echo.admission import COST_CAPABILITY
 from swarm_node.echo.catch_up import plan_catch_up
-from swarm_node.node.assembly import Assembly, Sharing
+from swarm_node.node.assembly import Assembly, Sharing, identity_seed
 from swarm_node.node.run_files import METRICS_FILE, NodeEvents, RunSummary, StepLog
 from swarm_node.policy_sync.broadcast import BroadcastError, PolicyBroadcaster
 from swarm_node.policy_sync.delta import DeltaError, DeltaTooLarge, PolicyUpdate
@@ -202,13 +201,9 @@ def publish_draft(signer: GroupSigner, outbox: BackgroundExchange, learner_id: s
     outbox.publish(signer.wire(draft.groups, learner_id, draft.version, me, batch))
 
 
-def worker_salt(peer_id: str) -> int:
-    """Workers started with the same --seed would draw the same tasks and samples: each salts both with its id."""
-    return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:4], "little")
-
-
 def run(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> RunSummary:
-    with joined(cfg, stats, events, Sharing.ROLLOUTS, salt=worker_salt) as (assembly, net, me):
+    # Workers started with the same --seed would draw the same tasks and samples: each salts both with its id.
+    with joined(cfg, stats, events, Sharing.ROLLOUTS, salt=identity_seed) as (assembly, net, me):
         source = WorkerSource(assembly, net, me, events)
         outbox = BackgroundExchange(source.exchange, net, events, stats)
         assert assembly.signer is not None

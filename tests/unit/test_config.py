@@ -168,7 +168,7 @@ def test_with_values_is_a_checked_copy() -> None:
     cfg = load_config()
     changed = cfg.with_values({"run.seed": 5, "share.correction.cap": 0.5})
     assert (changed.run.seed, changed.share.correction.knobs(), cfg.run.seed, cfg.share.correction.knobs()) == \
-        (5, {"cap": 0.5}, 0, {"cap": 1.0})
+        (5, {"cap": 0.5}, None, {"cap": 1.0})
     with pytest.raises(ConfigError, match="^run.seed must be an integer, got True$"):
         cfg.with_values({"run.seed": True})
     with pytest.raises(ConfigError, match="^unknown key 'run.sead'$"):

@@ -93,3 +93,47 @@ def test_workers_publish_the_model_family_like_peers(tiny_model_dir: Path, tmp_p
     assert {g.model_family for g in sent} == {g.model_family for g in peer_sent} == {family}
     assert {(g.policy_id, g.policy_version) for g in sent} == {("learner", 3)}
     assert {g.tokenizer_hash for g in sent} == {node.tokenizer_hash}
+
+
+@pytest.mark.parametrize(("given", "peer_ids"), [(None, ("peerA", "peerB")), (7, ("peerA", "peerB"))])
+def test_a_joined_node_without_a_seed_derives_it_from_its_identity(tiny_model_dir: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch, given: int | None,
+                                                                   peer_ids: tuple[str, str]) -> None:
+    """Two peers left at the defaults drew the same task indices and produced byte-identical groups; a seed given
+    on the command line still reproduces a run exactly."""
+    from swarm_node.node.assembly import identity_seed
+    from swarm_node.roles import ROLES, wiring
+
+    seen: dict[str, tuple[int | None, list[tuple[str, int]]]] = {}
+    for peer_id in peer_ids:
+        monkeypatch.setattr(wiring, "start_libp2p", lambda cfg, stats, events, p=peer_id: (
+            SimpleNamespace(peer_id=p), FakeNet()))
+
+        def run(self: Assembly, p: str = peer_id) -> RunSummary:
+            draft = self.node.draft()
+            assert isinstance(draft, Draft)
+            seen[p] = (self.node.cfg.run.seed, [(g.inst.ref.dataset, g.inst.ref.index) for g in draft.groups])
+            return RunSummary(0, None, None, None, self.node.run_dir, 0)
+
+        monkeypatch.setattr(Assembly, "run", run)
+        extra = {"run.seed": given} if given is not None else {}
+        ROLES["peer"](_cfg(tiny_model_dir, tmp_path / peer_id, **extra), NodeStats(), NodeEvents(log=lambda _m: None))
+    (seed_a, draws_a), (seed_b, draws_b) = seen["peerA"], seen["peerB"]
+    if given is None:
+        assert (seed_a, seed_b) == (identity_seed("peerA"), identity_seed("peerB")) and seed_a != seed_b
+        assert draws_a != draws_b
+    else:
+        assert seed_a == seed_b == 7 and draws_a == draws_b
+
+
+def test_identity_seed_is_31_bits_of_the_peer_ids_hash() -> None:
+    import hashlib
+
+    from swarm_node.config import NodeConfig
+    from swarm_node.node.assembly import identity_seed, seeded
+
+    digest = hashlib.sha256(b"12D3KooWExample").digest()
+    assert identity_seed("12D3KooWExample") == int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+    assert NodeConfig().run.seed is None and seeded(NodeConfig()).run.seed == 0
+    assert seeded(NodeConfig(), "12D3KooWExample").run.seed == identity_seed("12D3KooWExample")
+    assert seeded(NodeConfig().with_values({"run.seed": 3}), "12D3KooWExample").run.seed == 3
