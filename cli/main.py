@@ -88,6 +88,8 @@ MinibatchOpt = Annotated[int | None, typer.Option("--minibatches", help=config_h
                                                                                     "optimizer steps per batch"))]
 CkptOpt = Annotated[int | None, typer.Option("--checkpoint-every", help=config_help("run.checkpoint_every",
                                                                                     "checkpoint every K steps"))]
+CkptSecondsOpt = Annotated[float | None, typer.Option("--checkpoint-every-s", help=config_help(
+    "run.checkpoint_every_s", "also checkpoint once this many seconds passed since the last one; 0: by steps only"))]
 EvalOpt = Annotated[int | None, typer.Option("--eval-problems", help=config_help(
     "run.eval_problems", "held-out problems for the final eval"))]
 StatusPortOpt = Annotated[int | None, typer.Option("--status-port", help=config_help(
@@ -109,7 +111,8 @@ def solo(config: ConfigOpt = None, steps: StepsOpt = None, task: TaskOpt = None,
          task_option: TaskOptionOpt = None, model: ModelOpt = None, group_size: GroupOpt = None,
          prompts_per_step: PromptsOpt = None, seed: SeedOpt = None, run_dir: RunDirOpt = None,
          resume: ResumeOpt = False, sampler: SamplerOpt = None, lr: LrOpt = None,
-         minibatches: MinibatchOpt = None, checkpoint_every: CkptOpt = None, eval_problems: EvalOpt = None,
+         minibatches: MinibatchOpt = None, checkpoint_every: CkptOpt = None,
+         checkpoint_every_s: CkptSecondsOpt = None, eval_problems: EvalOpt = None,
          status_port: StatusPortOpt = None, status_host: StatusHostOpt = None,
          status_token: StatusTokenOpt = None, max_staleness: StalenessOpt = None, device: DeviceOpt = None,
          memory_budget: BudgetOpt = None) -> None:
@@ -202,7 +205,8 @@ def join(bootstrap: BootstrapOpt = None, listen: ListenOpt = None, announce_addr
          task: TaskOpt = None, task_option: TaskOptionOpt = None, model: ModelOpt = None,
          group_size: GroupOpt = None, prompts_per_step: PromptsOpt = None, seed: SeedOpt = None,
          run_dir: RunDirOpt = None, resume: ResumeOpt = False, sampler: SamplerOpt = None, lr: LrOpt = None,
-         minibatches: MinibatchOpt = None, checkpoint_every: CkptOpt = None, eval_problems: EvalOpt = None,
+         minibatches: MinibatchOpt = None, checkpoint_every: CkptOpt = None,
+         checkpoint_every_s: CkptSecondsOpt = None, eval_problems: EvalOpt = None,
          status_port: StatusPortOpt = None, status_host: StatusHostOpt = None,
          status_token: StatusTokenOpt = None, learner: LearnerOpt = None,
          max_staleness: StalenessOpt = None, cost_per_hour: CostOpt = None, device: DeviceOpt = None,

@@ -16,6 +16,7 @@ from swarm_node.config import NodeConfig
 NODE_KEYS = {
     "steps": "run.steps", "group_size": "run.group_size", "prompts_per_step": "run.prompts_per_step",
     "seed": "run.seed", "run_dir": "run.run_dir", "checkpoint_every": "run.checkpoint_every",
+    "checkpoint_every_s": "run.checkpoint_every_s",
     "eval_problems": "run.eval_problems", "device": "run.device", "task": "task.name", "model": "model.path",
     "sampler": "sampler.kind", "lr": "train.lr", "minibatches": "train.minibatches",
     "max_staleness": "train.max_staleness", "status_port": "status.port", "status_host": "status.host",

@@ -25,6 +25,9 @@ class RunConfig:
     run_dir: str = "runs/solo"
     resume: bool = False
     checkpoint_every: int = 25
+    # Also a checkpoint once this many seconds passed since the last one (0: by steps only): a kill loses at most
+    # about this much work, however slow the steps are.
+    checkpoint_every_s: float = 60.0
     keep_checkpoints: int = 3
     eval_every: int = 0  # 0: only at the end of the run
     eval_problems: int = 200  # 0: no held-out eval
@@ -38,7 +41,7 @@ class RunConfig:
 
     def validate(self) -> None:
         positive(self, "steps", "prompts_per_step", "group_size", "checkpoint_every", "keep_checkpoints")
-        non_negative(self, "eval_every", "eval_problems", "memory_budget_mib")
+        non_negative(self, "eval_every", "eval_problems", "memory_budget_mib", "checkpoint_every_s")
         if self.seed is not None and self.seed < 0:
             raise ConfigError(f"run.seed must be >= 0, got {self.seed}")
         kind, sep, index = self.device.partition(":")

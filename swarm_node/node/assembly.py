@@ -14,7 +14,7 @@ collaborators; nothing is patched into a node after it is built (a set-up node r
   experience pool (`pool`, a class: a simulation may count what it hands out), the one ingest path. `outbox` adapts
   the exchange the peer publishes through (`join` flushes on the network thread: roles/wiring.BackgroundExchange).
 A config without a run seed gets 0 here; `join` gives it one derived from the node's identity first (`seeded`), so
-that peers left at the defaults draw different tasks (an explicit seed reproduces a run exactly).
+that peers left at the defaults draw different tasks (an explicit seed reproduces a run exactly; node/build.py).
 `Assembly.source()` is what `node.run` iterates (the node's own generation, around which a SAPO peer publishes and
 mixes in); `sample_and_share()` and `mix_and_train(item)` are its two halves for a lockstep simulation.
 """
@@ -22,7 +22,6 @@ mixes in); `sample_and_share()` and `mix_and_train(item)` are its two halves for
 from __future__ import annotations
 
 import enum
-import hashlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -127,18 +126,6 @@ def share_context(node: Node) -> ShareContext:
                         require_well_formed=cfg.share.require_well_formed)
 
 
-def identity_seed(peer_id: str) -> int:
-    """The run seed a node derives from its identity when none is given (31 bits of sha256(peer id))."""
-    return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:4], "little") & 0x7FFFFFFF
-
-
-def seeded(cfg: NodeConfig, peer_id: str | None = None) -> NodeConfig:
-    """`cfg` with a run seed: the one given, else `identity_seed(peer_id)` (a joined node), else 0."""
-    if cfg.run.seed is not None:
-        return cfg
-    return cfg.with_values({"run.seed": identity_seed(peer_id) if peer_id is not None else 0})
-
-
 def assemble(cfg: NodeConfig, sharing: Sharing = Sharing.NONE, *, transport: Transport | None = None,
              stats: NodeStats | None = None, events: NodeEvents | None = None, model_dir: Path | None = None,
              sampler: Sampler | None = None, salt: int | None = None, push: ScorePush | None = None,
@@ -146,7 +133,6 @@ def assemble(cfg: NodeConfig, sharing: Sharing = Sharing.NONE, *, transport: Tra
              pool: type[ExperiencePool] = ExperiencePool,
              exchange: type[TransportExchange] = TransportExchange) -> Assembly:
     """A set-up node and its collaborators (see the module contract); the node is closed if assembly fails."""
-    cfg = seeded(cfg)
     node = Node(cfg, stats, events, model_dir=model_dir, sampler=sampler, salt=salt)
     try:
         node.setup()

@@ -5,11 +5,14 @@
   chose (`Hardware.sizes`, node/hardware.py) in place of the configured one when there is one.
 - `model_dir_for(cfg, override, progress)`: the HF model dir a node loads: a simulation's override, else
   `model.path`, else the embedded default model (built on first use, reporting progress).
+- `seeded(cfg, peer_id)`: the config with a run seed: the one given, else one derived from the node's identity
+  (`identity_seed`: `join`, so that two peers left at the defaults draw different tasks), else 0.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,3 +37,14 @@ def model_dir_for(cfg: NodeConfig, override: Path | None = None,
     from swarm_node.model.default_model import ensure_default_model
 
     return ensure_default_model(progress)
+
+
+def identity_seed(peer_id: str) -> int:
+    """The run seed a node derives from its identity when none is given (31 bits of sha256(peer id))."""
+    return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def seeded(cfg: NodeConfig, peer_id: str | None = None) -> NodeConfig:
+    if cfg.run.seed is not None:
+        return cfg
+    return cfg.with_values({"run.seed": identity_seed(peer_id) if peer_id is not None else 0})

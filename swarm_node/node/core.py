@@ -1,7 +1,8 @@
 """The node: model, task source, sampler, trainer and checkpoints, driven by one loop over a rollout source.
 
 The loop (`run(source)`): `for item in source: train_on(item)` until `run.steps`, recording each step (StepLog),
-checkpointing every K steps, evaluating every E. `item` is a `Draft` (groups to train on) or a `SkippedStep`
+checkpointing every `run.checkpoint_every` steps or `run.checkpoint_every_s` seconds, whichever comes first
+(node/resume.CheckpointSchedule), evaluating every E. `item` is a `Draft` (groups to train on) or a `SkippedStep`
 (counted as a step, nothing trained). `local_source(on_draft)` is the node's own generation: sampled on the
 training thread (`SequentialSource`) or, with `train.max_staleness` >= 1, on a generator thread bounded by S
 (`OverlappedSource`); `on_draft` sees each draft as it is made (a SAPO peer publishes it). A role passes its own
@@ -38,9 +39,9 @@ from swarm_node.errors import UserError
 from swarm_node.model import lora
 from swarm_node.model.default_model import load_model
 from swarm_node.model.tokenizer import tokenizer_hash
-from swarm_node.node.build import model_dir_for, sampler_settings
+from swarm_node.node.build import model_dir_for, sampler_settings, seeded
 from swarm_node.node.hardware import Hardware
-from swarm_node.node.resume import RandomStreams, restore_latest, save
+from swarm_node.node.resume import CheckpointSchedule, RandomStreams, restore_latest, save
 from swarm_node.node.run_files import (
     METRICS_FILE,
     NodeEvents,
@@ -65,8 +66,9 @@ __all__ = ["METRICS_FILE", "Draft", "Node", "NodeEvents", "RunSummary", "Skipped
 
 class Node:
     def __init__(self, cfg: NodeConfig, stats: NodeStats | None = None, events: NodeEvents | None = None,
-                 model_dir: Path | None = None, sampler: Sampler | None = None, salt: int | None = None) -> None:
-        self.cfg = cfg
+                 model_dir: Path | None = None, sampler: Sampler | None = None, salt: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = seeded(cfg)  # no run seed given: 0 (a joined node's is derived from its identity first)
         self.stats = stats or NodeStats()
         self.events = events or NodeEvents()
         self.run_dir = Path(cfg.run.run_dir)
@@ -81,6 +83,7 @@ class Node:
         self._latest_weights = LatestWeights()
         self._step_log = StepLog(None, self.stats, self.events)  # records steps trained outside run() (simulations)
         self._last_step_end: float | None = None
+        self._clock = clock  # what the time-based checkpoint schedule reads
         self._sealed = False
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -209,6 +212,7 @@ class Node:
     def _loop(self, source: RolloutSource) -> None:
         cfg = self.cfg
         items = iter(source)
+        schedule = CheckpointSchedule(cfg.run.checkpoint_every, cfg.run.checkpoint_every_s, self._clock())
         with StepLog(self.run_dir / METRICS_FILE, self.stats, self.events) as log:
             while self._step < cfg.run.steps:
                 try:
@@ -219,8 +223,9 @@ class Node:
                     raise
                 source.trained(metrics)
                 log.write(metrics)
-                if self._step % cfg.run.checkpoint_every == 0 or self._step == cfg.run.steps:
+                if schedule.due(self._step, cfg.run.steps, self._clock()):
                     self.save_checkpoint()
+                    schedule.saved(self._clock())
                 if cfg.run.eval_every and self._step % cfg.run.eval_every == 0 and self._step < cfg.run.steps:
                     self.events.log(f"eval at step {self._step}: {self.evaluate()}")
 

@@ -6,6 +6,9 @@ Contract:
   `set_state(state)` are their JSON form (a simulation's cell snapshots keep the trainer and share streams).
 - `save(...)` writes one checkpoint atomically (model/checkpoint.py); a failure is counted and logged, never raised
   (training goes on and the next checkpoint tries again).
+- `CheckpointSchedule(every_steps, every_s, last_s)`: pure decision of when a step checkpoints: every
+  `every_steps` steps, at the last step, or once `every_s` seconds (0: never) passed since the last checkpoint (or
+  the start), whichever comes first; `saved(now)` restarts the time.
 - `restore_latest(run_dir, resume, ...)`: without `resume`, a run dir that already has checkpoints is a `UserError`
   and a stale metrics file is removed; with it, the newest complete checkpoint is loaded into the model, optimizer
   and streams and the metrics file is cut back to its step (`Restored`), or None when there is none (step 0).
@@ -47,6 +50,20 @@ class RandomStreams:
         for name, rng in (("task_rng", self.task), ("trainer_rng", self.trainer), ("share_rng", self.share)):
             if name in state:
                 rng.setstate(checkpoint.state_from_json(state[name]))
+
+
+@dataclass
+class CheckpointSchedule:
+    every_steps: int
+    every_s: float
+    last_s: float  # when the last checkpoint was written (or the run started), on the caller's clock
+
+    def due(self, step: int, last_step: int, now: float) -> bool:
+        return (step % self.every_steps == 0 or step == last_step
+                or (self.every_s > 0 and now - self.last_s >= self.every_s))
+
+    def saved(self, now: float) -> None:
+        self.last_s = now
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ from protocol.messages import TOPIC_ROLLOUTS, RolloutGroup
 from protocol.validation import AcceptPolicy, ReplayGuard, validate_gossip
 from swarm_node.config import NodeConfig
 from swarm_node.identity import IDENTITY_FILENAME, Identity, load_or_create
-from swarm_node.node.assembly import Assembly, Sharing, assemble, seeded
+from swarm_node.node.assembly import Assembly, Sharing, assemble
+from swarm_node.node.build import seeded
 from swarm_node.node.run_files import NodeEvents, prepare_run_dir
 from swarm_node.sharing.exchange import Received, TransportExchange
 from swarm_node.status.stats import NodeStats

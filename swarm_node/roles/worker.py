@@ -27,7 +27,8 @@ from protocol.messages import TOPIC_CONTROL, TOPIC_STATUS, PolicyAnnounce, Statu
 from swarm_node.config import NodeConfig
 from swarm_node.echo.admission import COST_CAPABILITY
 from swarm_node.echo.catch_up import plan_catch_up
-from swarm_node.node.assembly import Assembly, Sharing, identity_seed
+from swarm_node.node.assembly import Assembly, Sharing
+from swarm_node.node.build import identity_seed
 from swarm_node.node.run_files import METRICS_FILE, NodeEvents, RunSummary, StepLog
 from swarm_node.policy_sync.broadcast import BroadcastError, PolicyBroadcaster
 from swarm_node.policy_sync.delta import DeltaError, DeltaTooLarge, PolicyUpdate

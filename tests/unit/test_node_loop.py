@@ -125,3 +125,43 @@ def test_a_solo_node_builds_no_sharing(tiny_model_dir: Path, tmp_path: Path) -> 
         assert type(assembly.source()).__name__ == "SequentialSource"
     finally:
         assembly.close()
+
+
+def test_checkpoints_come_every_k_steps_or_every_t_seconds_whichever_first() -> None:
+    from swarm_node.node.resume import CheckpointSchedule
+
+    schedule = CheckpointSchedule(every_steps=25, every_s=60.0, last_s=0.0)
+    saved = []
+    # Slow steps (40 s each): the clock, not the step count, says when.
+    for step, now in [(1, 40.0), (2, 80.0), (3, 120.0), (4, 160.0), (5, 200.0)]:
+        if schedule.due(step, 200, now):
+            saved.append(step)
+            schedule.saved(now)
+    assert saved == [2, 4]
+    fast = CheckpointSchedule(every_steps=2, every_s=60.0, last_s=0.0)
+    assert [s for s in range(1, 6) if fast.due(s, 5, 1.0 * s)] == [2, 4, 5]  # steps first; the last step always
+    steps_only = CheckpointSchedule(every_steps=25, every_s=0.0, last_s=0.0)
+    assert not steps_only.due(1, 200, 1e9) and steps_only.due(25, 200, 0.0)
+
+
+def test_a_slow_run_checkpoints_by_time(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A run killed within its first minute resumed from step 0 (checkpoints every 25 steps only); by a clock that
+    moves 40 s a step, a 60 s schedule writes steps 2 and 4 (and the last)."""
+    from swarm_node.model.checkpoint import CHECKPOINT_DIR
+
+    now = [0.0]  # a clock that moves 40 s with each recorded step
+
+    def step_done(_metrics: dict[str, Any]) -> None:
+        now[0] += 40.0
+
+    cfg = load_config(None, {"model.path": str(tiny_model_dir), "sampler.kind": "hf", "run.steps": 5,
+                             "run.prompts_per_step": 2, "run.group_size": 4, "run.eval_problems": 0,
+                             "run.checkpoint_every": 100, "run.checkpoint_every_s": 60.0, "run.keep_checkpoints": 10,
+                             "run.run_dir": str(tmp_path / "run"), "train.threads": 1, "status.port": -1})
+    node = Node(cfg, events=NodeEvents(log=lambda _m: None, on_step=step_done), clock=lambda: now[0])
+    try:
+        node.run()
+    finally:
+        node.close()
+    written = sorted(p.name for p in (tmp_path / "run" / CHECKPOINT_DIR).glob("step-*"))
+    assert written == ["step-00000002", "step-00000004", "step-00000005"]

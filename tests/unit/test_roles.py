@@ -101,7 +101,7 @@ def test_a_joined_node_without_a_seed_derives_it_from_its_identity(tiny_model_di
                                                                    peer_ids: tuple[str, str]) -> None:
     """Two peers left at the defaults drew the same task indices and produced byte-identical groups; a seed given
     on the command line still reproduces a run exactly."""
-    from swarm_node.node.assembly import identity_seed
+    from swarm_node.node.build import identity_seed
     from swarm_node.roles import ROLES, wiring
 
     seen: dict[str, tuple[int | None, list[tuple[str, int]]]] = {}
@@ -130,7 +130,7 @@ def test_identity_seed_is_31_bits_of_the_peer_ids_hash() -> None:
     import hashlib
 
     from swarm_node.config import NodeConfig
-    from swarm_node.node.assembly import identity_seed, seeded
+    from swarm_node.node.build import identity_seed, seeded
 
     digest = hashlib.sha256(b"12D3KooWExample").digest()
     assert identity_seed("12D3KooWExample") == int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
