@@ -148,7 +148,8 @@ def assemble(cfg: NodeConfig, sharing: Sharing = Sharing.NONE, *, transport: Tra
         rollouts = exchange_for(node, transport, guard, kind=exchange)
         sh = cfg.share
         peer = SapoPeer(outbox(rollouts) if outbox is not None else rollouts,
-                        Ingest(context, node.stats, guard=guard),
+                        # Groups without signal reach the pool too: it tells their copies apart, then drops them.
+                        Ingest(context, node.stats, guard=guard, keep_no_signal=True),
                         pool(sh.pool_size, sh.per_peer_pool_cap, sh.max_external_age), sh, node.share_rng, signer,
                         lambda: node.step)
         return Assembly(node, guard, context, signer, rollouts, peer)

@@ -1,9 +1,12 @@
 """Experience pool: bounded store of re-scored external rollout groups.
 
-Contract: pure logic, no I/O, no clock. Entries arrive already re-scored by `sharing` (only groups with signal).
-- `add` refuses a content-hash duplicate ("duplicate": also of a group seen earlier and since evicted or used, and
-  of our own groups, which `mark_seen` records when we publish them: a peer replaying our groups back to us must
-  not make us train on them twice; `mark_seen` may run on another thread, each of its steps is one dict call);
+Contract: pure logic, no I/O, no clock. Entries arrive already re-scored by `sharing`, with or without signal: a
+group without signal is remembered (a later copy of it is still a copy) and refused ("zero_advantage").
+- `add` refuses content it has seen, also of a group seen earlier and since evicted or used: "duplicate" when the
+  content was ours (`mark_seen` records our published groups: a peer replaying them back to us must not make us
+  train on them twice; `mark_seen` may run on another thread, each of its steps is one dict call) or the same
+  sender's; "copied" when another peer sent it first; "copycat" instead when the sender copies others at a rate
+  that marks a copycat (sharing/copying.py). Honest peers can coincide: only "copycat" is meant to cost reputation;
   a sender over `per_peer_cap` loses its own oldest entry ("peer_cap"), so a flooding peer only ever churns its
   own share of the pool; a full pool loses its oldest entry ("pool_full").
 - `expire(step)` drops entries older than `max_age` of OUR training steps since they were received ("too_old"):
@@ -20,10 +23,12 @@ import random
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
 
+from swarm_node.sharing.copying import CopyWatch
 from swarm_node.sharing.selection import SELECTIONS
 from swarm_node.types import PoolEntry
 
 SEEN_KEYS = 65_536  # content hashes remembered for de-duplication beyond the pool's own entries
+OURS = ""  # the first sender of our own published content
 
 
 class ExperiencePool:
@@ -34,7 +39,8 @@ class ExperiencePool:
         self.per_peer_cap = per_peer_cap
         self.max_age = max_age
         self._entries: OrderedDict[bytes, PoolEntry] = OrderedDict()  # arrival order, oldest first
-        self._seen: OrderedDict[bytes, None] = OrderedDict()
+        self._seen: OrderedDict[bytes, str] = OrderedDict()  # content key -> its first sender ("": ours)
+        self.copies = CopyWatch()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -47,9 +53,16 @@ class ExperiencePool:
 
     def add(self, entry: PoolEntry) -> list[tuple[str, str]]:
         """Insert one entry; returns the drops it caused, as (sender, reason), the entry itself included."""
-        if entry.key in self._seen:
+        first = self._seen.get(entry.key)
+        if first is not None and first in (OURS, entry.sender):
             return [(entry.sender, "duplicate")]
-        self._remember(entry.key)
+        if self.copies.observe(entry.sender, copied=first is not None):
+            return [(entry.sender, "copycat")]
+        if first is not None:
+            return [(entry.sender, "copied")]
+        self._remember(entry.key, entry.sender)
+        if not entry.group.has_signal:
+            return [(entry.sender, "zero_advantage")]
         drops: list[tuple[str, str]] = []
         own = [k for k, e in self._entries.items() if e.sender == entry.sender]
         if len(own) >= self.per_peer_cap:
@@ -64,7 +77,7 @@ class ExperiencePool:
     def mark_seen(self, keys: Iterable[bytes]) -> None:
         """Remember content keys as seen without pooling them (our own published groups)."""
         for key in keys:
-            self._remember(key)
+            self._remember(key, OURS)
 
     def expire(self, step: int) -> list[tuple[str, str]]:
         """Drop entries received more than `max_age` of our steps before `step`."""
@@ -81,7 +94,7 @@ class ExperiencePool:
             del self._entries[e.key]
         return picked
 
-    def _remember(self, key: bytes) -> None:
-        self._seen[key] = None
+    def _remember(self, key: bytes, sender: str) -> None:
+        self._seen[key] = sender
         while len(self._seen) > SEEN_KEYS:
             self._seen.popitem(last=False)

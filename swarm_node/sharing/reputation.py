@@ -49,7 +49,9 @@ DEFAULT_WEIGHTS: Mapping[str, float] = MappingProxyType({
     "forged_reward": -5.0,
     "forged_attribution": -10.0,
     "bad_chunk": -5.0,  # a policy-broadcast relay served a chunk that failed its SHA-256 (streams are authenticated)
-    "duplicate": -0.2,  # low-entropy answers can collide honestly
+    # Honest peers can produce the same group: a duplicate or a copy alone costs nothing; a sender that copies
+    # others at a high rate (sharing/copying.py) re-signs what it heard.
+    "duplicate": 0.0, "copied": 0.0, "copycat": -5.0,
     "peer_budget": -0.1,  # a flood: its groups were refused before any work
     "flood": 0.0,  # past its message rate: ignored unread (ingest.PeerGuard); a fast honest peer may be, too
     "group_size": -0.2, "over_length": -0.2, "task_not_allowed": -0.2, "task_index_out_of_range": -0.2,

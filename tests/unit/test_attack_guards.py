@@ -59,7 +59,7 @@ def test_a_simulated_nodes_exchange_ignores_blocked_signers_unread(tmp_path: Pat
 def test_our_own_groups_replayed_back_are_duplicates() -> None:
     pool = ExperiencePool(8, 8, 4)
     pool.mark_seen([b"ours" * 8])
-    group = types.SimpleNamespace()  # the pool never looks inside a group
+    group = types.SimpleNamespace(has_signal=True)  # the pool only asks whether a group has signal
     entry = PoolEntry(group, "mallory", b"ours" * 8, 0)  # type: ignore[arg-type]
     assert pool.add(entry) == [("mallory", "duplicate")] and len(pool) == 0
     assert pool.add(PoolEntry(group, "mallory", b"new!" * 8, 0)) == [] and len(pool) == 1  # type: ignore[arg-type]

@@ -28,7 +28,7 @@ def keys(pool: ExperiencePool) -> list[str]:
 def test_duplicate_content_is_refused_even_after_it_left_the_pool() -> None:
     pool = ExperiencePool(capacity=8, per_peer_cap=8, max_age=10)
     assert pool.add(entry("a", "k1")) == []
-    assert pool.add(entry("b", "k1")) == [("b", "duplicate")]
+    assert pool.add(entry("b", "k1")) == [("b", "copied")]  # another peer sent it first
     assert pool.take(1, "uniform", random.Random(0)) and len(pool) == 0
     assert pool.add(entry("a", "k1")) == [("a", "duplicate")]
     assert len(pool) == 0
@@ -94,3 +94,33 @@ def test_freshest_and_variance_orders() -> None:
 def test_bad_pool_settings() -> None:
     with pytest.raises(ValueError):
         ExperiencePool(capacity=0, per_peer_cap=1, max_age=0)
+
+
+def test_a_copycat_is_told_from_a_coincidence() -> None:
+    """Honest peers can coincide (a duplicate of ours, or of another peer's, now and then: free); a sender whose
+    groups are mostly other peers' content is a copycat once it has copied COPY_MIN times (sharing/copying.py)."""
+    pool = ExperiencePool(capacity=1000, per_peer_cap=1000, max_age=10)
+    pool.mark_seen([b"ours"])
+    assert pool.add(entry("twin", "ours")) == [("twin", "duplicate")]  # our own content: never a copy
+    reasons = []
+    for i in range(12):
+        assert pool.add(entry("honest", f"h{i}")) == []
+        if i % 4 == 0:  # an honest peer that happens to send what another sent: a quarter of its groups
+            assert pool.add(entry("other", f"h{i}")) == [("other", "copied")]
+        assert pool.add(entry("other", f"o{i}")) == []
+        reasons += [r for _, r in pool.add(entry("copycat", f"h{i}"))]
+    assert reasons == ["copied"] * 7 + ["copycat"] * 5  # the 8th copy marks it: 8 of its 8 groups were copies
+    assert pool.copies.observe("other", copied=True) is False  # 4 copies among 16: a coincidence
+
+
+def test_copy_watch_needs_min_copies_and_the_fraction() -> None:
+    from swarm_node.sharing.copying import CopyWatch
+
+    watch = CopyWatch(window=4, min_copies=2, fraction=0.5, max_senders=2)
+    assert [watch.observe("x", c) for c in (True, False, False, False)] == [False, False, False, False]
+    assert watch.observe("x", True) is False  # window [F, F, F, T]: 1 copy
+    assert watch.observe("x", True) is True  # [F, F, T, T]: 2 copies, half the window
+    assert watch.observe("x", False) is False  # a fresh group never marks it
+    watch.observe("y", True)
+    watch.observe("z", True)  # two senders at most: x is forgotten
+    assert watch.observe("x", True) is False

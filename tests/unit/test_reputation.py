@@ -96,7 +96,7 @@ def test_app_scores_are_bounded_blocked_first() -> None:
     rep = Reputation(PARAMS)
     rep.record("liar", "forged_attribution", 0.0, n=5)
     rep.record("good", "accepted", 0.0, n=20)
-    rep.record("meh", "duplicate", 0.0)
+    rep.record("meh", "over_length", 0.0)
     assert rep.app_scores(0.0, 2) == {"liar": BLOCKED_APP_SCORE, "good": 1.0}
 
 
@@ -104,7 +104,7 @@ def test_tracked_peers_are_bounded() -> None:
     rep = Reputation(ReputationParams(max_peers=3))
     rep.record("banned", "forged_attribution", 0.0, n=5)
     for i in range(10):
-        rep.record(f"p{i}", "duplicate", 0.0, n=i + 1)
+        rep.record(f"p{i}", "over_length", 0.0, n=i + 1)
     assert len(rep.scores) == 3 and "banned" in rep.scores  # the mildest go first, never a banned one
     assert set(rep.scores) == {"banned", "p8", "p9"}
 
