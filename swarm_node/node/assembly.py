@@ -13,8 +13,8 @@ collaborators; nothing is patched into a node after it is built (a set-up node r
   exchange (started by the caller on the transport's loop; `exchange`, a class: a simulation's tracks rounds), the
   experience pool (`pool`, a class: a simulation may count what it hands out), the one ingest path. `outbox` adapts
   the exchange the peer publishes through (`join` flushes on the network thread: roles/wiring.BackgroundExchange).
-A config without a run seed gets 0 here; `join` gives it one derived from the node's identity first (`seeded`), so
-that peers left at the defaults draw different tasks (an explicit seed reproduces a run exactly; node/build.py).
+A node whose config has no run seed runs with 0; `join` first gives it one derived from the node's identity
+(node/build.seeded), so that peers left at the defaults draw different tasks (an explicit seed reproduces a run).
 `Assembly.source()` is what `node.run` iterates (the node's own generation, around which a SAPO peer publishes and
 mixes in); `sample_and_share()` and `mix_and_train(item)` are its two halves for a lockstep simulation.
 """
