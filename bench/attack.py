@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import provenance
+from bench.load_guard import add_loaded_flag
 from simulations.attack_grid import FRACTIONS, JUNK_OFF, JUNK_ON, SOLO, Cell, grid, summarise
 from simulations.runner import finished_result, run_cell
 from simulations.scenario import Scenario, Variant, load_scenario, with_overrides
@@ -137,7 +139,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "attack.json")
     ap.add_argument("--finished-only", action="store_true", help="sim and junk parts: run nothing, report the cells "
                     "that completed (a run still in progress: `complete` false)")
+    add_loaded_flag(ap)
     args = ap.parse_args()
+    run = provenance.begin(timed="live" in args.parts, loaded=args.loaded)
     scn = with_overrides(load_scenario(args.file), rounds=args.rounds, nodes=args.nodes,
                          eval_problems=args.eval_problems, seeds=args.seeds)
     run_dir = args.run_dir or Path(scn.run_dir)
@@ -162,6 +166,7 @@ def main() -> None:
     result["complete"] = complete(result)
     result["wall_s_this_run"] = time.monotonic() - started
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    result = provenance.stamp(result, run, runs=args.live_repeats if "live" in args.parts else None)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print("attack: " + summary_line(result))
 

@@ -31,7 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import provenance
 from bench.child import emit, mesh_commands, serve
+from bench.load_guard import add_loaded_flag
 from bench.procs import JsonProc, event_is
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -145,7 +147,7 @@ def simulated_part(args: argparse.Namespace, bandwidth: float) -> list[dict[str,
     return rows
 
 
-async def bench(args: argparse.Namespace) -> None:
+async def bench(args: argparse.Namespace, run: provenance.Run) -> None:
     bandwidth = args.bandwidth_mb_s * MB
     loads = [os.getloadavg()[0]]
     simulated = simulated_part(args, bandwidth)
@@ -154,6 +156,7 @@ async def bench(args: argparse.Namespace) -> None:
     result = {"chunk_bytes": args.chunk_bytes, "bandwidth_mb_s": args.bandwidth_mb_s, "simulated": simulated,
               "libp2p": libp2p, "schedule": args.schedule, "sim_latency_ms": args.latency_ms, "runs": args.runs,
               "load_avg": loads}
+    result = provenance.stamp(result, run, runs=args.runs)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "broadcast.json").write_text(json.dumps(result, indent=2) + "\n")
     top = next(r for r in simulated if r["n"] == 32 and r["size_mb"] == 64)
@@ -179,11 +182,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--libp2p-cases", nargs="*", default=["2x8", "4x8", "6x8", "4x16", "6x16"],
                         help="NxMB: N receivers (N + 1 processes, each with a host child), an M MB delta")
+    add_loaded_flag(parser)
     args = parser.parse_args()
     if args.node:
         asyncio.run(node_main(args.bandwidth_mb_s * MB, args.chunk_bytes))
     else:
-        asyncio.run(bench(args))
+        asyncio.run(bench(args, provenance.begin(timed=True, loaded=args.loaded)))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from bench import provenance
+from bench.load_guard import add_loaded_flag
 from bench.sampler import LARGE_RECIPE, random_model
 from swarm_node import tasks
 from swarm_node.config import NodeConfig
@@ -203,7 +205,9 @@ def main() -> None:
     parser.add_argument("--fractions", type=float, nargs="+", default=[0.01, 0.05, 0.1])
     parser.add_argument("--default-fraction", type=float, default=TopKCodec.topk_fraction,
                         help="the top-k fraction reported as 'topk' (default: the codec's default)")
+    add_loaded_flag(parser)
     args = parser.parse_args()
+    run = provenance.begin(timed=True, loaded=args.loaded)  # publish and apply times
     args.fractions = sorted(set(args.fractions) | {args.default_fraction})
     torch.set_num_threads(1)
     started = time.monotonic()
@@ -249,6 +253,7 @@ def main() -> None:
         "pick_staleness": PICK_STALENESS,
         "threads": 1, "seed": SEED, "wall_s": round(time.monotonic() - started, 1),
     }
+    result = provenance.stamp(result, run, runs=None)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")
     d, lg, rw = models["default"], models["larger"], result["reward_at_equal_steps"]

@@ -25,6 +25,8 @@ from typing import Any
 
 import msgpack
 
+from bench import provenance
+from bench.load_guard import add_loaded_flag
 from protocol.codec import decode, encode
 from protocol.errors import WireError
 from protocol.limits import Limits
@@ -291,8 +293,10 @@ def main(argv: list[str] | None = None, run_fn: Callable[[int, int], dict[str, A
     parser.add_argument("--inputs", type=int, default=200_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    add_loaded_flag(parser)
     args = parser.parse_args(argv)
-    result = run_fn(args.inputs, args.seed)
+    started = provenance.begin(timed=True, loaded=args.loaded)  # inputs/s
+    result = provenance.stamp(run_fn(args.inputs, args.seed), started, runs=None)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"fuzz_wire: {result['inputs']} inputs, {result['crashes']} crashes ({result['hangs']} hangs), "

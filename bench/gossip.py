@@ -29,7 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import provenance
 from bench.child import emit, mesh_commands, serve
+from bench.load_guard import add_loaded_flag
 from bench.procs import JsonProc, event_is
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -249,7 +251,7 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
-async def bench(args: argparse.Namespace) -> None:
+async def bench(args: argparse.Namespace, run: provenance.Run) -> None:
     runs: dict[str, list[dict[str, dict[str, float]]]] = {"process": [], "thread": []}
     loads = [load_average()]
     for _ in range(args.runs):
@@ -266,12 +268,13 @@ async def bench(args: argparse.Namespace) -> None:
               "stream_mb_s": round(ours["capacity"]["stream_mb_s"], 1)}
     out = Path(args.results_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gossip.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "gossip_baseline.json").write_text(json.dumps(
+    (out / "gossip.json").write_text(json.dumps(provenance.stamp(result, run, args.runs), indent=2) + "\n")
+    (out / "gossip_baseline.json").write_text(json.dumps(provenance.stamp(
         {"note": "medians of interleaved runs. process = ours (network host in a child process); thread = baseline "
                  "(host on a trio thread in the node process). capacity: publish as fast as back-pressure allows; "
                  f"paced: {args.rate} groups/s offered in total. 1-min load average of the machine before/after "
-                 "each run in load_avg.", "load_avg": loads, "median": summary, "runs": runs}, indent=2) + "\n")
+                 "each run in load_avg.", "load_avg": loads, "median": summary, "runs": runs},
+        run, args.runs), indent=2) + "\n")
     print(f"gossip: {args.nodes} nodes, {result['groups']} groups: delivered {result['delivered_frac']:.3f} at "
           f"{result['groups_per_s']:.0f} groups/s; at {args.rate:.0f} groups/s offered p50 {result['p50_ms']:.0f} ms "
           f"p99 {result['p99_ms']:.0f} ms; stream {result['stream_mb_s']:.0f} MB/s | thread baseline: "
@@ -280,7 +283,7 @@ async def bench(args: argparse.Namespace) -> None:
           f"{statistics.median(loads):.1f} on {os.cpu_count()} cores)")
 
 
-async def arch(args: argparse.Namespace) -> None:
+async def arch(args: argparse.Namespace, run: provenance.Run) -> None:
     """Trainer steps/s on node A while node B sends it 100 groups/s, per isolation, against no network at all.
 
     Repeated and interleaved (none, process, thread, none, ...) because the machine is shared; medians reported."""
@@ -314,7 +317,7 @@ async def arch(args: argparse.Namespace) -> None:
                       "publishes 100 groups/s to it; medians of interleaved runs", "train_s": args.train_s,
               "cpus": os.cpu_count(), "median": median, "samples": samples}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "gossip_arch.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / "gossip_arch.json").write_text(json.dumps(provenance.stamp(result, run, args.runs), indent=2) + "\n")
     print(f"arch: trainer {median['none']['steps_per_s']:.1f} steps/s alone, {median['process']['steps_per_s']:.1f} "
           f"with the host in a child process (p50 {median['process']['p50_ms']:.0f} ms), "
           f"{median['thread']['steps_per_s']:.1f} with it on a thread (p50 {median['thread']['p50_ms']:.0f} ms), "
@@ -332,13 +335,14 @@ def main() -> None:
     parser.add_argument("--results-dir", default=str(RESULTS), help="where gossip.json goes (a spot check: elsewhere)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--isolation", default="process", help=argparse.SUPPRESS)
+    add_loaded_flag(parser)
     args = parser.parse_args()
     if args.worker:
         asyncio.run(worker(args.isolation))
     elif args.arch:
-        asyncio.run(arch(args))
+        asyncio.run(arch(args, provenance.begin(timed=True, loaded=args.loaded)))
     else:
-        asyncio.run(bench(args))
+        asyncio.run(bench(args, provenance.begin(timed=True, loaded=args.loaded)))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,9 @@ from typing import Any
 
 import torch
 
+from bench import provenance
+from bench.load_guard import add_loaded_flag
+
 RESULTS = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parents[1]
 TEST_FILES = ("test_device.py", "test_trainer.py", "test_hf_sampler.py", "test_node_loop.py", "test_overlap.py",
@@ -108,10 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "gpu_check.json")
     parser.add_argument("--allow-cpu", action="store_true")
     parser.add_argument("--skip-tests", action="store_true")
+    add_loaded_flag(parser)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not args.allow_cpu:
         print("gpu_check: no CUDA device here (pass --allow-cpu to try the script on the CPU)", file=sys.stderr)
         return 2
+    run = provenance.begin(timed=True, loaded=args.loaded)  # steps/s
     result: dict[str, Any] = {
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -120,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_tests:
             result["tests"] = run_tests(Path(tmp) / "junit.xml")
         result["solo"] = solo(args.steps, Path(tmp))
+    result = provenance.stamp(result, run, runs=None)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     tests = result.get("tests", {})

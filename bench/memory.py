@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import provenance
 from swarm_node.model.device_memory import status_kib
 
 RESULTS = Path(__file__).parent / "results"
@@ -85,7 +86,8 @@ def growth(samples: list[dict[str, Any]], window_s: float = WINDOW_S) -> tuple[f
 def read_samples(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return [r for r in records if "provenance" not in r]  # the first line: how the samples were taken
 
 
 def metrics_steps(run_dir: Path) -> int:
@@ -157,6 +159,7 @@ def main() -> None:
     ap.add_argument("--soak-budget", type=int, default=0, help="the soak node's --memory-budget in MiB (0: default)")
     ap.add_argument("--restart-soak", action="store_true", help="discard the soak samples and start over")
     args = ap.parse_args()
+    run = provenance.begin()  # peaks and growth of RSS: no time or rate, no load guard
     RESULTS.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = json.loads(OUT.read_text()) if OUT.exists() else {}
     if not args.skip_budgets:
@@ -185,7 +188,10 @@ def main() -> None:
     result.update({"soak_hours": hours, "soak_rss_growth_frac": frac, "soak_samples": len(samples),
                    "soak_complete": bool(samples) and samples[-1]["t"] >= result.get("soak_target_hours", 0) * 3600,
                    "gpu": None, "note": GPU_NOTE})
-    OUT.write_text(json.dumps(result, indent=1) + "\n")
+    OUT.write_text(json.dumps(provenance.stamp(result, run, runs=len(result.get("runs", []))), indent=1) + "\n")
+    if args.soak_hours > 0:
+        lines = provenance.stamp_lines(samples, run, runs=len(segments))
+        SOAK_FILE.write_text("".join(json.dumps(line) + "\n" for line in lines))
     print(f"memory: budgets {result.get('budgets_mib')} MiB -> peaks {result.get('peak_rss_mib')} MiB "
           f"(within budget: {result.get('within_budget')}); soak {hours:.3g} h, RSS growth "
           f"{'n/a' if frac is None else f'{frac:+.1%}'}; wrote {OUT}")

@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import provenance
+from bench.load_guard import add_loaded_flag
 from bench.procs import JsonProc
 from tests.netns.swarm import PORT, public_addr, start_node
 from tests.netns.topology import Topology, namespaces_unavailable
@@ -209,7 +211,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scenario", action="append", choices=sorted(SCENARIOS),
                         help="run only these (repeatable) [all]")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    add_loaded_flag(parser)
     args = parser.parse_args(argv)
+    run = provenance.begin(timed=True, loaded=args.loaded)  # times to connect, punch and re-reserve
     why_not = namespaces_unavailable()
     if why_not is not None:
         raise SystemExit(f"bench.nat needs network namespaces: {why_not}")
@@ -227,9 +231,9 @@ def main(argv: list[str] | None = None) -> None:
                                                for kind, row in upnp.items())
     print(f"nat upnp: {summary}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"scenarios": results, "upnp": upnp, "load_avg": os.getloadavg()[0],
-                                    "note": "A and B validate groups but do not train (no model); see docstring"},
-                                   indent=1) + "\n")
+    result = {"scenarios": results, "upnp": upnp, "load_avg": os.getloadavg()[0],
+              "note": "A and B validate groups but do not train (no model); see docstring"}
+    args.out.write_text(json.dumps(provenance.stamp(result, run, runs=1), indent=1) + "\n")
 
 
 if __name__ == "__main__":

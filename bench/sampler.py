@@ -5,11 +5,15 @@ stop at EOS) and for two models, the default one and a larger random one (~23M p
   ours     VLLMSampler.generate (processed log-probs, conversion to Completions, text),
   raw      LLM.generate on the same engine with the same sampling settings and no log-probs,
   hf       HFSampler.generate (transformers `generate` with scores: the fallback sampler),
-each the median of `--runs` rounds; and the median latency of VLLMSampler.load_weights (reload + prefix-cache
+each the median of `--runs` rounds; the three are interleaved within each round, so the paired ratios
+`paired_ratio_ours_over_raw` and `paired_ratio_ours_over_hf` are the medians of the per-round ratios (each
+round's values in `models[i].runs[j]`); and the median latency of VLLMSampler.load_weights (reload + prefix-cache
 reset). Tokens are those actually generated (EOS ends a completion early), divided by wall time.
 Writes bench/results/sampler.json and prints one summary line.
 
-    python -m bench.sampler [--runs 3] [--prompts 64] [--samples 8] [--max-new-tokens 64]
+    python -m bench.sampler [--runs 3] [--prompts 64] [--samples 8] [--max-new-tokens 64] [--loaded]
+
+It reports rates, so it refuses to start when the 1-minute load average is above 0.5 unless --loaded.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ import vllm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from vllm.inputs import TokensPrompt
 
+from bench import provenance
+from bench.load_guard import add_loaded_flag
+from bench.paired import paired_ratio
 from swarm_node import tasks
 from swarm_node.model.default_model import DefaultModelRecipe, cache_dir, load_model, random_qwen2
 from swarm_node.model.tokenizer import build_char_tokenizer
@@ -71,6 +78,14 @@ def timed(fn: Callable[[], int]) -> float:
     started = time.perf_counter()
     tokens = fn()
     return tokens / (time.perf_counter() - started)
+
+
+def run_values(rates: dict[str, list[float]]) -> list[dict[str, float]]:
+    """Each round's tokens/s of ours, raw vLLM and transformers, and its two ratios."""
+    ours, raw, hf = rates["ours"], rates["raw"], rates["hf"]
+    return [{"ours_tok_s": round(o, 1), "raw_vllm_tok_s": round(r, 1), "hf_tok_s": round(h, 1),
+             "ratio_ours_over_raw": round(o / r, 4), "ratio_ours_over_hf": round(o / h, 4)}
+            for o, r, h in zip(ours, raw, hf, strict=True)]
 
 
 def bench_model(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path,
@@ -117,6 +132,9 @@ def bench_model(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenize
             "ours_tok_s": round(statistics.median(rates["ours"]), 1),
             "raw_vllm_tok_s": round(statistics.median(rates["raw"]), 1),
             "hf_tok_s": round(statistics.median(rates["hf"]), 1),
+            "paired_ratio_ours_over_raw": round(paired_ratio(rates["ours"], rates["raw"]), 4),
+            "paired_ratio_ours_over_hf": round(paired_ratio(rates["ours"], rates["hf"]), 4),
+            "runs": run_values(rates),
             "weight_sync_ms": round(statistics.median(sync_ms), 2),
             "engine_start_s": round(engine_start_s, 2)}
 
@@ -127,7 +145,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    add_loaded_flag(parser)
     args = parser.parse_args()
+    run = provenance.begin(timed=True, loaded=args.loaded)
     torch.set_num_threads(usable_cores())  # the HF baseline gets the cores the vLLM sampler gets by default
     params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
     source = tasks.TaskSource()
@@ -144,11 +164,12 @@ def main() -> None:
                      "temperature": params.temperature, "top_p": params.top_p, "threads": usable_cores(),
                      "vllm": vllm.__version__, "dtype": "float32"}}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "sampler.json").write_text(json.dumps(out, indent=1) + "\n")
+    (RESULTS / "sampler.json").write_text(json.dumps(provenance.stamp(out, run, args.runs), indent=1) + "\n")
     large = results[-1]
     print(f"sampler: {large['name']} ({large['params'] / 1e6:.1f}M params) ours {large['ours_tok_s']:,.0f} tok/s = "
-          f"{large['ours_tok_s'] / large['raw_vllm_tok_s']:.2f}x raw vLLM, "
-          f"{large['ours_tok_s'] / large['hf_tok_s']:.2f}x transformers; weight sync {large['weight_sync_ms']:.0f} ms; "
+          f"{large['paired_ratio_ours_over_raw']:.2f}x raw vLLM, "
+          f"{large['paired_ratio_ours_over_hf']:.2f}x transformers (paired); "
+          f"weight sync {large['weight_sync_ms']:.0f} ms; "
           + "; ".join(f"{r['name']} ours {r['ours_tok_s']:,.0f} / raw {r['raw_vllm_tok_s']:,.0f} / "
                       f"hf {r['hf_tok_s']:,.0f} tok/s, sync {r['weight_sync_ms']:.1f} ms" for r in results[:-1]))
 

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import provenance
 from bench.sapo_paper import add_gains_vs_8_0
 from simulations.report import moving_average, node_mean_curve
 from simulations.runner import cell_dir, finished_result, read_rows, run_cell
@@ -271,6 +272,7 @@ def main() -> None:
     ap.add_argument("--finished-only", action="store_true",
                     help="run nothing: report the cells that completed (a grid still in progress; `complete` false)")
     args = ap.parse_args()
+    run = provenance.begin()  # rewards and accuracies: no time or rate, no load guard
     scn = with_overrides(load_scenario(args.file), rounds=args.rounds, nodes=args.nodes, seeds=args.seeds)
     run_dir = args.run_dir or Path(scn.run_dir)
     wanted = set(args.cells) if args.cells else None
@@ -290,7 +292,7 @@ def main() -> None:
     result["complete"] = all(len(c["seeds_done"]) == len(scn.seeds)
                              for part in ("homogeneous", "specialised") for c in result.get(part, {}).values())
     result["wall_s_this_run"] = time.monotonic() - started
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    args.out.write_text(json.dumps(provenance.stamp(result, run, runs=len(scn.seeds)), indent=1) + "\n")
     print("sapo_mix: " + summary_line(result))
 
 

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import provenance
 from bench.sapo_paper import add_gains_vs_8_0
 from simulations.report import plot_reward_curves
 from simulations.runner import cell_dir, read_rows, run_cell
@@ -77,6 +78,7 @@ def main() -> None:
     ap.add_argument("--run-dir", type=Path)
     ap.add_argument("--is", dest="with_is", action="store_true", help="add the 4/4+is configuration")
     args = ap.parse_args()
+    run = provenance.begin()  # cumulative rewards: no time or rate, no load guard
     scn = with_overrides(load_scenario(args.scenario), rounds=args.rounds, nodes=args.nodes, seeds=args.seeds)
     variants = list(scn.variants)
     if args.with_is:
@@ -100,7 +102,8 @@ def main() -> None:
             print(f"{variant.name} seed {seed}: cum reward {result['cum_reward']:.2f} final eval "
                   f"{result['final_eval_acc']} ({result['wall_s']:.0f} s)", flush=True)
             summary = summarise(scn, results, time.monotonic() - started, run_dir)
-            (RESULTS / "sapo_sweep.json").write_text(json.dumps(summary, indent=1))
+            stamped = provenance.stamp(summary, run, runs=len(scn.seeds))
+            (RESULTS / "sapo_sweep.json").write_text(json.dumps(stamped, indent=1))
     curves = {name: [read_rows(cell_dir(run_dir, name, c["seed"]) / "metrics.csv") for c in cells]
               for name, cells in results.items()}
     plot_reward_curves(curves, RESULTS / "sapo_sweep.png", title=f"SAPO sweep: {scn.nodes} nodes, G=8")

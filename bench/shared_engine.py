@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import os
 
+from bench import provenance
+from bench.load_guard import add_loaded_flag
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP (see vllm_sampler)
 
 import argparse
@@ -74,14 +77,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--child", choices=sorted(MODES))
+    add_loaded_flag(ap)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.nodes, args.rounds)))
+        print(json.dumps({**child(args.child, args.nodes, args.rounds), "sources": provenance.imported_sources()}))
         return
+    run = provenance.begin(timed=True, loaded=args.loaded)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    child_sources: set[str] = set()
     for repeat in range(args.repeats):
         for mode in MODES:
             r = run_child(mode, args.nodes, args.rounds)
+            child_sources.update(r.pop("sources"))
             runs[mode].append(r)
             print(f"  repeat {repeat + 1}/{args.repeats} {mode}: {r['round_s']:.2f} s/round, "
                   f"{r['peak_rss_mib']:.0f} MiB peak", flush=True)
@@ -97,6 +104,7 @@ def main() -> None:
            "groups_per_node": 8, "lora_rank": 8, "threads": 1, "modes": summary,
            "note": "round = every node samples 8x8 completions, scores and trains once; medians over repeats"}
     RESULTS.mkdir(exist_ok=True)
+    out = provenance.stamp(out, run, runs=args.repeats, child_sources=sorted(child_sources))
     (RESULTS / "shared_engine.json").write_text(json.dumps(out, indent=1))
     v, h = summary["vllm_per_node"], summary["hf_per_node"]
     print(f"shared_engine: {args.nodes} nodes, s/round shared {shared['round_s_median']:.2f} | vLLM per node "

@@ -25,6 +25,7 @@ from typing import Any
 
 import tomllib
 
+from bench import provenance
 from swarm_node.config import SAMPLER_CONFIGS, load_config
 from swarm_node.node.assembly import assemble
 from swarm_node.node.run_files import NodeEvents
@@ -113,6 +114,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "solo_learning.json"))
     ap.add_argument("--run-root", default=str(Path(__file__).parent / ".runs" / "solo_learning"))
     args = ap.parse_args()
+    run = provenance.begin()  # accuracies and rewards: no time or rate, no load guard
     overrides = parse_set(args.set)
     if args.parallel:
         per_seed = run_parallel(args)
@@ -126,7 +128,7 @@ def main() -> None:
                                                              for p in per_seed))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    out.write_text(json.dumps(provenance.stamp(result, run, runs=len(args.seeds)), indent=1))
     print(f"solo_learning: greedy {result['eval_acc_before']:.3f} -> {result['eval_acc_after']:.3f} "
           f"({result['greedy_gain_points']:+.1f} pts), sampled {result['sampled_reward_before']:.3f} -> "
           f"{result['sampled_reward_after']:.3f}, {args.steps} steps, {result['wall_s']:.0f} s/seed (median of "

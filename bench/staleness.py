@@ -28,6 +28,9 @@ from typing import Any
 
 import msgpack
 
+from bench import provenance
+from bench.load_guard import add_loaded_flag
+
 RESULTS = Path(__file__).parent / "results"
 PROMPTS = 8
 GROUP = 8
@@ -206,7 +209,9 @@ def main() -> None:
     parser.add_argument("--sampler", default="hf", help="the pinned worker's sampler (hf | vllm)")
     parser.add_argument("--skip-virtual", action="store_true")
     parser.add_argument("--skip-pinned", action="store_true")
+    add_loaded_flag(parser)
     args = parser.parse_args()
+    run = provenance.begin(timed=True, loaded=args.loaded)  # s/step
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from swarm_node.model.default_model import ensure_default_model
 
@@ -226,7 +231,7 @@ def main() -> None:
                         "model": "embedded default", "cpu_count": os.cpu_count()},
               "wall_s": time.monotonic() - started}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    out.write_text(json.dumps(provenance.stamp(result, run, runs=1), indent=1))
     s0 = next((r for r in pinned if r["s"] == 0), None)
     line = "staleness:"
     if s0 and s1:

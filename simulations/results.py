@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from simulations.code_version import code_version
 from simulations.scenario import Scenario, Variant
 from swarm_node.model.default_model import DefaultModelRecipe
 
@@ -26,14 +27,15 @@ _NOT_IN_FINGERPRINT = ("seeds", "run_dir", "variants", "checkpoint_rounds")  # h
 
 
 def cell_fingerprint(scn: Scenario, variant: Variant) -> str:
-    """What a cell's result depends on besides its seed: the scenario (less seeds and run dir), the variant and the
-    embedded default model's recipe. A stored result with another fingerprint is run again, not reused."""
+    """What a cell's result depends on besides its seed: the scenario (less seeds and run dir), the variant, the
+    embedded default model's recipe and the code (`code_version`: cells run on different code are never pooled).
+    A stored result with another fingerprint is run again, not reused."""
     what = {k: v for k, v in dataclasses.asdict(scn).items() if k not in _NOT_IN_FINGERPRINT}
     if scn.sampler == "per-node":
         del what["sampler"]  # the default: results stored before the option existed stay valid
     if not scn.attackers:
         del what["attackers"]  # likewise (mode "attack" only)
-    what.update(variant=dataclasses.asdict(variant), default_model=DefaultModelRecipe().key())
+    what.update(variant=dataclasses.asdict(variant), default_model=DefaultModelRecipe().key(), code=code_version())
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
