@@ -16,9 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from bench.report_rows import ROWS, Results
 from simulations.code_version import REPO
