@@ -1,0 +1,116 @@
+"""bench.report: the README's results section is generated from the result files (a fixture renders to an exact
+row, the real README is up to date, a drifted number fails --check) and --stale lists results whose measured
+sources changed, except the historical ones."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import provenance
+from bench.report import END, HEADER, START, main, render_section, splice, stale
+from bench.report_rows import ROWS
+
+REPO = Path(__file__).resolve().parents[2]
+GOSSIP = {"nodes": 4, "groups": 1200, "delivered_frac": 1.0, "groups_per_s": 237.7, "p50_ms": 16.2, "p99_ms": 52.8,
+          "stream_mb_s": 112.0}
+MEASURED = {"commit": "0123456789abcdef", "date": "2026-11-26T10:00:00Z", "dirty": False, "loaded": False}
+BACKFILLED = {"backfilled": True, "commit": "aaaaaaa111", "numbers_commit": "bbbbbbb222",
+              "numbers_date": "2026-11-22T04:37:09+00:00", "date": None}
+GOSSIP_ROW = ("| `python -m bench.gossip` | 4 libp2p processes on loopback: groups/s delivered to every peer, latency, "
+              "stream MB/s | delivered 1.000 at 238 groups/s; p50 16 ms, p99 53 ms at 100 groups/s; stream 112 MB/s "
+              "| `gossip.json` `0123456` 2026-11-26 |")
+
+
+def write(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+def test_a_fixture_result_renders_into_its_row(tmp_path: Path) -> None:
+    write(tmp_path / "gossip.json", {**GOSSIP, "provenance": MEASURED})
+    assert render_section(tmp_path, {"gossip": ROWS["gossip"]}) == f"{HEADER}\n{GOSSIP_ROW}"
+
+
+def test_a_historical_result_is_marked_and_named_by_the_commit_of_its_numbers(tmp_path: Path) -> None:
+    write(tmp_path / "gossip.json", {**GOSSIP, "provenance": BACKFILLED})
+    (tmp_path / "HISTORICAL.toml").write_text('[[result]]\nresult = "gossip.json"\nreason = "old"\ncommit = "aaa"\n')
+    row = render_section(tmp_path, {"gossip": ROWS["gossip"]}).splitlines()[-1]
+    assert row.endswith("| `gossip.json` `bbbbbbb` 2026-11-22, historical |")
+    write(tmp_path / "gossip.json", {**GOSSIP, "provenance": {**MEASURED, "dirty": True, "loaded": True}})
+    assert render_section(tmp_path, {"gossip": ROWS["gossip"]}).endswith(
+        "| `gossip.json` `0123456` 2026-11-26, uncommitted changes, loaded machine, historical |")
+
+
+def test_every_registered_row_renders_from_the_committed_results() -> None:
+    section = render_section()
+    assert len(section.splitlines()) == 2 + len(ROWS)
+    assert "`nat.json`" in section and "43 groups exchanged" in section  # the file's figure, not an older README's
+
+
+def test_the_readme_section_is_what_the_generator_produces() -> None:
+    assert main(["--check"]) == 0
+
+
+def test_check_fails_on_a_drifted_number(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    results = tmp_path / "results"
+    write(results / "gossip.json", {**GOSSIP, "provenance": MEASURED})
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n\nintro\n\n{START}\n{END}\n\nafter\n")
+    rows = dict(ROWS)
+    ROWS.clear()
+    ROWS["gossip"] = rows["gossip"]
+    try:
+        assert main(["--readme", str(readme), "--results", str(results)]) == 0
+        assert readme.read_text() == f"# title\n\nintro\n\n{START}\n{HEADER}\n{GOSSIP_ROW}\n{END}\n\nafter\n"
+        assert main(["--check", "--readme", str(readme), "--results", str(results)]) == 0
+        readme.write_text(readme.read_text().replace("238 groups/s", "160 groups/s"))
+        assert main(["--check", "--readme", str(readme), "--results", str(results)]) == 1
+        assert "differs from bench/results/" in capsys.readouterr().err
+        readme.write_text("# no markers\n")
+        assert main(["--check", "--readme", str(readme), "--results", str(results)]) == 2
+    finally:
+        ROWS.clear()
+        ROWS.update(rows)
+
+
+def test_splice_keeps_what_is_outside_the_markers() -> None:
+    assert splice(f"a\n{START}\nold\n{END}\nb", "new") == f"a\n{START}\nnew\n{END}\nb"
+    with pytest.raises(ValueError):
+        splice("no markers", "new")
+
+
+def measured_result(root: Path, results: Path, name: str, recipe: str) -> None:
+    sources = ["pkg/measured.py"]
+    prov = {**MEASURED, "sources": sources, "default_model_recipe": recipe,
+            "sources_fingerprint": provenance.sources_fingerprint(root, sources, recipe)}
+    write(results / name, {"rate": 1.0, "provenance": prov})
+
+
+def test_stale_lists_results_whose_measured_sources_changed(tmp_path: Path) -> None:
+    root, results = tmp_path / "repo", tmp_path / "repo" / "bench" / "results"
+    module = root / "pkg" / "measured.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("RATE = 1\n")
+    (root / "pkg" / "other.py").write_text("X = 1\n")
+    measured_result(root, results, "fresh.json", "r1")
+    measured_result(root, results, "old.json", "r1")
+    (results / "HISTORICAL.toml").write_text('[[result]]\nresult = "old.json"\nreason = "backfilled"\ncommit = "a"\n')
+    write(results / "spot_check" / "bare.json", {"rate": 2.0})
+    assert stale(results, root, recipe="r1") == [("spot_check/bare.json", "no provenance with a sources fingerprint")]
+
+    (root / "pkg" / "other.py").write_text("X = 2\n")  # not measured by either result
+    assert [name for name, _ in stale(results, root, recipe="r1")] == ["spot_check/bare.json"]
+    module.write_text("RATE = 2\n")
+    assert stale(results, root, recipe="r1") == [
+        ("fresh.json", "its measured sources changed since 0123456 (2026-11-26)"),
+        ("spot_check/bare.json", "no provenance with a sources fingerprint")]  # old.json is historical
+    module.write_text("RATE = 1\n")
+    assert stale(results, root, recipe="r2")[0] == (
+        "fresh.json", "the default model's recipe changed since 0123456 (2026-11-26)")
+
+
+def test_stale_runs_on_the_repository() -> None:
+    assert main(["--stale"]) in (0, 1)
