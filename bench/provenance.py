@@ -104,7 +104,7 @@ def recipe_key() -> str:
 
 def dirty(root: Path = REPO) -> bool | None:
     """Uncommitted changes outside bench/results/ (None outside a git checkout)."""
-    status = _git(root, "status", "--porcelain", "--untracked-files=no")
+    status = _git(root, "status", "--porcelain")  # untracked files too: an untracked module may be measured
     if status is None:
         return None
     return any(not line[3:].startswith(RESULTS_DIR) for line in status.splitlines() if line.strip())

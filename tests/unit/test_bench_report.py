@@ -114,3 +114,16 @@ def test_stale_lists_results_whose_measured_sources_changed(tmp_path: Path) -> N
 
 def test_stale_runs_on_the_repository() -> None:
     assert main(["--stale"]) in (0, 1)
+
+
+def test_every_committed_result_has_a_provenance_or_is_historical() -> None:
+    from bench.report import RESULTS, historical, load_result
+
+    old = historical(RESULTS)
+    for path in sorted([*RESULTS.rglob("*.json"), *RESULTS.rglob("*.jsonl")]):
+        name = str(path.relative_to(RESULTS))
+        prov = load_result(path).get("provenance")
+        assert prov is not None, name
+        assert set(prov) >= {"commit", "dirty", "sources_fingerprint", "command", "date", "machine"}, name
+        if prov.get("backfilled"):
+            assert name in old, f"{name}: backfilled but not in HISTORICAL.toml"
