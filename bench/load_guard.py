@@ -20,7 +20,6 @@ def add_loaded_flag(parser: argparse.ArgumentParser) -> None:
 
 def refuse_if_loaded(load_avg_1m: float, loaded: bool) -> None:
     if load_avg_1m > MAX_LOAD and not loaded:
-        print(f"error: the 1-minute load average is {load_avg_1m:.2f} (above {MAX_LOAD}): this benchmark "
-                         "reports a time or a rate; wait for an idle machine or rerun with --loaded (recorded)",
-              file=sys.stderr)
+        print(f"error: the 1-minute load average is {load_avg_1m:.2f} (above {MAX_LOAD}): this benchmark reports a "
+              "time or a rate; wait for an idle machine or rerun with --loaded (recorded)", file=sys.stderr)
         raise SystemExit(2)

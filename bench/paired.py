@@ -1,7 +1,7 @@
 """Paired ratios: ours against a baseline measured in the same run, the median over runs of the per-run ratio.
 
-A ratio of two separate medians mixes runs taken under different machine load (once 0.57x where the paired
-ratio was 0.97x); the ratio of the two values of one run, where they were interleaved, cancels that load. The
+A ratio of two separate medians mixes runs taken under different machine load; the ratio of the two values of
+one run, where they were interleaved, cancels most of it. The
 per-run values are kept beside the ratio, so anyone can check it.
 """
 
