@@ -182,6 +182,11 @@ def attack(r: Results) -> str:
     bad = sum(d["bad_groups_trained"].values())
     bad_text = ("0 bad groups trained of every kind" if bad == 0 else
                 "bad groups trained " + ", ".join(f"{k} {v}" for k, v in d["bad_groups_trained"].items() if v))
+    trained = {k: v for k, v in d["attacker_groups_trained"].items() if v}
+    if trained:  # sent by attackers, trained with our own re-computed rewards: the design working, not harm
+        bad_text += (" (`bad_groups_trained`: a forged claim or a replay that reached the loss); attackers' groups "
+                     "trained with our own rewards (`attacker_groups_trained`): "
+                     + ", ".join(f"{k} {v}" for k, v in trained.items()))
     kill = d["kill_resume"]
     mid_write = sum(t["mid_write"] for t in kill["by_target"].values())
     return (f"honest held-out accuracy {per_fraction(d['honest_eval_acc'], lambda v: f'{v:.3f}')} (vs clean "
