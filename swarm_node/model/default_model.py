@@ -155,18 +155,37 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     declared = json.loads(config_file.read_text()).get("tokenizer_class") if config_file.exists() else None
     if declared in PLAIN_TOKENIZER_CLASSES:
         return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+
+
+PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+
+
+def check_weights_format(path: Path) -> None:
+    """Weights load from safetensors only: a directory whose weights are pickle files (which run code when loaded)
+    is one UserError line that says how to convert it."""
+    if any(path.glob("*.safetensors")):
+        return
+    pickled = sorted(p.name for pattern in PICKLE_WEIGHTS for p in path.glob(pattern))
+    if pickled:
+        raise UserError(
+            f"model path {str(path)!r} holds pickle weights only ({pickled[0]}): swarm-node loads safetensors only "
+            "(pickle runs code when loaded). If you trust the file, convert it once: python -c \"from transformers "
+            f"import AutoModelForCausalLM as M; M.from_pretrained('{path}').save_pretrained('{path}-safetensors')\", "
+            "then pass that directory")
 
 
 def model_config(path: str | Path) -> PretrainedConfig:
-    """The config of a local HF model directory; any problem is one UserError line."""
+    """The config of a local HF model directory, whose weights are safetensors (`check_weights_format`); any problem
+    is one UserError line. Never with remote code: a config that needs its own Python (`auto_map`) is refused."""
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"model path {str(path)!r} is not a directory")
     if not (path / "config.json").exists():
         raise UserError(f"model path {str(path)!r} has no config.json: not a Hugging Face model directory")
+    check_weights_format(path)
     try:
-        return AutoConfig.from_pretrained(path, local_files_only=True)
+        return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
         raise UserError(f"cannot load a causal LM from {str(path)!r}: {str(exc).splitlines()[0]}") from exc
 
@@ -178,7 +197,7 @@ def load_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBa
     try:
         tokenizer = load_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32,
-                                                     config=config)
+                                                     config=config, use_safetensors=True, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
         raise UserError(f"cannot load a causal LM from {str(path)!r}: {str(exc).splitlines()[0]}") from exc
     if tokenizer.eos_token_id is None:

@@ -136,7 +136,9 @@ def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: flo
     # Every bound is checked before anything is decoded or scored: first the ids alone...
     token_ids: list[list[int]] = []
     for c in wire.completions:
-        ids = list(c.token_ids) if same_tokenizer else tok.encode(c.text) + [eos]
+        # Re-tokenized as a continuation: no special tokens (a Llama-3 tokenizer would prepend its BOS to every
+        # completion, which then is not well-formed).
+        ids = list(c.token_ids) if same_tokenizer else tok.encode(c.text, add_special_tokens=False) + [eos]
         reason = _ids_reason(ids, vocab, bounds)
         if reason:
             return Outcome(None, reason)
