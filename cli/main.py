@@ -99,6 +99,14 @@ StatusHostOpt = Annotated[str | None, typer.Option("--status-host", help=config_
 StatusTokenOpt = Annotated[str | None, typer.Option("--status-token", help="bearer token for the status API")]
 StalenessOpt = Annotated[int | None, typer.Option("--max-staleness", help=config_help(
     "train.max_staleness", "S: version lag allowed between generation and training; >= 1 overlaps them"))]
+MaxNewTokensOpt = Annotated[int | None, typer.Option("--max-new-tokens", help=config_help(
+    "sampler.max_new_tokens", "generation budget per completion, EOS included"))]
+MaxModelLenOpt = Annotated[int | None, typer.Option("--max-model-len", help=config_help(
+    "sampler.max_model_len", "vLLM's context (prompt + completion); 0: derived from the model"))]
+TemperatureOpt = Annotated[float | None, typer.Option("--temperature", help=config_help(
+    "sampler.temperature", "sampling temperature"))]
+LoraRankOpt = Annotated[int | None, typer.Option("--lora-rank", help=config_help(
+    "train.lora_rank", "train rank-r LoRA adapters on a frozen base; 0: every weight"))]
 DeviceOpt = Annotated[str | None, typer.Option("--device", help=config_help(
     "run.device", f"{' | '.join(variants.DEVICES)} | cuda:N"))]
 # The config's default is 0, "derived from the device": the help says what it derives.
@@ -115,7 +123,9 @@ def solo(config: ConfigOpt = None, steps: StepsOpt = None, task: TaskOpt = None,
          checkpoint_every_s: CkptSecondsOpt = None, eval_problems: EvalOpt = None,
          status_port: StatusPortOpt = None, status_host: StatusHostOpt = None,
          status_token: StatusTokenOpt = None, max_staleness: StalenessOpt = None, device: DeviceOpt = None,
-         memory_budget: BudgetOpt = None) -> None:
+         memory_budget: BudgetOpt = None, max_new_tokens: MaxNewTokensOpt = None,
+         max_model_len: MaxModelLenOpt = None, temperature: TemperatureOpt = None,
+         lora_rank: LoraRankOpt = None) -> None:
     """Train one node alone, offline, on the embedded default model and task."""
     params = dict(locals())  # the flags, by parameter name: cli/options.NODE_KEYS maps them to config keys
     with user_errors():
@@ -210,7 +220,9 @@ def join(bootstrap: BootstrapOpt = None, listen: ListenOpt = None, announce_addr
          status_port: StatusPortOpt = None, status_host: StatusHostOpt = None,
          status_token: StatusTokenOpt = None, learner: LearnerOpt = None,
          max_staleness: StalenessOpt = None, cost_per_hour: CostOpt = None, device: DeviceOpt = None,
-         memory_budget: BudgetOpt = None, relay: RelayOpt = None, upnp: UpnpOpt = None) -> None:
+         memory_budget: BudgetOpt = None, relay: RelayOpt = None, upnp: UpnpOpt = None,
+         max_new_tokens: MaxNewTokensOpt = None, max_model_len: MaxModelLenOpt = None,
+         temperature: TemperatureOpt = None, lora_rank: LoraRankOpt = None) -> None:
     """Join a swarm over libp2p: as a peer, share rollouts and train on theirs (SAPO); as a learner or a worker
     following one (--role, --learner), the ECHO-2 mode. Prints the address others can join through; without
     --bootstrap it starts a new swarm."""

@@ -20,7 +20,8 @@ NODE_KEYS = {
     "eval_problems": "run.eval_problems", "device": "run.device", "task": "task.name", "model": "model.path",
     "sampler": "sampler.kind", "lr": "train.lr", "minibatches": "train.minibatches",
     "max_staleness": "train.max_staleness", "status_port": "status.port", "status_host": "status.host",
-    "status_token": "status.token",
+    "status_token": "status.token", "max_new_tokens": "sampler.max_new_tokens",
+    "max_model_len": "sampler.max_model_len", "temperature": "sampler.temperature", "lora_rank": "train.lora_rank",
     # join
     "bootstrap": "network.bootstrap", "listen": "network.listen", "announce_addr": "network.announce_addr",
     "identity": "network.identity", "role": "network.role", "learner": "network.learner", "relay": "network.relay",

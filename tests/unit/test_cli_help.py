@@ -24,6 +24,8 @@ def test_help_renders(command: str, option: str) -> None:
     ("solo", "--steps", "[200]"), ("solo", "--sampler", "auto | vllm | hf [auto]"), ("solo", "--lr", "[0.0001]"),
     ("join", "--external-correction", "none | is | ftis | decoupled [is]"), ("join", "--upnp", "[on]"),
     ("join", "--listen", "[/ip4/0.0.0.0/tcp/0]"), ("join", "--role", "[peer]"),
+    ("solo", "--max-new-tokens", "[8]"), ("join", "--max-new-tokens", "[8]"), ("solo", "--max-model-len", "[0]"),
+    ("solo", "--temperature", "[1.0]"), ("join", "--lora-rank", "[0]"),
 ])
 def test_help_shows_the_config_default(command: str, option: str, default: str) -> None:
     result = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "250"})
@@ -44,3 +46,13 @@ def test_flags_become_config_keys_by_the_table() -> None:
                          "task.options": {"max_value": 12}, "task.name": "gcd", "run.memory_budget_mib": 1024}
     cfg = load_config(None, overrides)
     assert (cfg.run.steps, cfg.share.correction.kind, cfg.run.memory_budget_mib) == (7, "ftis", 1024)
+
+
+def test_the_model_settings_users_need_are_flags() -> None:
+    from cli.options import node_overrides
+    from swarm_node.config import load_config
+
+    cfg = load_config(None, node_overrides({"max_new_tokens": 1024, "max_model_len": 1536, "temperature": 0.7,
+                                            "lora_rank": 16, "sampler": "vllm"}))
+    assert (cfg.sampler.max_new_tokens, cfg.sampler.max_model_len, cfg.sampler.temperature, cfg.train.lora_rank) == \
+        (1024, 1536, 0.7, 16)
