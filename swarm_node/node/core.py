@@ -58,6 +58,8 @@ from swarm_node.status.stats import NodeStats
 from swarm_node.train.evaluate import EvalResult, evaluate, per_task_metrics
 from swarm_node.train.overlap import LatestWeights
 from swarm_node.train.scoring import score_group, to_samples
+from swarm_node.train.signal import AFTER_STEPS as SIGNAL_AFTER_STEPS
+from swarm_node.train.signal import SignalWatch
 from swarm_node.train.trainer import Trainer
 from swarm_node.types import Draft, ScoredGroup, SkippedStep
 
@@ -133,6 +135,8 @@ class Node:
         # The node's random streams: task draws, the minibatch shuffle, and a SAPO peer's external selection.
         self.streams = RandomStreams(random.Random(cfg.run.seed), self.trainer.rng,
                                      random.Random(cfg.run.seed * 7919 + 17))
+        self._signal = SignalWatch(SIGNAL_AFTER_STEPS, cfg.sampler.max_new_tokens, self.tokenizer.eos_token_id,
+                                   self.tokenizer.all_special_ids)
         self.tokenizer_hash = tokenizer_hash(self.tokenizer)
         self.family = str(getattr(self.model.config, "model_type", ""))  # what our published groups say
         self._restore_or_start()
@@ -286,6 +290,7 @@ class Node:
         groups, externals = draft.groups, draft.externals
         rewards = [r for g in groups for r in g.rewards]
         used = [g for g in groups if g.has_signal]
+        self._say_if_nothing_is_learnt(groups)
         self.stats.count("dropped", "zero_advantage", len(groups) - len(used))
         self.stats.count("groups", "used", len(used) + len(externals))
         # Version lag of each group (0 in the sequential loop, <= max_staleness when generation overlaps or the
@@ -328,6 +333,16 @@ class Node:
         if draft.share is not None:
             metrics.update(draft.share.metrics(externals))
         return metrics
+
+    def _say_if_nothing_is_learnt(self, groups: tuple[ScoredGroup, ...]) -> None:
+        """Once per streak of steps without a group with signal: the likely cause and its fix (train/signal.py)."""
+        report = self._signal.observe(groups)
+        budget = self.cfg.sampler.max_new_tokens
+        if report is not None:
+            self.events.log(f"warning: {report.line(budget)}")
+            self.stats.update(training_signal=report.status(budget))
+        elif self._signal.streak == 0 and self.stats.training_signal is not None:
+            self.stats.update(training_signal=None)
 
     def _step_seconds(self, draft: Draft) -> float:
         """Sequential: from the start of sampling. Overlapped: since the previous step ended (what a step costs)."""

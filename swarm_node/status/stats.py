@@ -37,6 +37,7 @@ class NodeStats:
     tokens_per_s: float = 0.0
     last_checkpoint: dict[str, Any] | None = None
     pool_size: int = 0
+    training_signal: dict[str, Any] | None = None  # set while no group has had signal for a while (train/signal.py)
     broadcast: dict[str, Any] = field(default_factory=dict)
     network: dict[str, Any] = field(default_factory=dict)  # reachability, relays, relayed bytes (transport.nat_report)
     groups: Counter = field(default_factory=Counter)  # produced / received / used
@@ -114,6 +115,7 @@ class NodeStats:
                 "dropped": dict(self.dropped),
                 "errors": dict(self.errors),
                 "pool_size": self.pool_size,
+                "training_signal": self.training_signal,
                 "staleness": {str(k): v for k, v in sorted(self.staleness.items())},
                 "broadcast": dict(self.broadcast),
                 "network": dict(self.network),
