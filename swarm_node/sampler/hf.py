@@ -5,6 +5,10 @@ so their log-softmax is exactly the processed log-prob of `rl.logprobs`. Weights
 reference, so the trainer can keep updating its own model while this one samples the version it was given.
 Device: the copy stays on the given model's device (model/device.py placed it); inputs go there and results come
 back as Python lists. A seeded call forks the RNG of that device too, so it leaves the caller's streams as they were.
+Sampling settings are ours alone: `generate` gets a generation config built from `SamplingParams`, never the model
+directory's `generation_config.json`, whose processors the trainer does not reproduce (a `repetition_penalty` of
+1.1, as Qwen2.5-Instruct ships, bent the behaviour log-probs by ~1.4-1.9 nats a completion); those found in the
+model's config are named in one line at start (`unreproduced_processors`).
 Memory: `max_rows` (0: no limit; `limit_rows`, from the node's memory sizing, train/sizing.py) caps the rows of one
 `generate()` pass; a larger request runs in consecutive passes of whole prompts, the seeded RNG running on from
 one pass to the next. With no cap (the default) a call is one pass, as before.
@@ -13,15 +17,42 @@ one pass to the next. With no cap (the default) a call is one pass, as before.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from swarm_node.sampler.base import Completion, Sampler, SamplingParams, check_prompt_lengths
 
+# Processors of a generation config that change the sampling distribution, with the value that turns each off.
+NEUTRAL_PROCESSORS: dict[str, object] = {
+    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0, "min_length": 0, "min_new_tokens": None, "bad_words_ids": None,
+    "suppress_tokens": None, "begin_suppress_tokens": None, "sequence_bias": None, "forced_bos_token_id": None,
+    "forced_eos_token_id": None, "exponential_decay_length_penalty": None, "typical_p": 1.0, "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0, "min_p": None, "length_penalty": 1.0,
+}
+
+
+def unreproduced_processors(config: GenerationConfig | None) -> list[str]:
+    """`name=value` of each distribution-changing processor a model's generation config turns on (sorted)."""
+    if config is None:
+        return []
+    found = []
+    for name, neutral in sorted(NEUTRAL_PROCESSORS.items()):
+        value = getattr(config, name, neutral)
+        if value not in (neutral, None) and not (name == "min_length" and value == 0):
+            found.append(f"{name}={value}")
+    return found
+
 
 class HFSampler(Sampler):
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, version: int = 0) -> None:
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, version: int = 0,
+                 log: Callable[[str], None] | None = None) -> None:
+        off = unreproduced_processors(getattr(model, "generation_config", None))
+        if off and log is not None:
+            log("sampler: off from the model's generation_config.json (the trainer does not reproduce them): "
+                + ", ".join(off))
         self.model = copy.deepcopy(model).eval()
         self.tokenizer = tokenizer
         self.version = version
@@ -63,12 +94,13 @@ class HFSampler(Sampler):
             input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             attention[i, width - len(p):] = 1
         greedy = params.temperature <= 0
-        out = self.model.generate(
-            input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
+        config = GenerationConfig(
             max_new_tokens=params.max_new_tokens, do_sample=not greedy,
-            temperature=None if greedy else params.temperature, top_p=None if greedy else params.top_p,
-            top_k=None if greedy else 0, output_scores=True, return_dict_in_generate=True, pad_token_id=pad,
-            eos_token_id=eos)
+            temperature=1.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p, top_k=0,
+            output_scores=True, return_dict_in_generate=True, pad_token_id=pad, eos_token_id=eos,
+            **NEUTRAL_PROCESSORS)
+        out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
+                                  generation_config=config)
         new_tokens = out.sequences[:, width:]  # [rows, steps]
         # scores: one [rows, V] per generated step, already warped (temperature, top-p) when sampling.
         logps = torch.stack([s.float().log_softmax(-1) for s in out.scores], dim=1)  # [rows, steps, V]

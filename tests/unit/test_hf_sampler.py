@@ -63,3 +63,34 @@ def test_prompt_too_long_is_a_clear_error(tiny_model_dir: Path) -> None:
     model, tok = load_model(tiny_model_dir)
     with pytest.raises(PromptTooLongError, match="prompt 0 has 300 tokens; with 8 new tokens it exceeds"):
         HFSampler(model, tok).generate([[5] * 300], 1, SamplingParams())
+
+
+def test_the_models_own_generation_settings_do_not_bend_the_behaviour_logprobs(tiny_model_dir: Path,
+                                                                               tmp_path: Path) -> None:
+    """A model directory's generation_config.json (Qwen2.5-Instruct ships repetition_penalty 1.1) must not change
+    what is sampled behind the trainer's back: sampling settings are ours, set explicitly, and a processor the
+    trainer does not reproduce is off (said in one line)."""
+    import json
+    import shutil
+
+    shaped = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, shaped)
+    (shaped / "generation_config.json").write_text(json.dumps({
+        "repetition_penalty": 1.3, "no_repeat_ngram_size": 2, "top_k": 5, "temperature": 0.3, "top_p": 0.5,
+        "do_sample": True}))
+    model, tok = load_model(shaped)
+    assert model.generation_config.repetition_penalty == 1.3  # the directory's settings did load
+    said: list[str] = []
+    sampler = HFSampler(model, tok, log=said.append)
+    prompts = [tok.encode("1 + 2 =\nAnswer: "), tok.encode("13 + 24 - 5 =\nAnswer: ")]
+    out = sampler.generate(prompts, 4, SamplingParams(1.0, 1.0, max_new_tokens=12, seed=5))
+    trainer = Trainer(model, TrainConfig(), SamplerConfig(temperature=1.0, top_p=1.0), tok.pad_token_id)
+    samples = [TrainSample(p, c.token_ids, c.logprobs, 0.0) for p, group in zip(prompts, out, strict=True)
+               for c in group]
+    batch = collate(samples, tok.pad_token_id)
+    with torch.no_grad():
+        logp, _ = trainer.token_log_probs(model, batch)
+    gap = (logp[batch.mask.bool()] - batch.behaviour[batch.mask.bool()]).abs().max().item()
+    assert gap <= 1e-4, gap
+    assert said == ["sampler: off from the model's generation_config.json (the trainer does not reproduce them): "
+                    "no_repeat_ngram_size=2, repetition_penalty=1.3"]
