@@ -32,6 +32,15 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
+def eos_ids(tokenizer: PreTrainedTokenizerBase, generation_eos: int | list[int] | None = None) -> tuple[int, ...]:
+    """Every id that ends a completion: the tokenizer's EOS first, then those of the model's generation config
+    (`generation_config.json`'s `eos_token_id`, an id or a list: Qwen2.5-Instruct lists <|im_end|> and <|endoftext|>,
+    Llama-3-Instruct three ids)."""
+    extra = [generation_eos] if isinstance(generation_eos, int) else list(generation_eos or [])
+    ids = [int(tokenizer.eos_token_id)] if tokenizer.eos_token_id is not None else []
+    return tuple(dict.fromkeys(ids + [int(i) for i in extra]))
+
+
 def tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
     """A stable hash of the vocabulary: equal hashes mean token ids can be exchanged as they are."""
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])

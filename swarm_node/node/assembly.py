@@ -123,7 +123,7 @@ def share_context(node: Node) -> ShareContext:
                               max_context=int(node.model.config.max_position_embeddings),
                               vocab_size=int(node.model.config.vocab_size), group_size=cfg.run.group_size)
     return ShareContext(node.tokenizer, node.tokenizer_hash, node.task_source, bounds, cfg.train.advantage,
-                        require_well_formed=cfg.share.require_well_formed)
+                        require_well_formed=cfg.share.require_well_formed, eos_ids=node.eos_ids)
 
 
 def assemble(cfg: NodeConfig, sharing: Sharing = Sharing.NONE, *, transport: Transport | None = None,

@@ -38,7 +38,7 @@ from swarm_node.config import NodeConfig
 from swarm_node.errors import UserError
 from swarm_node.model import lora
 from swarm_node.model.default_model import load_model
-from swarm_node.model.tokenizer import tokenizer_hash
+from swarm_node.model.tokenizer import eos_ids, tokenizer_hash
 from swarm_node.node.build import model_dir_for, sampler_settings, seeded
 from swarm_node.node.hardware import Hardware
 from swarm_node.node.resume import CheckpointSchedule, RandomStreams, restore_latest, save
@@ -135,7 +135,9 @@ class Node:
         # The node's random streams: task draws, the minibatch shuffle, and a SAPO peer's external selection.
         self.streams = RandomStreams(random.Random(cfg.run.seed), self.trainer.rng,
                                      random.Random(cfg.run.seed * 7919 + 17))
-        self._signal = SignalWatch(SIGNAL_AFTER_STEPS, cfg.sampler.max_new_tokens, self.tokenizer.eos_token_id,
+        # Every id that ends a completion: the tokenizer's EOS and those of the model's generation config.
+        self.eos_ids = eos_ids(self.tokenizer, getattr(self.model.generation_config, "eos_token_id", None))
+        self._signal = SignalWatch(SIGNAL_AFTER_STEPS, cfg.sampler.max_new_tokens, self.eos_ids,
                                    self.tokenizer.all_special_ids)
         self.tokenizer_hash = tokenizer_hash(self.tokenizer)
         self.family = str(getattr(self.model.config, "model_type", ""))  # what our published groups say
@@ -251,7 +253,7 @@ class Node:
             raise UserError(f"task {', '.join(source.names)}: {exc}") from exc
         seconds = time.monotonic() - started
         special = frozenset(self.tokenizer.all_special_ids)  # a completion must be the answer alone, then EOS
-        groups = [score_group(i, p, out, source.reward, cfg.train.advantage, eos_id=self.tokenizer.eos_token_id,
+        groups = [score_group(i, p, out, source.reward, cfg.train.advantage, eos_id=self.eos_ids,
                               special_ids=special) for i, p, out in zip(insts, prompts, outputs, strict=True)]
         tokens = sum(len(c.token_ids) for out in outputs for c in out)
         return groups, seconds, tokens
@@ -371,7 +373,7 @@ class Node:
             self._sync_sampler()
             assert self._sampler is not None
             result = evaluate(self._sampler, self.tokenizer, self.task_source, self.cfg.run.eval_problems,
-                              self.cfg.sampler.max_new_tokens)
+                              self.cfg.sampler.max_new_tokens, eos_ids=self.eos_ids)
         self.stats.set_phase("training")
         return result
 

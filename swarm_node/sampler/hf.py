@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from swarm_node.model.tokenizer import eos_ids
 from swarm_node.sampler.base import Completion, Sampler, SamplingParams, check_prompt_lengths
 
 # Processors of a generation config that change the sampling distribution, with the value that turns each off.
@@ -55,6 +56,8 @@ class HFSampler(Sampler):
                 + ", ".join(off))
         self.model = copy.deepcopy(model).eval()
         self.tokenizer = tokenizer
+        # Every EOS id of the model ends a completion (its generation config may list several).
+        self.eos_ids = eos_ids(tokenizer, getattr(getattr(model, "generation_config", None), "eos_token_id", None))
         self.version = version
         self.max_len = int(getattr(model.config, "max_position_embeddings", 2048))
         self.device = next(self.model.parameters()).device
@@ -83,8 +86,8 @@ class HFSampler(Sampler):
                     for group in self._generate([prompts[i] for i in part], n, params)]
 
     def _generate(self, prompts: list[list[int]], n: int, params: SamplingParams) -> list[list[Completion]]:
-        eos = self.tokenizer.eos_token_id
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
+        eos = self.eos_ids
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
         rows = [p for p in prompts for _ in range(n)]
         width = max(len(p) for p in rows)
         # Left padding: every row's next token is generated at the same position.
@@ -97,7 +100,7 @@ class HFSampler(Sampler):
         config = GenerationConfig(
             max_new_tokens=params.max_new_tokens, do_sample=not greedy,
             temperature=1.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p, top_k=0,
-            output_scores=True, return_dict_in_generate=True, pad_token_id=pad, eos_token_id=eos,
+            output_scores=True, return_dict_in_generate=True, pad_token_id=pad, eos_token_id=list(eos),
             **NEUTRAL_PROCESSORS)
         out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
                                   generation_config=config)
@@ -109,10 +112,11 @@ class HFSampler(Sampler):
         results: list[list[Completion]] = []
         for i in range(len(rows)):
             ids = new_tokens[i].tolist()
-            if eos in ids:
-                ids = ids[: ids.index(eos) + 1]
+            end = next((k for k, t in enumerate(ids) if t in eos), None)
+            if end is not None:
+                ids = ids[: end + 1]
             lps = token_logps[i, : len(ids)].tolist()
-            text = self.tokenizer.decode([t for t in ids if t != eos], skip_special_tokens=True)
+            text = self.tokenizer.decode([t for t in ids if t not in eos], skip_special_tokens=True)
             if i % n == 0:
                 results.append([])
             results[-1].append(Completion(ids, text, lps, self.version))

@@ -39,6 +39,7 @@ from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
 
 from swarm_node.errors import UserError
+from swarm_node.model.tokenizer import eos_ids
 from swarm_node.sampler.base import Completion, Sampler, SamplerSettings, SamplingParams, check_prompt_lengths
 from swarm_node.sampler.kinds import DEFAULT_MAX_NUM_SEQS, DTYPE_BYTES, KV_BLOCK_TOKENS, KV_CACHE_MAX_FRACTION
 
@@ -223,6 +224,9 @@ class VLLMSampler(Sampler):
         self.weight_names = checkpoint_weight_names(model_dir, self.shape.tied_embeddings)
         self.tokenizer = tokenizer
         self.eos = int(tokenizer.eos_token_id)
+        generation = model_dir / "generation_config.json"  # its EOS list stops generation too
+        self.eos_ids = eos_ids(tokenizer, json.loads(generation.read_text()).get("eos_token_id")
+                               if generation.exists() else None)
         self.settings = settings
         self.sizes = derive_engine_sizes(settings, self.shape, usable_cores(), available_memory_bytes())
         self.max_len = self.sizes.max_model_len
@@ -275,7 +279,7 @@ class VLLMSampler(Sampler):
             n=n, temperature=0.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p,
             top_k=0, max_tokens=params.max_new_tokens, seed=seed,
             # The tokenizer is not loaded by the engine, so it does not know EOS: stop on it explicitly.
-            stop_token_ids=[self.eos], logprobs=0, flat_logprobs=True, detokenize=False)
+            stop_token_ids=list(self.eos_ids), logprobs=0, flat_logprobs=True, detokenize=False)
 
     def _check_token_ids(self, prompts: list[list[int]]) -> None:
         for i, prompt in enumerate(prompts):
@@ -339,7 +343,7 @@ class VLLMSampler(Sampler):
         logprobs = list(out.logprobs.logprobs) if out.logprobs is not None else []
         if len(logprobs) != len(ids):
             raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(ids)} tokens")
-        text = self.tokenizer.decode([t for t in ids if t != self.eos], skip_special_tokens=True)
+        text = self.tokenizer.decode([t for t in ids if t not in self.eos_ids], skip_special_tokens=True)
         return Completion(ids, text, logprobs, self.version)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:

@@ -77,6 +77,7 @@ class ShareContext:
     max_clock_skew_s: float = 30.0
     max_age_s: float = 600.0
     require_well_formed: bool = True  # False (measurements only): a malformed completion keeps its verifier score
+    eos_ids: tuple[int, ...] = ()  # every id that ends a completion (model/tokenizer.eos_ids); empty: the tokenizer's
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,8 @@ def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: flo
     tok = ctx.tokenizer
     vocab = min(len(tok), bounds.vocab_size)
     same_tokenizer = wire.tokenizer_hash == ctx.tokenizer_hash
-    eos = tok.eos_token_id
+    eos = tok.eos_token_id  # appended to a re-tokenized text
+    ends = ctx.eos_ids or (eos,)  # any of the model's EOS ids ends one of ours
     # Every bound is checked before anything is decoded or scored: first the ids alone...
     token_ids: list[list[int]] = []
     for c in wire.completions:
@@ -155,15 +157,15 @@ def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: flo
     completions: list[Completion] = []
     for c, ids in zip(wire.completions, token_ids, strict=True):
         if same_tokenizer:
-            text = tok.decode([t for t in ids if t != eos], skip_special_tokens=True)
+            text = tok.decode([t for t in ids if t not in ends], skip_special_tokens=True)
             completions.append(Completion(ids, text, list(c.logprobs), wire.policy_version))
         else:
             completions.append(Completion(ids, c.text, [], wire.policy_version))
     special = frozenset(tok.all_special_ids)
-    malformed = sum(not tasks.well_formed(c.token_ids, c.text, eos, special) for c in completions)
+    malformed = sum(not tasks.well_formed(c.token_ids, c.text, ends, special) for c in completions)
     try:  # the same scoring as our own groups: well-formed or 0, then our verifier, then advantages
         group = score_group(inst, prompt_ids, completions, ctx.task_source.reward, ctx.advantage, Origin.peer(sender),
-                            eos_id=eos if ctx.require_well_formed else None, special_ids=special)
+                            eos_id=ends if ctx.require_well_formed else None, special_ids=special)
     except FloatingPointError:
         return Outcome(None, "non_finite_reward", malformed=malformed)
     forged = any(abs(c.claimed_reward - r) > REWARD_TOLERANCE for c, r in zip(wire.completions, group.rewards,

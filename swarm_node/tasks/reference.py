@@ -81,14 +81,16 @@ def parse_answer(completion_text: str) -> str:
     return completion_text.split("\n", 1)[0].strip()
 
 
-def well_formed(token_ids: Sequence[int], text: str, eos_id: int, special_ids: Collection[int] = ()) -> bool:
+def well_formed(token_ids: Sequence[int], text: str, eos_id: int | Collection[int],
+                special_ids: Collection[int] = ()) -> bool:
     """Whether a completion is the answer alone, then EOS (module docstring): `token_ids` end with the only EOS,
     no id of `special_ids` precedes it, and `text` (decoded without EOS) is one stripped, printable, non-empty
     line."""
-    if len(token_ids) < 2 or token_ids[-1] != eos_id:
+    eos = {eos_id} if isinstance(eos_id, int) else set(eos_id)  # any of the model's EOS ids ends a completion
+    if len(token_ids) < 2 or token_ids[-1] not in eos:
         return False
     body = token_ids[:-1]
-    if eos_id in body or (special_ids and any(t in special_ids for t in body)):
+    if any(t in eos for t in body) or (special_ids and any(t in special_ids for t in body)):
         return False
     return bool(text) and text == text.strip() and text.isprintable()
 

@@ -7,6 +7,7 @@ Held-out problems come from `TaskSource.eval_refs`: the eval bucket of each data
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,11 +33,12 @@ class EvalResult:
 
 def evaluate(sampler: Sampler, tokenizer: PreTrainedTokenizerBase, source: tasks.TaskSource, problems: int = 200,
              max_new_tokens: int = 8, samples: int = 0, temperature: float = 1.0, seed: int = 0,
-             batch: int = 100) -> EvalResult:
+             batch: int = 100, eos_ids: Collection[int] = ()) -> EvalResult:
     """Greedy accuracy (a well-formed completion scoring 1.0 counts as exact: the answer alone, then EOS, as in
-    training) and, if samples > 0, mean training reward at `temperature`."""
+    training; `eos_ids`: the model's, default the tokenizer's) and, if samples > 0, mean training reward at
+    `temperature`."""
     insts = [tasks.instance(r) for r in source.eval_refs(problems)]
-    eos, special = tokenizer.eos_token_id, frozenset(tokenizer.all_special_ids)
+    eos, special = eos_ids or (tokenizer.eos_token_id,), frozenset(tokenizer.all_special_ids)
 
     def well_formed(c: Completion) -> bool:
         return tasks.well_formed(c.token_ids, c.text, eos, special)

@@ -3,8 +3,8 @@
 A group's rewards always come from our own verifier (`TaskSource.reward`) on a question regenerated from the task
 reference; whoever generated the completions, nothing they claim about correctness is used here. A completion that
 is not well-formed (`tasks.well_formed`: the answer alone, then EOS) gets reward 0 without being verified, under
-every reward mode, so it never gets a positive advantage; callers pass the tokenizer's `eos_id` (and its special ids)
-for this check, `eos_id=None` skips it.
+every reward mode, so it never gets a positive advantage; callers pass the model's EOS ids as `eos_id` (and the
+tokenizer's special ids) for this check, `eos_id=None` skips it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from swarm_node.types import LOCAL, Completion, Origin, ScoredGroup, TrainSample
 
 def score_group(inst: tasks.TaskInstance, prompt_ids: Sequence[int], completions: Sequence[Completion],
                 reward: Callable[[tasks.TaskInstance, str], float] = tasks.score, advantage: str = "grpo",
-                origin: Origin = LOCAL, eos_id: int | None = None, special_ids: Collection[int] = ()) -> ScoredGroup:
+                origin: Origin = LOCAL, eos_id: int | Collection[int] | None = None,
+                special_ids: Collection[int] = ()) -> ScoredGroup:
     """Score every completion with `reward` (the task's verifier) and compute advantages; non-finite raises.
     With `eos_id`, a completion that is not well-formed scores 0 (`tasks.well_formed`)."""
     rewards = [reward(inst, c.text)

@@ -47,12 +47,13 @@ class NoSignal:
 
 
 class SignalWatch:
-    def __init__(self, after_steps: int, max_new_tokens: int, eos_id: int, special_ids: Collection[int] = ()) -> None:
+    def __init__(self, after_steps: int, max_new_tokens: int, eos_id: int | Collection[int],
+                 special_ids: Collection[int] = ()) -> None:
         if after_steps < 1:
             raise ValueError("after_steps must be >= 1")
         self.after_steps = after_steps
         self.max_new_tokens = max_new_tokens
-        self.eos_id = eos_id
+        self.eos_ids = frozenset({eos_id} if isinstance(eos_id, int) else eos_id)
         self.special_ids = frozenset(special_ids)
         self.streak = 0
         self.seen: Counter[str] = Counter()
@@ -67,9 +68,9 @@ class SignalWatch:
         for g in groups:
             self.completions += len(g.completions)
             for c in g.completions:
-                if len(c.token_ids) >= self.max_new_tokens and (not c.token_ids or c.token_ids[-1] != self.eos_id):
+                if len(c.token_ids) >= self.max_new_tokens and (not c.token_ids or c.token_ids[-1] not in self.eos_ids):
                     self.seen["cut"] += 1
-                elif not tasks.well_formed(c.token_ids, c.text, self.eos_id, self.special_ids):
+                elif not tasks.well_formed(c.token_ids, c.text, self.eos_ids, self.special_ids):
                     self.seen["malformed"] += 1
             if g.rewards and all(r >= 1.0 for r in g.rewards):
                 self.seen["all_right"] += 1

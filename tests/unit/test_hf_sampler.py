@@ -94,3 +94,36 @@ def test_the_models_own_generation_settings_do_not_bend_the_behaviour_logprobs(t
     assert gap <= 1e-4, gap
     assert said == ["sampler: off from the model's generation_config.json (the trainer does not reproduce them): "
                     "no_repeat_ngram_size=2, repetition_penalty=1.3"]
+
+
+def test_every_eos_id_of_the_generation_config_ends_a_completion(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    from swarm_node import tasks
+    from swarm_node.model.tokenizer import eos_ids
+
+    model, tok = load_model(tiny_model_dir)
+    prompt = tok.encode("13 + 24 - 5 =\nAnswer: ")
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    plain = HFSampler(model, tok).generate([prompt], 1, greedy)[0][0].token_ids
+    stop = next(t for t in plain[1:] if t != tok.eos_token_id)  # a token greedy decoding reaches, made an EOS
+    shaped = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, shaped)
+    (shaped / "generation_config.json").write_text(json.dumps({"eos_token_id": [tok.eos_token_id, stop]}))
+    model, tok = load_model(shaped)
+    sampler = HFSampler(model, tok)
+    assert sampler.eos_ids == eos_ids(tok, [tok.eos_token_id, stop]) == (tok.eos_token_id, stop)
+    out = sampler.generate([prompt], 1, greedy)[0][0]
+    assert out.token_ids == plain[: plain.index(stop) + 1] and out.token_ids[-1] == stop
+    assert str(stop) not in out.text and tok.decode([stop]) not in out.text
+    assert tasks.well_formed((5, 6, stop), "ab", sampler.eos_ids) and tasks.well_formed((5, 6, 1), "ab", (1, stop))
+    assert not tasks.well_formed((5, stop, 6, 1), "ab", sampler.eos_ids)  # an EOS inside the body
+
+
+def test_eos_ids_merge_the_tokenizer_and_the_generation_config(tiny_model_dir: Path) -> None:
+    from swarm_node.model.tokenizer import eos_ids
+
+    _, tok = load_model(tiny_model_dir)
+    e = tok.eos_token_id
+    assert eos_ids(tok) == (e,) and eos_ids(tok, 7) == (e, 7) and eos_ids(tok, [7, e, 9]) == (e, 7, 9)
