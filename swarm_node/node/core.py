@@ -131,7 +131,7 @@ class Node:
             lora.attach_lora(self.model, cfg.train.lora_rank, cfg.train.lora_alpha, seed=cfg.run.seed)
         self.hardware.place(self.model)
         self.trainer = Trainer(self.model, cfg.train, cfg.sampler, self.tokenizer.pad_token_id, cfg.run.seed,
-                               autocast=self.hardware.autocast)
+                               autocast=self.hardware.autocast, vocab=len(self.tokenizer))
         # The node's random streams: task draws, the minibatch shuffle, and a SAPO peer's external selection.
         self.streams = RandomStreams(random.Random(cfg.run.seed), self.trainer.rng,
                                      random.Random(cfg.run.seed * 7919 + 17))

@@ -2,7 +2,9 @@
 
 "Processed" log-probs: log-softmax of logits / temperature after top-p filtering, renormalised over the nucleus:
 the distribution the token was actually drawn from (vLLM's `logprobs_mode="processed_logprobs"`). With
-temperature 0 (greedy) the raw log-softmax is used.
+temperature 0 (greedy) the raw log-softmax is used. With `vocab` (the tokenizer's length), the rows of a padded
+embedding past it (Qwen2.5 pads 151,665 tokens to 151,936) are never a token: -inf before anything else, as the
+samplers never sample them.
 """
 
 from __future__ import annotations
@@ -10,9 +12,14 @@ from __future__ import annotations
 import torch
 
 
-def processed_log_softmax(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
-    """logits [..., V] -> log-probs [..., V] of the sampling distribution (-inf outside the nucleus)."""
+def processed_log_softmax(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
+                          vocab: int | None = None) -> torch.Tensor:
+    """logits [..., V] -> log-probs [..., V] of the sampling distribution (-inf outside the nucleus and past
+    `vocab`)."""
     logits = logits.float()
+    if vocab is not None and vocab < logits.shape[-1]:
+        logits = logits.clone()
+        logits[..., vocab:] = float("-inf")
     if temperature > 0:
         logits = logits / temperature
     if top_p < 1.0:

@@ -97,11 +97,12 @@ class HFSampler(Sampler):
             input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             attention[i, width - len(p):] = 1
         greedy = params.temperature <= 0
+        padded = range(len(self.tokenizer), int(self.model.config.vocab_size))  # embedding rows that are no token
         config = GenerationConfig(
             max_new_tokens=params.max_new_tokens, do_sample=not greedy,
             temperature=1.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p, top_k=0,
             output_scores=True, return_dict_in_generate=True, pad_token_id=pad, eos_token_id=list(eos),
-            **NEUTRAL_PROCESSORS)
+            **{**NEUTRAL_PROCESSORS, "suppress_tokens": list(padded) or None})
         out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
                                   generation_config=config)
         new_tokens = out.sequences[:, width:]  # [rows, steps]

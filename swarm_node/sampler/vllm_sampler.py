@@ -224,6 +224,8 @@ class VLLMSampler(Sampler):
         self.weight_names = checkpoint_weight_names(model_dir, self.shape.tied_embeddings)
         self.tokenizer = tokenizer
         self.eos = int(tokenizer.eos_token_id)
+        # The rows of a padded embedding past the tokenizer are no token: a padded model samples only real ids.
+        self.allowed = list(range(len(tokenizer))) if len(tokenizer) < self.shape.vocab_size else None
         generation = model_dir / "generation_config.json"  # its EOS list stops generation too
         self.eos_ids = eos_ids(tokenizer, json.loads(generation.read_text()).get("eos_token_id")
                                if generation.exists() else None)
@@ -279,7 +281,8 @@ class VLLMSampler(Sampler):
             n=n, temperature=0.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p,
             top_k=0, max_tokens=params.max_new_tokens, seed=seed,
             # The tokenizer is not loaded by the engine, so it does not know EOS: stop on it explicitly.
-            stop_token_ids=list(self.eos_ids), logprobs=0, flat_logprobs=True, detokenize=False)
+            stop_token_ids=list(self.eos_ids), logprobs=0, flat_logprobs=True, detokenize=False,
+            allowed_token_ids=self.allowed)
 
     def _check_token_ids(self, prompts: list[list[int]]) -> None:
         for i, prompt in enumerate(prompts):

@@ -68,7 +68,7 @@ class _MicroLoss:
 
 class Trainer:
     def __init__(self, model: PreTrainedModel, train: TrainConfig, sampling: SamplerConfig, pad_id: int,
-                 seed: int = 0, autocast: torch.dtype | None = None) -> None:
+                 seed: int = 0, autocast: torch.dtype | None = None, vocab: int | None = None) -> None:
         if train.microbatch_tokens < 1:
             raise ValueError(f"train.microbatch_tokens must be positive, got {train.microbatch_tokens}")
         self.model = model
@@ -79,6 +79,7 @@ class Trainer:
         self.temperature = sampling.temperature
         self.top_p = sampling.top_p
         self.pad_id = pad_id
+        self.vocab = vocab  # the tokenizer's length: ids of a padded embedding past it are masked out
         self.loss_fn = LOSSES[train.loss]
         self.loss_cfg = LossConfig(eps_low=train.eps_low, eps_high=train.eps_high, kl_coef=train.kl_coef)
         # Only what trains: with LoRA adapters the base weights are frozen.
@@ -103,7 +104,7 @@ class Trainer:
         with self._autocast():
             logits = model(input_ids=batch.input_ids, attention_mask=batch.attention).logits[:, :-1]
         logits = logits.float()  # a no-op in fp32; under autocast the log-softmax runs in fp32
-        log_probs = processed_log_softmax(logits, self.temperature, self.top_p)
+        log_probs = processed_log_softmax(logits, self.temperature, self.top_p, self.vocab)
         token_lp = log_probs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
         return token_lp, entropy_from_log_probs(log_probs.detach())
 

@@ -127,3 +127,33 @@ def test_eos_ids_merge_the_tokenizer_and_the_generation_config(tiny_model_dir: P
     _, tok = load_model(tiny_model_dir)
     e = tok.eos_token_id
     assert eos_ids(tok) == (e,) and eos_ids(tok, 7) == (e, 7) and eos_ids(tok, [7, e, 9]) == (e, 7, 9)
+
+
+def test_a_padded_embeddings_spare_rows_are_never_sampled_nor_in_the_trainers_logprobs(tmp_path: Path) -> None:
+    """Qwen2.5 pads 151,665 tokens to 151,936 embedding rows: an id past the tokenizer's length must never be
+    sampled (a peer's group with one is dropped as token_out_of_vocab), and the trainer's distribution is the same."""
+    from swarm_node.model.default_model import random_qwen2
+    from swarm_node.model.tokenizer import build_char_tokenizer
+    from tests.conftest import TINY_RECIPE
+
+    tok = build_char_tokenizer()
+    model = random_qwen2(tok, TINY_RECIPE, seed=0)
+    model.resize_token_embeddings(len(tok) + 64)  # 64 spare rows
+    with torch.no_grad():
+        model.lm_head.weight[len(tok):] = 5.0 * model.lm_head.weight[:64].abs()  # the spare rows would win
+    path = tmp_path / "padded"
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    model, tok = load_model(path)
+    assert model.config.vocab_size == len(tok) + 64
+    sampler = HFSampler(model, tok)
+    prompts = [tok.encode("1 + 2 =\nAnswer: ")]
+    out = sampler.generate(prompts, 8, SamplingParams(1.0, 1.0, max_new_tokens=6, seed=2))
+    assert all(t < len(tok) for c in out[0] for t in c.token_ids)
+    trainer = Trainer(model, TrainConfig(), SamplerConfig(temperature=1.0, top_p=1.0), tok.pad_token_id,
+                      vocab=len(tok))
+    samples = [TrainSample(prompts[0], c.token_ids, c.logprobs, 0.0) for c in out[0]]
+    batch = collate(samples, tok.pad_token_id)
+    with torch.no_grad():
+        logp, _ = trainer.token_log_probs(model, batch)
+    assert torch.allclose(logp[batch.mask.bool()], batch.behaviour[batch.mask.bool()], atol=1e-4)
