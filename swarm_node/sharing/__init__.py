@@ -8,6 +8,7 @@
 - `budget.py`: per-peer re-scoring budgets (a debt-based token bucket per peer, the node's share split equally).
 - `reputation.py`: per-peer decaying scores and states (ok, graylisted, banned, allowed, denied); the ban file.
 - `pool.py`: the bounded experience pool (per-peer caps, de-duplication, expiry in our own steps).
+- `copying.py`: `CopyWatch`, a sender's rate of copies of other peers' content (a copycat, not a coincidence).
 - `selection.py`: which pooled groups an update takes, registry `SELECTIONS`.
 - `corrections.py`: external groups as training samples, registry `CORRECTIONS` (none, is, ftis, decoupled).
 - `peer.py`: the SAPO peer around a node's steps: publish each draft, and just before each update drain, ingest,

@@ -6,4 +6,5 @@
 - `staleness.py`: the version-lag bound S (drop reasons, the rollout buffer, may-generate).
 - `overlap.py`: generation overlapped with training (ECHO-2), within S.
 - `evaluate.py`: greedy accuracy and sampled reward on held-out problems.
+- `signal.py`: saying when nothing is learnt (no group with signal for a while), and the likely cause.
 """
