@@ -108,10 +108,6 @@ class Node:
         return self._sampler
 
     @property
-    def ready(self) -> bool:
-        return self._sealed
-
-    @property
     def share_rng(self) -> random.Random:
         """The random stream of a SAPO peer's external selection (checkpointed with the node's other streams)."""
         return self.streams.share
