@@ -9,7 +9,8 @@ file already holds for other labels: "before" is the commit before the fix) and 
   realistic group (8 completions x 64 tokens) every `--honest-interval-s` for the whole run.
 - The flood: `--flood-identities` fresh py-libp2p identities (plain library hosts, as `simulations/attack_peers.py`)
   in one trio process dial honest node A, join the rollout topic and together publish `--flood-groups` validly
-  signed, distinct groups over `--flood-seconds`, then leave (their hosts stop: the connections close).
+  signed, distinct groups over `--flood-seconds`, then leave (their hosts stop: the connections close). 20 is more
+  than gossipsub's degree_high (12): the flood over-fills A's mesh, as in issue 27.
 - Measured on each honest node: the longest gap between deliveries of the other honest node's groups from the
   flood's start to `--after-s` seconds after its end (the window's two ends count as deliveries, so a silence
   running into the end counts whole). `max_honest_gap_s_<label>` is the worst over both directions and all runs.

@@ -4,8 +4,8 @@
 a remote crash in py-libp2p ends only that process) or on a trio thread (`launch.py`). Contract:
 - Reads HELLO (private key + HostSettings), starts TCP + Noise (only) + yamux, GossipSub (/meshsub/1.2.0 and
   1.1.0, StrictSign, default message ids, heartbeat 1 s, library spam limiter off: our validators and peer score
-  do that job), answers READY(peer id, listen addrs, advertised addrs), then serves CALLs until the node's
-  socket closes, then returns.
+  do that job; `router.py`: our own messages flood-published, gossip to backed-off peers), answers READY(peer id,
+  listen addrs, advertised addrs), then serves CALLs until the node's socket closes, then returns.
 - CALL methods: subscribe(topic, validated), publish(topic, data), connect(multiaddr) -> peer id,
   peers() -> [[id, addrs, latency_ms | None, topics]], serve(protocol), open_stream(peer, protocol) -> sid,
   counters() -> {name: count} of what the guards and validation dropped, nat_status() -> nat.py's view.
@@ -14,8 +14,9 @@ a remote crash in py-libp2p ends only that process) or on a trio thread (`launch
 - Every subscription is drained continuously; messages signed by others go to the node as DELIVER. For a
   validated topic every message from a peer is first sent to the node as VALIDATE and waits (up to
   validation_timeout_s, then IGNORE) for its VERDICT before it is delivered or forwarded (guards.py).
-- publish applies back-pressure on the per-peer outbound queues (see HostSettings) and refuses a message over
-  the gossip size limit with an error instead of letting the library drop it silently.
+- publish applies back-pressure on the per-peer outbound queues (see HostSettings; never for a peer that stalls or
+  whose connection has closed: backpressure.py) and refuses a message over the gossip size limit with an error
+  instead of letting the library drop it silently.
 - Streams are bridged as S_* frames with credit-based flow control (`stream_bridge.py`).
 - Nothing a peer sends may raise out of this module's handlers; the crash guards cover the library's own paths.
 - Peer score (`scoring.py`): gossipsub v1.1 scoring with non-zero weights (py-libp2p ships all at 0); its
