@@ -86,9 +86,9 @@ async def arrives(node: Node, data: bytes, within_s: float) -> bool:
     return False
 
 
-async def run_nodes(scenario: Any, *routers: type[GossipSub]) -> tuple[bool, bool]:
+async def run_nodes(scenario: Any, *routers: type[GossipSub]) -> Any:
     """Start one node per router (subscribed to TOPIC), run `scenario(*nodes)`, stop them; its result."""
-    out: list[tuple[bool, bool]] = []
+    out: list[Any] = []
     async with trio.open_nursery() as nursery:
         async with AsyncExitStack() as stack:
             nodes = [Node(router) for router in routers]
@@ -103,18 +103,20 @@ async def run_nodes(scenario: Any, *routers: type[GossipSub]) -> tuple[bool, boo
 def test_a_pruned_neighbour_still_gets_what_we_publish(router: str) -> None:
     cls, heard = ROUTERS[router]
 
-    async def scenario(us: Node, neighbour: Node) -> tuple[bool, bool]:
+    async def scenario(us: Node, neighbour: Node) -> tuple[bool, bool, int]:
         await neighbour.connect(us)
         await until(lambda: us.meshed_with(neighbour) and neighbour.meshed_with(us))
         await prune(us, neighbour)
         await us.pubsub.publish(TOPIC, b"ours, after the prune")
         # backed off for 60 s: no re-graft, so only flood publishing carries it (3 heartbeats are plenty)
         got = await arrives(neighbour, b"ours, after the prune", 20.0 if heard else 3.0)
-        return got, not us.meshed_with(neighbour) and not neighbour.meshed_with(us)
+        outside = getattr(us.router, "counters", {}).get("published_outside_mesh", 0)
+        return got, not us.meshed_with(neighbour) and not neighbour.meshed_with(us), outside
 
-    got, still_pruned = trio.run(run_nodes, scenario, cls, SharingGossipSub)
+    got, still_pruned, outside = trio.run(run_nodes, scenario, cls, SharingGossipSub)
     assert still_pruned
     assert got is heard
+    assert outside == (1 if heard else 0)  # ours: the one message, to the one peer outside the mesh
 
 
 @pytest.mark.parametrize("router", sorted(ROUTERS))

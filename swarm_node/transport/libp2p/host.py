@@ -111,7 +111,7 @@ class NetworkHost:
         self.gossipsub = SharingGossipSub(
             protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11], degree=settings.degree, degree_low=settings.degree_low,
             degree_high=settings.degree_high, heartbeat_interval=settings.heartbeat_s, heartbeat_initial_delay=0.1,
-            spam_protection_enabled=False, score_params=score,
+            spam_protection_enabled=False, score_params=score, counters=self.counters,
         )
         self.pubsub = GuardedPubsub(
             self.host, self.gossipsub, strict_signing=True, seen_ttl=settings.seen_ttl_s,

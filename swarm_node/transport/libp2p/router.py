@@ -16,6 +16,7 @@ bench/flood_recovery.py, docs/MEASUREMENTS.md).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Set
 from typing import Any
 
@@ -38,16 +39,23 @@ def backed_off_gossip(mesh: Mapping[str, Set[ID]], topic_peers: Mapping[str, Set
 
 
 class SharingGossipSub(GossipSub):
-    """GossipSub with flood publishing and gossip to backed-off peers; see the module contract."""
+    """GossipSub with flood publishing and gossip to backed-off peers; see the module contract. `counters` (the
+    host's) counts "published_outside_mesh" (peers our own message went to beyond the mesh's choice) and
+    "gossip_to_backed_off" (IHAVEs the library would have left out)."""
+
+    def __init__(self, *args: Any, counters: Counter[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.counters: Counter[str] = counters if counters is not None else Counter()
 
     def _get_peers_to_send(self, topic_ids: Iterable[str], msg_forwarder: ID, origin: ID,
                            msg_id: bytes | None = None) -> Iterator[ID]:
         topic_ids = list(topic_ids)
         chosen = set(super()._get_peers_to_send(topic_ids, msg_forwarder, origin, msg_id))
         if self.pubsub is not None and origin == self.pubsub.my_id:  # our own message: every topic peer
-            for topic in topic_ids:
-                chosen.update(p for p in self.pubsub.peer_topics.get(topic, ()) if p in self.peer_protocol)
-            chosen.discard(origin)
+            everyone = {p for topic in topic_ids for p in self.pubsub.peer_topics.get(topic, ())
+                        if p in self.peer_protocol and p != origin}
+            self.counters["published_outside_mesh"] += len(everyone - chosen)
+            chosen |= everyone
         yield from chosen
 
     def gossip_heartbeat(self) -> Any:
@@ -62,4 +70,5 @@ class SharingGossipSub(GossipSub):
                 msg_ids = self.mcache.window(topic)
                 if msg_ids:
                     peers_to_gossip[peer].setdefault(topic, list(msg_ids))
+                    self.counters["gossip_to_backed_off"] += 1
         return peers_to_gossip
