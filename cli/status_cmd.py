@@ -103,7 +103,8 @@ def status_tables(status: dict[str, Any]) -> list[RenderableType]:
         overview.add_row(name, Text(value))  # Text, not markup: peer ids and reasons come from the network
     out: list[RenderableType] = [overview]
 
-    peers = Table(title=f"peers ({status.get('peers_total', len(status.get('peers') or []))})",
+    known = status.get("peers_total", len(status.get("peers") or []))
+    peers = Table(title=f"peers ({status.get('peers_connected', known)} connected now, {known} known)",
                   title_justify="left")
     for column in ("peer", "latency ms", "accepted", "rejected", "score", "state"):
         peers.add_column(column, justify="left" if column in ("peer", "state") else "right")

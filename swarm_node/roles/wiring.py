@@ -2,7 +2,8 @@
 
 - `start_libp2p(cfg, stats, events)`: identity, the libp2p host on its own loop thread (`BackgroundTransport`),
   our printed address, the bootstrap keeper; the network starts before the model loads. The host meets the swarm
-  in the DHT at the rollout topic and reports reachability, relays and relayed bytes into `stats.network`.
+  in the DHT at the rollout topic and reports reachability, relays and relayed bytes into `stats.network`, and the
+  peers connected now (`stats.set_connected`, at each of the keeper's checks) for /status.
 - `joined(cfg, stats, events, sharing)`: a context giving (the node's assembly, net, our peer id); it closes both.
   The node's peer guard pushes its reputation scores to the libp2p host (gossipsub's application-specific score,
   `push_scores`). A SAPO peer's exchange is started; `BackgroundExchange` adapts it for the node loop's thread
@@ -84,7 +85,8 @@ def start_libp2p(cfg: NodeConfig, stats: NodeStats, events: NodeEvents) -> tuple
         events.log(f"peer id {identity.peer_id}")
         for addr in addrs:
             events.log(f"join this node with: --bootstrap {addr}")
-        net.start_network(list(cfg.network.bootstrap), on_nat=lambda summary: stats.update(network=summary))
+        net.start_network(list(cfg.network.bootstrap), on_nat=lambda summary: stats.update(network=summary),
+                          on_peers=lambda peers: stats.set_connected({p.peer_id: p.latency_ms for p in peers}))
     except BaseException:
         net.stop()
         raise

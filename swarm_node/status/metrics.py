@@ -108,7 +108,8 @@ class SnapshotCollector:
         _staleness(families["swarm_node_rollout_staleness"], s.get("staleness") or {})
 
         peers = sorted(s.get("peers") or [], key=lambda p: str(p.get("peer_id")))
-        families["swarm_node_peers_connected"].add_metric([], len(peers))
+        connected = _number(s.get("peers_connected"))  # peers connected now; older snapshots: every known peer
+        families["swarm_node_peers_connected"].add_metric([], len(peers) if connected is None else connected)
         for peer in peers[:MAX_PEERS]:
             pid = str(peer.get("peer_id"))
             latency_ms = _number(peer.get("latency_ms"))

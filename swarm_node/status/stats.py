@@ -1,7 +1,9 @@
 """Live node statistics: the single object the node updates and the status API, metrics and dashboard read.
 
 Plain data plus counters, no I/O. The node thread writes; readers call `snapshot()` (a JSON-ready dict) which
-copies under a lock, so a reader never sees a half-updated step.
+copies under a lock, so a reader never sees a half-updated step. `peers` holds every peer heard from or scored (its
+counters and reputation, kept across reconnections); `set_connected` records which peers are connected now, as the
+network last reported them: the snapshot's `peers_connected` counts those (all known peers until the first report).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +48,7 @@ class NodeStats:
     errors: Counter = field(default_factory=Counter)  # kind -> count
     staleness: Counter = field(default_factory=Counter)  # version lag -> count of rollouts used
     peers: dict[str, PeerStats] = field(default_factory=dict)
+    connected: frozenset[str] | None = None  # peers connected now (set_connected); None: never reported
     history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))  # per-step dicts
     started_at: float = field(default_factory=time.time)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -89,6 +93,16 @@ class NodeStats:
             else:
                 peer.rejected += n
 
+    def set_connected(self, latency_ms: Mapping[str, float | None]) -> None:
+        """The peers connected now (peer id -> latency in ms, None if not measured): they are added if new and their
+        latency updated; every other known peer stays known but no longer counts as connected."""
+        with self._lock:
+            self.connected = frozenset(latency_ms)
+            for peer_id, latency in latency_ms.items():
+                peer = self.peers.setdefault(peer_id, PeerStats(peer_id))
+                if latency is not None:
+                    peer.latency_ms = latency
+
     def remove_peer(self, peer_id: str) -> None:
         """Forget a disconnected peer (no error if it was not known)."""
         with self._lock:
@@ -121,6 +135,7 @@ class NodeStats:
                 "network": dict(self.network),
                 "last_checkpoint": self.last_checkpoint,
                 "peers": [vars(p).copy() for p in self.peers.values()],
+                "peers_connected": len(self.peers) if self.connected is None else len(self.connected),
                 "history": recent,
                 "uptime_s": time.time() - self.started_at,
             }

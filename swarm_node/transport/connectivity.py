@@ -9,7 +9,8 @@ Contract (works on any `Transport`):
   all, redials them, and when none answers the peers we were last connected to (`known`, at most
   MAX_KNOWN_PEERS, one address each, all at once), with exponential backoff. When nobody answers it logs one
   clear WARNING ("no bootstrap peer answered ... training solo") and keeps retrying quietly; `state` is "solo" or
-  "connected" for status output.
+  "connected" for status output. `on_peers(peers)`, if given, gets the peers connected now at every check (every
+  `check_interval_s` while connected), e.g. for the status API's connected-peer count.
 - `local_self_check(addrs)`: classifies our advertised addresses (loopback / private / public) and test-dials
   the local ones over TCP; `ReachabilityReport.advice` says what to do when peers outside could not dial us.
 - `start_network(transport, bootstrap)`: everything above wired for a node at start (what `swarm-node join` runs),
@@ -174,8 +175,10 @@ class BootstrapKeeper:
     peers we were last connected to, with backoff. Finding more peers is the transport's (libp2p: the DHT)."""
 
     def __init__(self, transport: Transport, addrs: list[str], backoff: Backoff | None = None,
-                 check_interval_s: float = 5.0, rng: random.Random | None = None) -> None:
+                 check_interval_s: float = 5.0, rng: random.Random | None = None,
+                 on_peers: Callable[[list[PeerInfo]], None] | None = None) -> None:
         self.transport = transport
+        self.on_peers = on_peers
         self.addrs = list(addrs)
         self.backoff = backoff or Backoff(initial_s=1.0, factor=2.0, max_s=60.0)
         self.check_interval_s = check_interval_s
@@ -222,6 +225,8 @@ class BootstrapKeeper:
         while True:
             try:
                 peers = await self.transport.peers()
+                if self.on_peers is not None:
+                    self.on_peers(peers)
                 self.remember(peers)
                 connected = {p.peer_id for p in peers}
                 answered = await self.dial_all() if not connected and (self.addrs or self.known) else []

@@ -10,6 +10,8 @@ In the node (asyncio):
 In the host (trio, py-libp2p):
 - `host_process.py`: the child process's entry point (`python -m swarm_node.transport.libp2p.host_process`).
 - `host.py`: `NetworkHost` and `run_host`: gossipsub, validation round trips, back-pressure, the node's CALLs.
+- `router.py`: `SharingGossipSub`, py-libp2p's GossipSub with flood publishing and gossip to backed-off peers.
+- `backpressure.py`: which peers' outbound queues a publish waits for (never a stalled or closed one).
 - `stream_bridge.py`: one libp2p stream bridged to S_* frames, with credit-based flow control.
 - `guards.py`: guards around py-libp2p's remote crashes, forwarding budgets, record caches.
 - `scoring.py`: gossipsub v1.1 peer-score parameters (the node's reputation as the app-specific score).

@@ -4,8 +4,8 @@
 a remote crash in py-libp2p ends only that process) or on a trio thread (`launch.py`). Contract:
 - Reads HELLO (private key + HostSettings), starts TCP + Noise (only) + yamux, GossipSub (/meshsub/1.2.0 and
   1.1.0, StrictSign, default message ids, heartbeat 1 s, library spam limiter off: our validators and peer score
-  do that job), answers READY(peer id, listen addrs, advertised addrs), then serves CALLs until the node's
-  socket closes, then returns.
+  do that job; `router.py`: our own messages flood-published, gossip to backed-off peers), answers READY(peer id,
+  listen addrs, advertised addrs), then serves CALLs until the node's socket closes, then returns.
 - CALL methods: subscribe(topic, validated), publish(topic, data), connect(multiaddr) -> peer id,
   peers() -> [[id, addrs, latency_ms | None, topics]], serve(protocol), open_stream(peer, protocol) -> sid,
   counters() -> {name: count} of what the guards and validation dropped, nat_status() -> nat.py's view.
@@ -14,8 +14,9 @@ a remote crash in py-libp2p ends only that process) or on a trio thread (`launch
 - Every subscription is drained continuously; messages signed by others go to the node as DELIVER. For a
   validated topic every message from a peer is first sent to the node as VALIDATE and waits (up to
   validation_timeout_s, then IGNORE) for its VERDICT before it is delivered or forwarded (guards.py).
-- publish applies back-pressure on the per-peer outbound queues (see HostSettings) and refuses a message over
-  the gossip size limit with an error instead of letting the library drop it silently.
+- publish applies back-pressure on the per-peer outbound queues (see HostSettings; never for a peer that stalls or
+  whose connection has closed: backpressure.py) and refuses a message over the gossip size limit with an error
+  instead of letting the library drop it silently.
 - Streams are bridged as S_* frames with credit-based flow control (`stream_bridge.py`).
 - Nothing a peer sends may raise out of this module's handlers; the crash guards cover the library's own paths.
 - Peer score (`scoring.py`): gossipsub v1.1 scoring with non-zero weights (py-libp2p ships all at 0); its
@@ -42,12 +43,13 @@ from libp2p.crypto.serialization import deserialize_private_key
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
-from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, PROTOCOL_ID_V12
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 
 from swarm_node.transport.base import ValidationResult
+from swarm_node.transport.libp2p.backpressure import closed_with_full_queue, peers_to_wait_for, still_slow
 from swarm_node.transport.libp2p.guards import (
     GuardedPubsub,
     install_record_caches,
@@ -63,6 +65,7 @@ from swarm_node.transport.libp2p.ipc import (
     encode,
 )
 from swarm_node.transport.libp2p.nat import NatServices
+from swarm_node.transport.libp2p.router import SharingGossipSub
 from swarm_node.transport.libp2p.scoring import score_params
 from swarm_node.transport.libp2p.stream_bridge import StreamBridge
 from swarm_node.transport.shaping import RequestBudget
@@ -105,10 +108,10 @@ class NetworkHost:
         announce = [multiaddr.Multiaddr(a) for a in settings.announce] or None
         self.host = new_host(key_pair=key_pair, sec_opt=security, announce_addrs=announce)
         score = score_params(settings, self.app_score)
-        self.gossipsub = GossipSub(
+        self.gossipsub = SharingGossipSub(
             protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11], degree=settings.degree, degree_low=settings.degree_low,
             degree_high=settings.degree_high, heartbeat_interval=settings.heartbeat_s, heartbeat_initial_delay=0.1,
-            spam_protection_enabled=False, score_params=score,
+            spam_protection_enabled=False, score_params=score, counters=self.counters,
         )
         self.pubsub = GuardedPubsub(
             self.host, self.gossipsub, strict_signing=True, seen_ttl=settings.seen_ttl_s,
@@ -272,13 +275,16 @@ class NetworkHost:
         await self.pubsub.publish(topic, data)
 
     async def _wait_for_queue_room(self) -> None:
-        """Back-pressure: wait while a peer's outbound queue is near full, but never for a peer that stalls."""
+        """Back-pressure: wait while a peer's outbound queue is near full, but never for a peer that stalls or
+        whose connection has closed (backpressure.py)."""
         high = self.settings.high_water
         queues = self.pubsub.peer_queues
-        self._slow_peers = {p for p in self._slow_peers if p in queues and len(queues[p]) >= high // 2}
+        self._slow_peers = still_slow(self._slow_peers, queues, high)
         deadline = trio.current_time() + self.settings.slow_peer_wait_s
         while True:
-            full = [p for p, q in queues.items() if len(q) >= high and p not in self._slow_peers]
+            if closed_with_full_queue(queues, high, self._connection_closed):
+                self.pubsub.reap_stale_streams()  # their queues would never drain: drop those peers now
+            full = peers_to_wait_for(queues, high, self._slow_peers, self._connection_closed)
             if not full:
                 return
             if trio.current_time() >= deadline:
@@ -289,6 +295,11 @@ class NetworkHost:
                             self.settings.slow_peer_wait_s)
                 return
             await trio.sleep(0.002)
+
+    def _connection_closed(self, peer: ID) -> bool:
+        """Whether the pubsub stream we write to `peer` is gone or sits on a closed connection."""
+        stream = self.pubsub.peers.get(peer)
+        return stream is None or bool(getattr(getattr(stream, "muxed_conn", None), "is_closed", False))
 
     # -- peers ----------------------------------------------------------------------------------------------
     async def connect(self, addr: str) -> str:
