@@ -66,6 +66,19 @@ def sampler(r: Results) -> str:
             f"transformers ({how}); sync {m['weight_sync_ms']:.0f} ms")
 
 
+@row("flood_recovery", "python -m bench.flood_recovery",
+     "two honest gossip stand-ins sharing a group a second on loopback while fresh identities flood one of them with "
+     "valid signed groups: the longest gap in honest delivery, either way, from the flood to 2 minutes after it",
+     "flood_recovery.json")
+def flood_recovery(r: Results) -> str:
+    d = r["flood_recovery.json"]
+    before, after = d["runs_before"], d["runs_after"]
+    return (f"{d['flood_groups']} groups in {d['flood_seconds']:g} s from {d['flood_identities']} identities: longest "
+            f"honest gap {d['max_honest_gap_s_before']:.1f} s before the fix (runs "
+            f"{slash([x['max_gap_s'] for x in before], '.1f')} s), {d['max_honest_gap_s_after']:.1f} s after (runs "
+            f"{slash([x['max_gap_s'] for x in after], '.1f')} s){' on a loaded machine' if d.get('loaded') else ''}")
+
+
 @row("gossip", "python -m bench.gossip",
      "4 libp2p processes on loopback: groups/s delivered to every peer, latency, stream MB/s", "gossip.json")
 def gossip(r: Results) -> str:
