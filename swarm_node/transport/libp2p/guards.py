@@ -27,6 +27,9 @@ Runs inside the network host (trio). Contract:
   bounded number of validations per second.
 - Stale streams: `reap_stale_streams` drops a peer's pubsub stream whose connection has closed (a peer that
   restarted and redialled before we noticed), so the library re-opens one on the live connection.
+- Subscriptions outlive our outbound stream: when our stream to a peer dies while the peer's own stream to us
+  is open (a relayed connection closed under a direct one), the peer's subscriptions are kept
+  (`_handle_dead_peer`; py-libp2p 0.8.1 forgets them, and the peer never announces them again).
 - `raise_library_limits` patches the hard-coded per-peer outbound queue (32 RPCs) and subscription channel (32).
 - Throughput (same wire format): `GuardedPubsub.handle_sending_messages` merges the RPCs queued for a peer into
   one RPC per write, and `install_record_caches` stops rebuilding and re-verifying the signed peer record that
@@ -128,6 +131,13 @@ def raise_library_limits(queue_size: int, max_message_bytes: int, subscription_c
     pubsub_module.SUBSCRIPTION_CHANNEL_SIZE = subscription_channel
 
 
+def inbound_is_live(stream: Any) -> bool:
+    """True while a peer's pubsub stream to us can still carry RPCs: open, on a connection that is open."""
+    if stream is None or stream.is_closed:  # a property of NetStream
+        return False
+    return not getattr(stream.muxed_conn, "is_closed", True)
+
+
 class GuardedPubsub(Pubsub):
     """Pubsub with the crash guards, application verdicts (with IGNORE) and in-flight de-duplication."""
 
@@ -140,12 +150,21 @@ class GuardedPubsub(Pubsub):
         self.forward_budget = forward_budget
         self.counters: Counter[str] = counters if counters is not None else Counter()
         self._validating: set[bytes] = set()
+        self._inbound: dict[ID, Any] = {}  # peer -> its pubsub stream to us, while we read it
 
     async def stream_handler(self, stream: Any) -> None:
+        peer_id = stream.muxed_conn.peer_id
+        self._inbound[peer_id] = stream  # the peer's subscriptions arrive on it (see _handle_dead_peer)
+        try:
+            await self._read_inbound(stream, peer_id)
+        finally:
+            if self._inbound.get(peer_id) is stream:
+                del self._inbound[peer_id]
+
+    async def _read_inbound(self, stream: Any, peer_id: ID) -> None:
         if not self.crash_guards:
             await super().stream_handler(stream)
             return
-        peer_id = stream.muxed_conn.peer_id
         try:
             await super().stream_handler(stream)
         except DecodeError:
@@ -159,7 +178,28 @@ class GuardedPubsub(Pubsub):
 
     async def _drop_stream(self, stream: Any, peer_id: ID) -> None:
         await stream.reset()  # NetStream.reset swallows the muxer's errors itself
+        if self._inbound.get(peer_id) is stream:
+            del self._inbound[peer_id]  # its subscriptions go with it
         self._handle_dead_peer(peer_id)
+
+    def _handle_dead_peer(self, peer_id: ID) -> None:
+        """The library's dead-peer handling, keeping the subscriptions the peer announced on a stream still open.
+
+        py-libp2p 0.8.1 bug: `Pubsub._handle_dead_peer` runs whenever our *outbound* stream to a peer dies and
+        forgets every subscription of that peer, then re-opens an outbound stream if the peer is still connected.
+        But a peer announces its subscriptions once, at the start of *its* stream to us; when that inbound stream
+        lives on (on another connection: the direct one after DCUtR closed the relayed one), they are never
+        announced again, so we believe the peer subscribed to nothing and publish nothing to it, for good: the
+        one-way exchange of issue 27 (docs/NAT.md). Here they are put back through the library's own
+        `handle_subscription` once it has forgotten them.
+        """
+        kept = sorted(t for t, members in self.peer_topics.items() if peer_id in members) \
+            if inbound_is_live(self._inbound.get(peer_id)) else []
+        super()._handle_dead_peer(peer_id)
+        for topic in kept:
+            self.handle_subscription(peer_id, rpc_pb2.RPC.SubOpts(subscribe=True, topicid=topic))
+        if kept:
+            self.counters["subscriptions_kept"] += 1
 
     async def handle_sending_messages(self, peer_id: ID, stream: Any, queue: rpc_queue.RpcQueue) -> None:
         """The library's per-peer sender, merging the RPCs queued while the previous write was in flight.

@@ -63,6 +63,7 @@ from swarm_node.transport.libp2p.ipc import (
     encode,
 )
 from swarm_node.transport.libp2p.nat import NatServices
+from swarm_node.transport.libp2p.paths import peer_traffic
 from swarm_node.transport.libp2p.scoring import score_params
 from swarm_node.transport.libp2p.stream_bridge import StreamBridge
 from swarm_node.transport.shaping import RequestBudget
@@ -215,7 +216,15 @@ class NetworkHost:
 
     async def nat_status(self) -> dict[str, Any]:
         """Reachability, relays, relayed bytes and DHT discovery (nat.NatServices.status)."""
-        return self.nat.status()
+        status = self.nat.status()
+        status["traffic"] = peer_traffic(self.host, self.pubsub.peers)
+        status["debug_pubsub"] = {  # TEMP diagnosis
+            p.to_base58(): {"in_peers": p in self.pubsub.peers,
+                            "mesh": sorted(t for t, m in self.gossipsub.mesh.items() if p in m),
+                            "subscribed": sorted(t for t, m in self.pubsub.peer_topics.items() if p in m),
+                            "queue": len(self.pubsub.peer_queues[p]) if p in self.pubsub.peer_queues else None}
+            for p in self.host.get_connected_peers()}
+        return status
 
     async def get_counters(self) -> dict[str, int]:
         """Guard and validation counters (undecodable_frame, malformed_key, validation_timeout, slow_peer, ...)."""

@@ -52,6 +52,28 @@ def connection_paths(host: Any) -> dict[str, str]:
             for peer, conns in _connections(host)}
 
 
+def _muxed_closed(conn: Any) -> bool:
+    muxed = getattr(conn, "muxed_conn", None)
+    return bool(getattr(muxed, "is_closed", False))
+
+
+def peer_traffic(host: Any, gossip_streams: dict[ID, Any]) -> dict[str, dict[str, Any]]:
+    """peer id -> {"direct": open direct connections, "relayed": open relayed connections, "gossip": "direct" |
+    "relay" | "none" (the connection our gossip stream to it runs on), "path": "relay" while any connection to it is
+    relayed (some of its traffic may be), else "direct"}. `gossip_streams`: pubsub's outbound stream per peer."""
+    out: dict[str, dict[str, Any]] = {}
+    for peer, conns in _connections(host):
+        open_conns = [c for c in conns if not _muxed_closed(c)]
+        relayed = sum(1 for c in open_conns if is_relayed(c))
+        stream = gossip_streams.get(peer)
+        muxed = getattr(stream, "muxed_conn", None)
+        carrier = next((c for c in conns if getattr(c, "muxed_conn", None) is muxed), None) if muxed else None
+        gossip = "none" if carrier is None or _muxed_closed(carrier) else "relay" if is_relayed(carrier) else "direct"
+        out[peer.to_base58()] = {"direct": len(open_conns) - relayed, "relayed": relayed, "gossip": gossip,
+                                 "path": "relay" if relayed else "direct"}
+    return out
+
+
 def direct_peers(host: Any) -> list[ID]:
     paths = connection_paths(host)
     return [p for p in host.get_connected_peers() if paths.get(p.to_base58()) == "direct"]

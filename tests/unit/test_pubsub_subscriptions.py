@@ -1,0 +1,96 @@
+"""Pubsub peer bookkeeping when our outbound gossip stream to a peer dies (issue 27, item 4).
+
+The peer's subscriptions arrive once, on the peer's own stream to us. py-libp2p 0.8.1 forgets them whenever *our*
+stream to the peer dies, also when the peer's stream to us lives on (a relayed connection closed under a direct
+one after DCUtR); we then publish nothing to that peer. `GuardedPubsub` keeps them while that inbound stream is open.
+A real GuardedPubsub and GossipSub run here (trio), with no network: the streams are stand-ins with the two
+attributes the decision reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from types import SimpleNamespace
+from typing import Any
+
+import trio
+from libp2p import new_host
+from libp2p.crypto.secp256k1 import create_new_key_pair
+from libp2p.peer.id import ID
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V12, GossipSub
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.tools.anyio_service import background_trio_service
+
+from swarm_node.transport.libp2p.guards import GuardedPubsub, inbound_is_live
+
+TOPICS = ("swarm-node/policy/1", "swarm-node/rollouts/1")
+
+
+def _stream(peer: ID, stream_closed: bool = False, conn_closed: bool = False) -> Any:
+    async def reset() -> None:
+        return None
+    return SimpleNamespace(is_closed=stream_closed, reset=reset,
+                           muxed_conn=SimpleNamespace(is_closed=conn_closed, peer_id=peer))
+
+
+def _run(body: Callable[[GuardedPubsub, ID], Awaitable[None]]) -> None:
+    """Run `body(pubsub, peer)` with a started GuardedPubsub in which `peer` subscribed to TOPICS and has a
+    registered outbound stream."""
+    async def main() -> None:
+        router = GossipSub(protocols=[PROTOCOL_ID_V12], degree=2, degree_low=1, degree_high=3)
+
+        async def accept(*_args: Any) -> None:
+            return None
+        pubsub = GuardedPubsub(new_host(), router, app_validate=accept)
+        async with background_trio_service(pubsub), background_trio_service(router):
+            await pubsub.wait_until_ready()
+            peer = ID.from_pubkey(create_new_key_pair().public_key)
+            for topic in TOPICS:
+                pubsub.handle_subscription(peer, rpc_pb2.RPC.SubOpts(subscribe=True, topicid=topic))
+            pubsub.peers[peer] = _stream(peer)
+            await body(pubsub, peer)
+    trio.run(main)
+
+
+def _subscriptions(pubsub: GuardedPubsub, peer: ID) -> list[str]:
+    return sorted(topic for topic, members in pubsub.peer_topics.items() if peer in members)
+
+
+def test_subscriptions_announced_on_a_live_inbound_stream_survive_our_outbound_stream_dying() -> None:
+    async def body(pubsub: GuardedPubsub, peer: ID) -> None:
+        pubsub._inbound[peer] = _stream(peer)  # the peer's stream to us, on the direct connection
+        pubsub._handle_dead_peer(peer)  # our stream to it (on the relayed connection) died
+        assert peer not in pubsub.peers  # the library re-opens ours on a live connection
+        assert _subscriptions(pubsub, peer) == list(TOPICS)
+        assert pubsub._peer_subscription_count[peer] == 2
+        assert pubsub.counters["subscriptions_kept"] == 1
+    _run(body)
+
+
+def test_subscriptions_are_forgotten_without_a_live_inbound_stream() -> None:
+    for inbound in (None, "conn_closed", "stream_closed"):
+        async def body(pubsub: GuardedPubsub, peer: ID, inbound: str | None = inbound) -> None:
+            if inbound is not None:
+                pubsub._inbound[peer] = _stream(peer, stream_closed=inbound == "stream_closed",
+                                                conn_closed=inbound == "conn_closed")
+            pubsub._handle_dead_peer(peer)
+            assert _subscriptions(pubsub, peer) == [], inbound
+            assert peer not in pubsub._peer_subscription_count and pubsub.counters["subscriptions_kept"] == 0
+        _run(body)
+
+
+def test_an_inbound_stream_dropped_for_garbage_takes_its_subscriptions_with_it() -> None:
+    async def body(pubsub: GuardedPubsub, peer: ID) -> None:
+        stream = _stream(peer)
+        pubsub._inbound[peer] = stream
+        await pubsub._drop_stream(stream, peer)  # what an undecodable frame on it leads to
+        assert _subscriptions(pubsub, peer) == [] and peer not in pubsub._inbound
+    _run(body)
+
+
+def test_inbound_is_live() -> None:
+    peer = ID.from_pubkey(create_new_key_pair().public_key)
+    assert inbound_is_live(_stream(peer)) is True
+    assert inbound_is_live(_stream(peer, stream_closed=True)) is False
+    assert inbound_is_live(_stream(peer, conn_closed=True)) is False
+    assert inbound_is_live(None) is False
