@@ -1,10 +1,14 @@
 """Pubsub peer bookkeeping when our outbound gossip stream to a peer dies (issue 27, item 4).
 
-The peer's subscriptions arrive once, on the peer's own stream to us. py-libp2p 0.8.1 forgets them whenever *our*
-stream to the peer dies, also when the peer's stream to us lives on (a relayed connection closed under a direct
-one after DCUtR); we then publish nothing to that peer. `GuardedPubsub` keeps them while that inbound stream is open.
-A real GuardedPubsub and GossipSub run here (trio), with no network: the streams are stand-ins with the two
-attributes the decision reads.
+Two py-libp2p 0.8.1 faults made the exchange one-way once DCUtR closed the relayed connection under a direct one:
+- the peer's subscriptions arrive once, on the peer's own stream to us, but the library forgets them whenever *our*
+  stream to the peer dies, also while the peer's stream to us lives on; we then publish nothing to that peer.
+  `GuardedPubsub` keeps them while that inbound stream is open;
+- a failed write on our old stream (on the closed relayed connection) removed the new stream the library had just
+  opened on the direct connection, for good. `GuardedPubsub` ends a peer only for a failure on its current stream,
+  and `reopen_streams` re-opens a stream to a peer that still talks to us when we hold none.
+A real GuardedPubsub and GossipSub run here (trio), with no network: the streams are stand-ins with the attributes
+the decisions read.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import trio
+import trio.testing
 from libp2p import new_host
 from libp2p.crypto.secp256k1 import create_new_key_pair
+from libp2p.network.stream.exceptions import StreamClosed
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V12, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
@@ -27,9 +33,16 @@ TOPICS = ("swarm-node/policy/1", "swarm-node/rollouts/1")
 
 
 def _stream(peer: ID, stream_closed: bool = False, conn_closed: bool = False) -> Any:
+    written: list[bytes] = []
+
     async def reset() -> None:
         return None
-    return SimpleNamespace(is_closed=stream_closed, reset=reset,
+
+    async def write(data: bytes) -> None:
+        if stream_closed or conn_closed:
+            raise StreamClosed("closed")
+        written.append(data)
+    return SimpleNamespace(is_closed=stream_closed, reset=reset, write=write, written=written,
                            muxed_conn=SimpleNamespace(is_closed=conn_closed, peer_id=peer))
 
 
@@ -94,3 +107,35 @@ def test_inbound_is_live() -> None:
     assert inbound_is_live(_stream(peer, stream_closed=True)) is False
     assert inbound_is_live(_stream(peer, conn_closed=True)) is False
     assert inbound_is_live(None) is False
+
+
+def test_a_failed_write_on_a_replaced_stream_leaves_the_new_stream_registered() -> None:
+    async def body(pubsub: GuardedPubsub, peer: ID) -> None:
+        old, new = _stream(peer, conn_closed=True), pubsub.peers[peer]  # new: on the direct connection
+        rpc = rpc_pb2.RPC(subscriptions=[rpc_pb2.RPC.SubOpts(subscribe=True, topicid="t")])
+        assert await pubsub.write_msg(old, rpc) is False
+        assert pubsub.peers[peer] is new and pubsub.counters["stale_stream_write"] == 1
+        assert await pubsub.write_msg(new, rpc) is True
+        assert new.written == [bytes([len(rpc.SerializeToString())]) + rpc.SerializeToString()]
+        pubsub.peers[peer] = failing = _stream(peer, conn_closed=True)
+        assert await pubsub.write_msg(failing, rpc) is False  # its current stream: the peer ends, as before
+        assert peer not in pubsub.peers and pubsub.counters["stale_stream_write"] == 1
+    _run(body)
+
+
+def test_a_stream_is_reopened_to_a_peer_that_talks_to_us_when_we_hold_none() -> None:
+    async def body(pubsub: GuardedPubsub, peer: ID) -> None:
+        pubsub._inbound[peer] = _stream(peer)
+        assert pubsub.reopen_streams() == []  # we hold a stream to it
+        del pubsub.peers[peer]
+        assert pubsub.reopen_streams() == [peer]
+        assert peer in pubsub._peer_stream_retries_pending
+        assert pubsub.reopen_streams() == []  # one opening at a time
+        await trio.testing.wait_all_tasks_blocked()  # no connection here: the library's retry gives up
+        assert peer not in pubsub._peer_stream_retries_pending
+        assert pubsub.reopen_streams() == [peer]
+        pubsub._inbound[peer] = _stream(peer, conn_closed=True)
+        await trio.testing.wait_all_tasks_blocked()
+        assert pubsub.reopen_streams() == []  # it no longer talks to us: nothing to re-open
+        assert pubsub.counters["pubsub_stream_reopened"] == 2
+    _run(body)

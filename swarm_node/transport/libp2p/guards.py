@@ -27,6 +27,10 @@ Runs inside the network host (trio). Contract:
   bounded number of validations per second.
 - Stale streams: `reap_stale_streams` drops a peer's pubsub stream whose connection has closed (a peer that
   restarted and redialled before we noticed), so the library re-opens one on the live connection.
+- Streams, not peer ids: a failed write on a stream we have since replaced (the relayed connection under it
+  closed) no longer ends the peer's new stream (`write_msg`, `handle_sending_messages`), and `reopen_streams`
+  re-opens our stream to a peer still talking to us when the library has given up (py-libp2p 0.8.1 keys both by
+  peer id).
 - Subscriptions outlive our outbound stream: when our stream to a peer dies while the peer's own stream to us
   is open (a relayed connection closed under a direct one), the peer's subscriptions are kept
   (`_handle_dead_peer`; py-libp2p 0.8.1 forgets them, and the peer never announces them again).
@@ -47,6 +51,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 from libp2p.exceptions import ValidationError
+from libp2p.network.stream.exceptions import StreamClosed, StreamReset
 from libp2p.peer import peerstore as peerstore_module
 from libp2p.peer.id import ID
 from libp2p.pubsub import gossipsub as gossipsub_module
@@ -56,6 +61,7 @@ from libp2p.pubsub import utils as pubsub_utils
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.validators import signature_validator as library_signature_validator
+from libp2p.utils import encode_varint_prefixed
 
 from swarm_node.transport.base import ValidationResult
 from swarm_node.transport.shaping import RequestBudget
@@ -237,7 +243,42 @@ class GuardedPubsub(Pubsub):
                     return
         except Exception:  # as the library's loop: a broken stream ends this peer, not the host
             log.debug("sending loop for %s ended", peer_id, exc_info=True)
-            self._handle_dead_peer(peer_id)
+            if self.peers.get(peer_id) is stream:  # a replaced stream's end must not end its successor
+                self._handle_dead_peer(peer_id)
+
+    async def write_msg(self, stream: Any, rpc_msg: rpc_pb2.RPC) -> bool:
+        """The library's write (a varint-prefixed RPC), ending the peer only if `stream` is still its stream.
+
+        py-libp2p 0.8.1 bug: `Pubsub.write_msg` calls `_handle_dead_peer(peer)` on any failed write, keyed by peer
+        id. When the relayed connection under our stream closes, the writes queued on that old stream (the sending
+        loop, `send_recent_messages`, `flush_pending_messages`: one per cached message) keep failing after the
+        library has already registered a new stream on the direct connection, and the first of them removes the
+        new stream. The retry it schedules is skipped while the retry that registered the new stream is still
+        finishing, so we never write to that peer again (measured in the netns topology: docs/NAT.md).
+        """
+        try:
+            await stream.write(encode_varint_prefixed(rpc_msg.SerializeToString()))
+            return True
+        except (StreamClosed, StreamReset):
+            peer_id = stream.muxed_conn.peer_id
+            if self.peers.get(peer_id) is stream:
+                self._handle_dead_peer(peer_id)
+            else:
+                self.counters["stale_stream_write"] += 1
+            return False
+
+    def reopen_streams(self) -> list[ID]:
+        """Schedule the library's stream (re)opening for every peer that talks pubsub to us on an open stream but
+        to whom we hold no stream and none is being opened; returns those peers. The host calls it every second:
+        the last line against any other path by which py-libp2p 0.8.1 forgets our stream to a connected peer (its
+        retry, scheduled once per peer, gives up on an unexpected error)."""
+        orphans = [peer for peer, stream in self._inbound.items()
+                   if peer not in self.peers and peer not in self._peer_stream_retries_pending
+                   and inbound_is_live(stream) and not self.is_peer_blacklisted(peer)]
+        for peer in orphans:
+            self.counters["pubsub_stream_reopened"] += 1
+            self._schedule_peer_stream_retry(peer)
+        return orphans
 
     def reap_stale_streams(self) -> list[ID]:
         """Drop pubsub streams whose connection has closed; returns the peers concerned.
@@ -298,3 +339,4 @@ class GuardedPubsub(Pubsub):
 
 _MERGE_MARGIN_BYTES = 64 << 10  # headroom under the RPC limit for the sender record and framing
 _SEVERITY = {ValidationResult.ACCEPT: 0, ValidationResult.IGNORE: 1, ValidationResult.REJECT: 2}
+

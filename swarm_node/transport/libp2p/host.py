@@ -148,6 +148,7 @@ class NetworkHost:
         while True:
             await trio.sleep(1.0)
             self.pubsub.reap_stale_streams()
+            self.pubsub.reopen_streams()
 
     async def _write_frames(self, conn: trio.SocketStream) -> None:
         while True:
