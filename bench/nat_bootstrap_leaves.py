@@ -86,8 +86,6 @@ async def run_once(watch_s: float = 120.0) -> dict[str, Any]:
                 "time_to_direct_s": time_direct, "time_to_relay_closed_s": time_closed,
                 "traffic_before_stop": before, "traffic_after": after,
                 "timeline_every_10_s": timeline,
-                "debug_a": (await _status(a)).get("debug_pubsub", {}).get(ids["b"]),
-                "debug_b": (await _status(b)).get("debug_pubsub", {}).get(ids["a"]),
             }
         finally:
             for node in nodes.values():

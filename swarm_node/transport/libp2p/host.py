@@ -216,15 +216,10 @@ class NetworkHost:
         self.send(Op.RESULT, req_id, True, value)
 
     async def nat_status(self) -> dict[str, Any]:
-        """Reachability, relays, relayed bytes and DHT discovery (nat.NatServices.status)."""
+        """Reachability, relays, relayed bytes and DHT discovery (nat.NatServices.status), and per peer
+        "traffic": open direct and relayed connections and the path our gossip to it takes (paths.peer_traffic)."""
         status = self.nat.status()
         status["traffic"] = peer_traffic(self.host, self.pubsub.peers)
-        status["debug_pubsub"] = {  # TEMP diagnosis
-            p.to_base58(): {"in_peers": p in self.pubsub.peers,
-                            "mesh": sorted(t for t, m in self.gossipsub.mesh.items() if p in m),
-                            "subscribed": sorted(t for t, m in self.pubsub.peer_topics.items() if p in m),
-                            "queue": len(self.pubsub.peer_queues[p]) if p in self.pubsub.peer_queues else None}
-            for p in self.host.get_connected_peers()}
         return status
 
     async def get_counters(self) -> dict[str, int]:
