@@ -2,9 +2,11 @@
 
 Contract (pure functions of a py-libp2p host, no I/O): `concrete_addrs` turns listen addresses into dialable ones;
 `is_relayed(conn)` says whether a connection runs through a circuit relay; `connection_paths(host)` maps each
-connected peer to "direct" or "relay"; `direct_peers(host)` lists the peers with a direct connection;
-`relay_candidates(host)` those of them that serve the circuit relay HOP protocol (identify told us);
-`relays_in_use(host, inbound_relays)` names the relay carrying each peer we reach only through one.
+connected peer to "direct" (reachable directly: any connection is) or "relay"; `peer_traffic(host, gossip_streams)`
+tells per peer how many open direct and relayed connections it has, which one our gossip stream to it runs on,
+and "relay" while any of its traffic may be relayed (what /status reports); `direct_peers(host)` lists the peers
+with a direct connection; `relay_candidates(host)` those of them that serve the circuit relay HOP protocol
+(identify told us); `relays_in_use(host, inbound_relays)` names the relay carrying each peer we reach only through one.
 """
 
 from __future__ import annotations
