@@ -132,7 +132,18 @@ def test_a_stream_is_reopened_to_a_peer_that_talks_to_us_when_we_hold_none() -> 
         assert peer in pubsub._peer_stream_retries_pending
         assert pubsub.reopen_streams() == []  # one opening at a time
         await trio.testing.wait_all_tasks_blocked()  # no connection here: the library's retry gives up
-        assert peer not in pubsub._peer_stream_retries_pending
+        assert peer not in pubsub._peer_stream_retries_pending and not pubsub._opening
+        release = trio.Event()
+
+        async def opening(_peer: ID) -> None:
+            await release.wait()
+        pubsub._handle_new_peer = opening  # type: ignore[method-assign]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pubsub._handle_new_peer_with_retry, peer)  # the library's own first opening
+            await trio.testing.wait_all_tasks_blocked()
+            assert pubsub._opening[peer] == 1 and pubsub.reopen_streams() == []
+            release.set()
+        assert not pubsub._opening
         assert pubsub.reopen_streams() == [peer]
         pubsub._inbound[peer] = _stream(peer, conn_closed=True)
         await trio.testing.wait_all_tasks_blocked()

@@ -157,6 +157,7 @@ class GuardedPubsub(Pubsub):
         self.counters: Counter[str] = counters if counters is not None else Counter()
         self._validating: set[bytes] = set()
         self._inbound: dict[ID, Any] = {}  # peer -> its pubsub stream to us, while we read it
+        self._opening: Counter[ID] = Counter()  # peer -> our stream openings to it in progress
 
     async def stream_handler(self, stream: Any) -> None:
         peer_id = stream.muxed_conn.peer_id
@@ -267,13 +268,23 @@ class GuardedPubsub(Pubsub):
                 self.counters["stale_stream_write"] += 1
             return False
 
+    async def _handle_new_peer_with_retry(self, peer_id: ID, timeout: float | None = None) -> None:
+        self._opening[peer_id] += 1  # the library's first opening and its retries alike
+        try:
+            await super()._handle_new_peer_with_retry(peer_id, timeout)
+        finally:
+            self._opening[peer_id] -= 1
+            if self._opening[peer_id] <= 0:
+                del self._opening[peer_id]
+
     def reopen_streams(self) -> list[ID]:
         """Schedule the library's stream (re)opening for every peer that talks pubsub to us on an open stream but
         to whom we hold no stream and none is being opened; returns those peers. The host calls it every second:
         the last line against any other path by which py-libp2p 0.8.1 forgets our stream to a connected peer (its
         retry, scheduled once per peer, gives up on an unexpected error)."""
         orphans = [peer for peer, stream in self._inbound.items()
-                   if peer not in self.peers and peer not in self._peer_stream_retries_pending
+                   if peer not in self.peers and not self._opening[peer]
+                   and peer not in self._peer_stream_retries_pending  # scheduled, not started yet
                    and inbound_is_live(stream) and not self.is_peer_blacklisted(peer)]
         for peer in orphans:
             self.counters["pubsub_stream_reopened"] += 1
