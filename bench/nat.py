@@ -22,7 +22,8 @@ given only the bootstrap's address and publish one rollout group per second.
     bootstrap stops: "runs" lists per run the groups each home received from the other in the 2 minutes after
     ([a_from_b, b_from_a]), "groups_each_way_after_bootstrap_stop" is the worst of them (smallest either way),
     "run_details" the rest of each run.
-With --scenario, the rows of the other scenarios (and "upnp") are kept from the existing file.
+With --scenario, the rows of the other scenarios, "upnp" and "load_avg" are kept from the existing file (the new
+rows then carry their own "load_avg").
 Fields: direct_dial_before_punch is a plain TCP dial from A's host to B's router at B's listen port, made after
 both started and before any hole punch (false: the NAT blocks it). time_to_first_external_group_s runs from A's
 process start to the first of B's groups A accepted (these nodes validate groups but do not train: no model).
@@ -256,8 +257,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"nat upnp: {summary}", flush=True)
     ran = {row["name"] for row in results}
     kept = [row for row in old.get("scenarios", []) if row["name"] not in ran]
+    if kept:  # the file's load average is its other rows'; these rows carry their own
+        results = [{**row, "load_avg": os.getloadavg()[0]} for row in results]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"scenarios": kept + results, "upnp": upnp, "load_avg": os.getloadavg()[0],
+    args.out.write_text(json.dumps({"scenarios": kept + results, "upnp": upnp,
+                                    "load_avg": old.get("load_avg", os.getloadavg()[0]),
                                     "note": "A and B validate groups but do not train (no model); see docstring"},
                                    indent=1) + "\n")
 
