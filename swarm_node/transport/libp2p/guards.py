@@ -1,4 +1,5 @@
-"""Guards for py-libp2p 0.8.1 pubsub: the two measured remote crashes, application verdicts, library limits.
+"""Guards for py-libp2p 0.8.1 pubsub: the two measured remote crashes, application verdicts, library limits, and
+per-stream peer bookkeeping (issue 27).
 
 Runs inside the network host (trio). Contract:
 - Crash (a): `Pubsub.continuously_read_stream` parses each frame with `rpc_pb2.RPC.ParseFromString`; an invalid
