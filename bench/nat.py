@@ -17,6 +17,13 @@ given only the bootstrap's address and publish one rollout group per second.
     ECHO-2 pipelined broadcast (policy_sync.PolicyBroadcaster) to A and B, both behind symmetric NATs.
   - relay_leaves: symmetric NATs; once A and B talk through a relay, that relay's process is killed; A and B
     must reconnect through another relay (each re-reserves) and keep exchanging groups.
+  - bootstrap_leaves_after_punch (`--runs` times, 3 by default; bench/nat_bootstrap_leaves.py): cone NATs and the
+    bootstrap as the only public node; once A and B are direct and the relayed connection has been closed, the
+    bootstrap stops: "runs" lists per run the groups each home received from the other in the 2 minutes after
+    ([a_from_b, b_from_a]), "groups_each_way_after_bootstrap_stop" is the worst of them (smallest either way),
+    "run_details" the rest of each run.
+With --scenario, the rows of the other scenarios, "upnp" and "load_avg" are kept from the existing file (the new
+rows then carry their own "load_avg").
 Fields: direct_dial_before_punch is a plain TCP dial from A's host to B's router at B's listen port, made after
 both started and before any hole punch (false: the NAT blocks it). time_to_first_external_group_s runs from A's
 process start to the first of B's groups A accepted (these nodes validate groups but do not train: no model).
@@ -41,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import provenance
+from bench import nat_bootstrap_leaves, provenance
 from bench.load_guard import add_loaded_flag
 from bench.procs import JsonProc
 from tests.netns.swarm import PORT, public_addr, start_node
@@ -55,6 +62,8 @@ SCENARIOS = {
     "echo_worker_behind_nat": ("symmetric", "symmetric"),
     "relay_leaves": ("symmetric", "symmetric"),
 }
+# Scenarios with a topology and a row of their own, run `--runs` times: name -> one run's row.
+REPEATED = {"bootstrap_leaves_after_punch": nat_bootstrap_leaves.run_once}
 DELTAS = 3
 DELTA_BYTES = 256 << 10
 
@@ -206,10 +215,20 @@ def upnp_outcomes() -> dict[str, Any]:
     return out
 
 
+def repeated_row(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row for `runs` of a REPEATED scenario: each run's pair, the worst pair, the rest of each run."""
+    pairs = [run["groups_each_way_after_bootstrap_stop"] for run in runs]
+    return {"name": name, "nat_a": "cone", "nat_b": "cone", "runs": pairs,
+            "groups_each_way_after_bootstrap_stop": min(pairs, key=min),
+            "run_details": [{k: v for k, v in run.items() if k != "groups_each_way_after_bootstrap_stop"}
+                            for run in runs]}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scenario", action="append", choices=sorted(SCENARIOS),
+    parser.add_argument("--scenario", action="append", choices=sorted([*SCENARIOS, *REPEATED]),
                         help="run only these (repeatable) [all]")
+    parser.add_argument("--runs", type=int, default=3, help="runs of each repeated scenario [3]")
     parser.add_argument("--out", type=Path, default=RESULTS)
     add_loaded_flag(parser)
     args = parser.parse_args(argv)
@@ -218,7 +237,12 @@ def main(argv: list[str] | None = None) -> None:
     if why_not is not None:
         raise SystemExit(f"bench.nat needs network namespaces: {why_not}")
     results = []
-    for name in args.scenario or list(SCENARIOS):
+    for name in args.scenario or [*SCENARIOS, *REPEATED]:
+        if name in REPEATED:
+            row = repeated_row(name, [asyncio.run(REPEATED[name]()) for _ in range(args.runs)])
+            results.append(row)
+            print(f"nat {name}: groups each way after the bootstrap stopped, per run: {row['runs']}", flush=True)
+            continue
         row = asyncio.run(run_scenario(name))
         results.append(row)
         print(f"nat {name}: connected={row['connected']} path={row['path']} via={row['discovered_via']} "
@@ -226,13 +250,23 @@ def main(argv: list[str] | None = None) -> None:
               f"direct_before={row['direct_dial_before_punch']} "
               f"first_group={row['time_to_first_external_group_s']} s groups={row['groups_exchanged']} "
               f"deltas={row['deltas_received']} relayed={row['relayed_bytes']} B", flush=True)
-    upnp = upnp_outcomes()
-    summary = upnp.get("skipped") or ", ".join(f"{kind}={row['state']} in {row['time_to_outcome_s']} s"
-                                               for kind, row in upnp.items())
-    print(f"nat upnp: {summary}", flush=True)
+    old = json.loads(args.out.read_text()) if args.scenario and args.out.exists() else {}
+    if args.scenario and "upnp" in old:
+        upnp = old["upnp"]
+    else:
+        upnp = upnp_outcomes()
+        summary = upnp.get("skipped") or ", ".join(f"{kind}={row['state']} in {row['time_to_outcome_s']} s"
+                                                   for kind, row in upnp.items())
+        print(f"nat upnp: {summary}", flush=True)
+    ran = {row["name"] for row in results}
+    kept = [row for row in old.get("scenarios", []) if row["name"] not in ran]
+    if kept:  # the file's load average is its other rows'; these rows carry their own
+        results = [{**row, "load_avg": os.getloadavg()[0]} for row in results]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"scenarios": results, "upnp": upnp, "load_avg": os.getloadavg()[0],
+    result = {"scenarios": kept + results, "upnp": upnp, "load_avg": old.get("load_avg", os.getloadavg()[0]),
               "note": "A and B validate groups but do not train (no model); see docstring"}
+    if kept:  # rows of an earlier run stay: so does what is known of the code they measured
+        result["kept_rows_provenance"] = old.get("kept_rows_provenance") or old.get("provenance")
     args.out.write_text(json.dumps(provenance.stamp(result, run, runs=1), indent=1) + "\n")
 
 

@@ -242,7 +242,16 @@ def nat(r: Results) -> str:
     return (f"cone: found via {cone['discovered_via'].upper()}, {private}, {blocked}, {ends}, "
             f"{cone['groups_exchanged']} groups exchanged; symmetric: {stays}, {sym['groups_exchanged']} groups; "
             f"ECHO-2 worker behind NAT: {echo['deltas_received']} deltas received; relay leaves: re-reserved on "
-            f"another relay in {leaves['time_to_reconnect_s']:.1f} s")
+            f"another relay in {leaves['time_to_reconnect_s']:.1f} s" + bootstrap_leaves(s))
+
+
+def bootstrap_leaves(scenarios: dict[str, Any]) -> str:
+    row = scenarios.get("bootstrap_leaves_after_punch")
+    if row is None:
+        return ""
+    runs = ", ".join(f"{a}/{b}" for a, b in row["runs"])
+    return (f"; bootstrap leaves after the punch: groups each way in the 2 minutes after it stopped {runs} "
+            f"({len(row['runs'])} runs)")
 
 
 @row("shared_engine", "python -m bench.shared_engine",

@@ -3,7 +3,9 @@
 Contract: `summarise(status)` turns a `LibP2PTransport.nat_status()` dict into the small JSON-ready summary that
 /status shows under "network": reachability (public | private | unknown), its one-line explanation, our relay
 reservations, relayed bytes (ours, and what we relayed for others), how many peers we reach directly or through a
-relay, the DHT and relay requests refused from peers by reason (flood budgets, bounded records: only the nonzero
+relay (a peer counts as relayed while any connection to it is relayed, even beside a direct one), per peer
+"peers": {peer: {"path": "direct" | "relay", "gossip": the path our gossip to it takes, "direct" | "relay" | "none"}},
+the DHT and relay requests refused from peers by reason (flood budgets, bounded records: only the nonzero
 counts), and the UPnP attempt when the host reports one ("upnp": state, line, external_addr; libp2p/upnp.py).
 `watch_nat(transport, on_change, interval_s)` polls the transport (any transport with an async `nat_status()`), logs
 the reachability line at WARNING (the user-facing level of `join`) each time it changes, the first time included,
@@ -25,8 +27,19 @@ log = logging.getLogger(__name__)
 UPNP_PENDING = ("off", "trying")  # no outcome to tell the user yet (off: they chose it)
 
 
+def peer_paths(status: dict[str, Any]) -> dict[str, str]:
+    """peer id -> "relay" while any of its traffic may go through a relay (any open relayed connection to it, even
+    beside a direct one), else "direct". From the host's per-peer "traffic"; a host that reports only "paths"
+    (direct if any connection is) is taken at its word."""
+    traffic = status.get("traffic")
+    if traffic is None:
+        return dict(status.get("paths", {}))
+    return {peer: "relay" if int(row.get("relayed", 0)) else "direct" for peer, row in traffic.items()}
+
+
 def summarise(status: dict[str, Any]) -> dict[str, Any]:
-    paths = list(status.get("paths", {}).values())
+    peers = peer_paths(status)
+    paths = list(peers.values())
     upnp = {"upnp": dict(status["upnp"])} if "upnp" in status else {}
     return {
         "reachability": status.get("reachability", "unknown"),
@@ -37,6 +50,8 @@ def summarise(status: dict[str, Any]) -> dict[str, Any]:
         "relay_served_bytes": int(status.get("relay_served_bytes", 0)),
         "peers_direct": paths.count("direct"),
         "peers_relayed": paths.count("relay"),
+        "peers": {peer: {"path": path, "gossip": status.get("traffic", {}).get(peer, {}).get("gossip", "unknown")}
+                  for peer, path in sorted(peers.items())},
         "dht_discovered": len(status.get("discovered", {})),
         "refused": {why: int(n) for why, n in status.get("refused", {}).items() if n},
         **upnp,

@@ -165,4 +165,7 @@ def test_rendezvous_key_addresses_and_summary() -> None:
                          "refused": {"dht_rate": 3, "relay_rate": 0}})
     assert summary == {"reachability": "private", "line": "l", "relay_reservations": ["/x/p2p-circuit"],
                        "relay_service": False, "relayed_bytes": 7, "relay_served_bytes": 0, "peers_direct": 1,
-                       "peers_relayed": 2, "dht_discovered": 1, "refused": {"dht_rate": 3}}
+                       "peers_relayed": 2, "dht_discovered": 1, "refused": {"dht_rate": 3},
+                       "peers": {"p1": {"path": "direct", "gossip": "unknown"},
+                                 "p2": {"path": "relay", "gossip": "unknown"},
+                                 "p3": {"path": "relay", "gossip": "unknown"}}}

@@ -145,3 +145,61 @@ async def test_symmetric_nats_stay_on_the_relay_and_still_exchange_groups() -> N
         echo = await net.nodes["a"].request("echo", cmd="echo", peer=peer_b, data="still relayed")
         assert echo.get("reply") == "echo:still relayed"
         assert (await net.nat("a"))["relayed_bytes"] > 0
+
+
+async def test_cone_homes_keep_exchanging_both_ways_after_the_relay_closes_and_the_bootstrap_leaves() -> None:
+    """Issue 27: A and B behind cone NATs, the bootstrap their only public node and relay. DCUtR makes them direct
+    and closes the relayed connection 60 s later, under both pubsub streams; then the bootstrap stops. Both must
+    go on receiving each other's groups (py-libp2p 0.8.1 lost one direction: guards.GuardedPubsub)."""
+    with Topology(homes={"a": "cone", "b": "cone"}, public=1) as topo:
+        nodes: dict[str, JsonProc] = {}
+        try:
+            nodes["boot"], ready = await start_node(topo, topo.pub(0), "boot", relay="on", confirmations=1)
+            boot = public_addr(topo.pub_ip(0), ready["peer_id"])
+            ids = {"boot": ready["peer_id"]}
+            for name in ("a", "b"):
+                nodes[name], ready = await start_node(topo, topo.home(name).host_ns, name, bootstrap=boot,
+                                                      confirmations=1, publish_every=1.0)
+                ids[name] = ready["peer_id"]
+            pairs = (("a", "b"), ("b", "a"))
+
+            async def traffic(me: str, other: str) -> dict[str, Any]:
+                status = (await nodes[me].request("nat", cmd="nat"))["status"]
+                return dict(status["traffic"].get(ids[other], {}))
+
+            async def received(me: str, other: str) -> list[str]:
+                return list((await nodes[me].request("stats", cmd="stats"))["delivered"].get(ids[other], []))
+
+            async def until(pred: Callable[[], Any], timeout: float, what: str) -> None:
+                async def poll() -> None:
+                    while not await pred():
+                        await asyncio.sleep(1.0)
+                try:
+                    await asyncio.wait_for(poll(), timeout)
+                except asyncio.TimeoutError:
+                    rows = [await traffic(me, other) for me, other in pairs]
+                    raise AssertionError(f"not {what} within {timeout} s: traffic {rows}") from None
+
+            async def direct_only() -> bool:  # punched, and the relayed connection closed (on both sides)
+                rows = [await traffic(me, other) for me, other in pairs]
+                return all(row.get("direct", 0) >= 1 and row.get("relayed", 1) == 0 for row in rows)
+            # Liveness bounds, not timings: DCUtR closes the relayed connection 60 s after the punch.
+            await until(direct_only, 240, "direct with the relayed connection closed")
+            await nodes["boot"].close()
+            before = {me: len(await received(me, other)) for me, other in pairs}
+
+            async def flowing() -> bool:
+                return all([len(await received(me, other)) >= before[me] + 10 for me, other in pairs])
+            await until(flowing, 90, "receiving 10 more groups each way after the bootstrap stopped")
+            sent = {name: (await nodes[name].request("published", cmd="publish", count=3))["group_ids"]
+                    for name in ("a", "b")}
+
+            async def got_them() -> bool:
+                return all([set(sent[other]) <= set(await received(me, other)) for me, other in pairs])
+            await until(got_them, 60, "receiving the other's 3 groups")
+            for me, other in pairs:
+                row = await traffic(me, other)
+                assert (row["relayed"], row["gossip"], row["path"]) == (0, "direct", "direct")
+        finally:
+            for node in nodes.values():
+                await node.close()

@@ -1,4 +1,5 @@
-"""Guards for py-libp2p 0.8.1 pubsub: the two measured remote crashes, application verdicts, library limits.
+"""Guards for py-libp2p 0.8.1 pubsub: the two measured remote crashes, application verdicts, library limits, and
+per-stream peer bookkeeping (issue 27).
 
 Runs inside the network host (trio). Contract:
 - Crash (a): `Pubsub.continuously_read_stream` parses each frame with `rpc_pb2.RPC.ParseFromString`; an invalid
@@ -27,6 +28,13 @@ Runs inside the network host (trio). Contract:
   bounded number of validations per second.
 - Stale streams: `reap_stale_streams` drops a peer's pubsub stream whose connection has closed (a peer that
   restarted and redialled before we noticed), so the library re-opens one on the live connection.
+- Streams, not peer ids: a failed write on a stream we have since replaced (the relayed connection under it
+  closed) no longer ends the peer's new stream (`write_msg`, `handle_sending_messages`), and `reopen_streams`
+  re-opens our stream to a peer still talking to us when the library has given up (py-libp2p 0.8.1 keys both by
+  peer id).
+- Subscriptions outlive our outbound stream: when our stream to a peer dies while the peer's own stream to us
+  is open (a relayed connection closed under a direct one), the peer's subscriptions are kept
+  (`_handle_dead_peer`; py-libp2p 0.8.1 forgets them, and the peer never announces them again).
 - `raise_library_limits` patches the hard-coded per-peer outbound queue (32 RPCs) and subscription channel (32).
 - Throughput (same wire format): `GuardedPubsub.handle_sending_messages` merges the RPCs queued for a peer into
   one RPC per write, and `install_record_caches` stops rebuilding and re-verifying the signed peer record that
@@ -44,6 +52,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 from libp2p.exceptions import ValidationError
+from libp2p.network.stream.exceptions import StreamClosed, StreamReset
 from libp2p.peer import peerstore as peerstore_module
 from libp2p.peer.id import ID
 from libp2p.pubsub import gossipsub as gossipsub_module
@@ -53,6 +62,7 @@ from libp2p.pubsub import utils as pubsub_utils
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.validators import signature_validator as library_signature_validator
+from libp2p.utils import encode_varint_prefixed
 
 from swarm_node.transport.base import ValidationResult
 from swarm_node.transport.shaping import RequestBudget
@@ -128,6 +138,13 @@ def raise_library_limits(queue_size: int, max_message_bytes: int, subscription_c
     pubsub_module.SUBSCRIPTION_CHANNEL_SIZE = subscription_channel
 
 
+def inbound_is_live(stream: Any) -> bool:
+    """True while a peer's pubsub stream to us can still carry RPCs: open, on a connection that is open."""
+    if stream is None or stream.is_closed:  # a property of NetStream
+        return False
+    return not getattr(stream.muxed_conn, "is_closed", True)
+
+
 class GuardedPubsub(Pubsub):
     """Pubsub with the crash guards, application verdicts (with IGNORE) and in-flight de-duplication."""
 
@@ -140,12 +157,22 @@ class GuardedPubsub(Pubsub):
         self.forward_budget = forward_budget
         self.counters: Counter[str] = counters if counters is not None else Counter()
         self._validating: set[bytes] = set()
+        self._inbound: dict[ID, Any] = {}  # peer -> its pubsub stream to us, while we read it
+        self._opening: Counter[ID] = Counter()  # peer -> our stream openings to it in progress
 
     async def stream_handler(self, stream: Any) -> None:
+        peer_id = stream.muxed_conn.peer_id
+        self._inbound[peer_id] = stream  # the peer's subscriptions arrive on it (see _handle_dead_peer)
+        try:
+            await self._read_inbound(stream, peer_id)
+        finally:
+            if self._inbound.get(peer_id) is stream:
+                del self._inbound[peer_id]
+
+    async def _read_inbound(self, stream: Any, peer_id: ID) -> None:
         if not self.crash_guards:
             await super().stream_handler(stream)
             return
-        peer_id = stream.muxed_conn.peer_id
         try:
             await super().stream_handler(stream)
         except DecodeError:
@@ -159,7 +186,28 @@ class GuardedPubsub(Pubsub):
 
     async def _drop_stream(self, stream: Any, peer_id: ID) -> None:
         await stream.reset()  # NetStream.reset swallows the muxer's errors itself
+        if self._inbound.get(peer_id) is stream:
+            del self._inbound[peer_id]  # its subscriptions go with it
         self._handle_dead_peer(peer_id)
+
+    def _handle_dead_peer(self, peer_id: ID) -> None:
+        """The library's dead-peer handling, keeping the subscriptions the peer announced on a stream still open.
+
+        py-libp2p 0.8.1 bug: `Pubsub._handle_dead_peer` runs whenever our *outbound* stream to a peer dies and
+        forgets every subscription of that peer, then re-opens an outbound stream if the peer is still connected.
+        But a peer announces its subscriptions once, at the start of *its* stream to us; when that inbound stream
+        lives on (on another connection: the direct one after DCUtR closed the relayed one), they are never
+        announced again, so we believe the peer subscribed to nothing and publish nothing to it, for good: the
+        one-way exchange of issue 27 (docs/NAT.md). Here they are put back through the library's own
+        `handle_subscription` once it has forgotten them.
+        """
+        kept = sorted(t for t, members in self.peer_topics.items() if peer_id in members) \
+            if inbound_is_live(self._inbound.get(peer_id)) else []
+        super()._handle_dead_peer(peer_id)
+        for topic in kept:
+            self.handle_subscription(peer_id, rpc_pb2.RPC.SubOpts(subscribe=True, topicid=topic))
+        if kept:
+            self.counters["subscriptions_kept"] += 1
 
     async def handle_sending_messages(self, peer_id: ID, stream: Any, queue: rpc_queue.RpcQueue) -> None:
         """The library's per-peer sender, merging the RPCs queued while the previous write was in flight.
@@ -197,7 +245,52 @@ class GuardedPubsub(Pubsub):
                     return
         except Exception:  # as the library's loop: a broken stream ends this peer, not the host
             log.debug("sending loop for %s ended", peer_id, exc_info=True)
-            self._handle_dead_peer(peer_id)
+            if self.peers.get(peer_id) is stream:  # a replaced stream's end must not end its successor
+                self._handle_dead_peer(peer_id)
+
+    async def write_msg(self, stream: Any, rpc_msg: rpc_pb2.RPC) -> bool:
+        """The library's write (a varint-prefixed RPC), ending the peer only if `stream` is still its stream.
+
+        py-libp2p 0.8.1 bug: `Pubsub.write_msg` calls `_handle_dead_peer(peer)` on any failed write, keyed by peer
+        id. When the relayed connection under our stream closes, the writes queued on that old stream (the sending
+        loop, `send_recent_messages`, `flush_pending_messages`: one per cached message) keep failing after the
+        library has already registered a new stream on the direct connection, and the first of them removes the
+        new stream. The retry it schedules is skipped while the retry that registered the new stream is still
+        finishing, so we never write to that peer again (measured in the netns topology: docs/NAT.md).
+        """
+        try:
+            await stream.write(encode_varint_prefixed(rpc_msg.SerializeToString()))
+            return True
+        except (StreamClosed, StreamReset):
+            peer_id = stream.muxed_conn.peer_id
+            if self.peers.get(peer_id) is stream:
+                self._handle_dead_peer(peer_id)
+            else:
+                self.counters["stale_stream_write"] += 1
+            return False
+
+    async def _handle_new_peer_with_retry(self, peer_id: ID, timeout: float | None = None) -> None:
+        self._opening[peer_id] += 1  # the library's first opening and its retries alike
+        try:
+            await super()._handle_new_peer_with_retry(peer_id, timeout)
+        finally:
+            self._opening[peer_id] -= 1
+            if self._opening[peer_id] <= 0:
+                del self._opening[peer_id]
+
+    def reopen_streams(self) -> list[ID]:
+        """Schedule the library's stream (re)opening for every peer that talks pubsub to us on an open stream but
+        to whom we hold no stream and none is being opened; returns those peers. The host calls it every second:
+        the last line against any other path by which py-libp2p 0.8.1 forgets our stream to a connected peer (its
+        retry, scheduled once per peer, gives up on an unexpected error)."""
+        orphans = [peer for peer, stream in self._inbound.items()
+                   if peer not in self.peers and not self._opening[peer]
+                   and peer not in self._peer_stream_retries_pending  # scheduled, not started yet
+                   and inbound_is_live(stream) and not self.is_peer_blacklisted(peer)]
+        for peer in orphans:
+            self.counters["pubsub_stream_reopened"] += 1
+            self._schedule_peer_stream_retry(peer)
+        return orphans
 
     def reap_stale_streams(self) -> list[ID]:
         """Drop pubsub streams whose connection has closed; returns the peers concerned.
@@ -258,3 +351,4 @@ class GuardedPubsub(Pubsub):
 
 _MERGE_MARGIN_BYTES = 64 << 10  # headroom under the RPC limit for the sender record and framing
 _SEVERITY = {ValidationResult.ACCEPT: 0, ValidationResult.IGNORE: 1, ValidationResult.REJECT: 2}
+

@@ -65,6 +65,7 @@ from swarm_node.transport.libp2p.ipc import (
     encode,
 )
 from swarm_node.transport.libp2p.nat import NatServices
+from swarm_node.transport.libp2p.paths import peer_traffic
 from swarm_node.transport.libp2p.router import SharingGossipSub
 from swarm_node.transport.libp2p.scoring import score_params
 from swarm_node.transport.libp2p.stream_bridge import StreamBridge
@@ -150,6 +151,7 @@ class NetworkHost:
         while True:
             await trio.sleep(1.0)
             self.pubsub.reap_stale_streams()
+            self.pubsub.reopen_streams()
 
     async def _write_frames(self, conn: trio.SocketStream) -> None:
         while True:
@@ -217,8 +219,11 @@ class NetworkHost:
         self.send(Op.RESULT, req_id, True, value)
 
     async def nat_status(self) -> dict[str, Any]:
-        """Reachability, relays, relayed bytes and DHT discovery (nat.NatServices.status)."""
-        return self.nat.status()
+        """Reachability, relays, relayed bytes and DHT discovery (nat.NatServices.status), and per peer
+        "traffic": open direct and relayed connections and the path our gossip to it takes (paths.peer_traffic)."""
+        status = self.nat.status()
+        status["traffic"] = peer_traffic(self.host, self.pubsub.peers)
+        return status
 
     async def get_counters(self) -> dict[str, int]:
         """Guard and validation counters (undecodable_frame, malformed_key, validation_timeout, slow_peer, ...)."""

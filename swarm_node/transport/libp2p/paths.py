@@ -2,9 +2,11 @@
 
 Contract (pure functions of a py-libp2p host, no I/O): `concrete_addrs` turns listen addresses into dialable ones;
 `is_relayed(conn)` says whether a connection runs through a circuit relay; `connection_paths(host)` maps each
-connected peer to "direct" or "relay"; `direct_peers(host)` lists the peers with a direct connection;
-`relay_candidates(host)` those of them that serve the circuit relay HOP protocol (identify told us);
-`relays_in_use(host, inbound_relays)` names the relay carrying each peer we reach only through one.
+connected peer to "direct" (reachable directly: any connection is) or "relay"; `peer_traffic(host, gossip_streams)`
+tells per peer how many open direct and relayed connections it has, which one our gossip stream to it runs on,
+and "relay" while any of its traffic may be relayed (what /status reports); `direct_peers(host)` lists the peers
+with a direct connection; `relay_candidates(host)` those of them that serve the circuit relay HOP protocol
+(identify told us); `relays_in_use(host, inbound_relays)` names the relay carrying each peer we reach only through one.
 """
 
 from __future__ import annotations
@@ -50,6 +52,28 @@ def connection_paths(host: Any) -> dict[str, str]:
     """peer id -> "direct" if any connection to it is direct, else "relay"."""
     return {peer.to_base58(): "direct" if any(not is_relayed(c) for c in conns) else "relay"
             for peer, conns in _connections(host)}
+
+
+def _muxed_closed(conn: Any) -> bool:
+    muxed = getattr(conn, "muxed_conn", None)
+    return bool(getattr(muxed, "is_closed", False))
+
+
+def peer_traffic(host: Any, gossip_streams: dict[ID, Any]) -> dict[str, dict[str, Any]]:
+    """peer id -> {"direct": open direct connections, "relayed": open relayed connections, "gossip": "direct" |
+    "relay" | "none" (the connection our gossip stream to it runs on), "path": "relay" while any connection to it is
+    relayed (some of its traffic may be), else "direct"}. `gossip_streams`: pubsub's outbound stream per peer."""
+    out: dict[str, dict[str, Any]] = {}
+    for peer, conns in _connections(host):
+        open_conns = [c for c in conns if not _muxed_closed(c)]
+        relayed = sum(1 for c in open_conns if is_relayed(c))
+        stream = gossip_streams.get(peer)
+        muxed = getattr(stream, "muxed_conn", None)
+        carrier = next((c for c in conns if getattr(c, "muxed_conn", None) is muxed), None) if muxed else None
+        gossip = "none" if carrier is None or _muxed_closed(carrier) else "relay" if is_relayed(carrier) else "direct"
+        out[peer.to_base58()] = {"direct": len(open_conns) - relayed, "relayed": relayed, "gossip": gossip,
+                                 "path": "relay" if relayed else "direct"}
+    return out
 
 
 def direct_peers(host: Any) -> list[ID]:

@@ -351,7 +351,8 @@ class LibP2PTransport(Transport):
 
     async def nat_status(self) -> dict[str, Any]:
         """The host's view of NAT traversal (nat.NatServices.status): "reachability" (public | private |
-        unknown) and its one-line summary "line", relay reservations, "relayed_bytes", DHT discoveries, paths."""
+        unknown) and its one-line summary "line", relay reservations, "relayed_bytes", DHT discoveries, paths, and
+        per peer "traffic" (open direct and relayed connections, the path our gossip takes: paths.peer_traffic)."""
         return dict(await self._call("nat_status"))
 
     async def host_counters(self) -> dict[str, int]:
