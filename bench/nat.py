@@ -50,7 +50,7 @@ from typing import Any
 
 from bench import nat_bootstrap_leaves, provenance
 from bench.load_guard import add_loaded_flag
-from bench.procs import JsonProc
+from bench.procs import JsonProc, wait_for
 from tests.netns.swarm import PORT, public_addr, start_node
 from tests.netns.topology import Topology, namespaces_unavailable
 from tests.netns.upnp import igd_unavailable, probe_gateways
@@ -74,16 +74,6 @@ async def nat_status(node: JsonProc) -> dict[str, Any]:
 
 async def stats(node: JsonProc) -> dict[str, Any]:
     return await node.request("stats", cmd="stats", timeout=60)
-
-
-async def wait_for(check: Any, timeout: float) -> bool:
-    """Poll the async predicate `check` once a second until true (True) or `timeout` passes (False)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await check():
-            return True
-        await asyncio.sleep(1.0)
-    return False
 
 
 async def run_scenario(name: str) -> dict[str, Any]:

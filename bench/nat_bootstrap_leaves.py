@@ -16,7 +16,7 @@ import asyncio
 import time
 from typing import Any
 
-from bench.procs import JsonProc
+from bench.procs import JsonProc, wait_for
 from tests.netns.swarm import public_addr, start_node
 from tests.netns.topology import Topology
 
@@ -31,15 +31,6 @@ async def _status(node: JsonProc) -> dict[str, Any]:
 
 async def _received(node: JsonProc, sender: str) -> int:
     return len((await node.request("stats", cmd="stats", timeout=60))["delivered"].get(sender, []))
-
-
-async def _until(check: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await check():
-            return True
-        await asyncio.sleep(1.0)
-    return False
 
 
 async def run_once(watch_s: float = 120.0) -> dict[str, Any]:
@@ -63,13 +54,13 @@ async def run_once(watch_s: float = 120.0) -> dict[str, Any]:
             async def direct() -> bool:
                 return (await traffic("a", "b")).get("direct", 0) >= 1 and \
                     (await traffic("b", "a")).get("direct", 0) >= 1
-            is_direct = await _until(direct, DIRECT_TIMEOUT_S)
+            is_direct = await wait_for(direct, DIRECT_TIMEOUT_S)
             time_direct = round(time.time() - started_at, 1) if is_direct else None
 
             async def relay_closed() -> bool:
                 return (await traffic("a", "b")).get("relayed", 1) == 0 or \
                     (await traffic("b", "a")).get("relayed", 1) == 0
-            closed = is_direct and await _until(relay_closed, RELAY_CLOSE_TIMEOUT_S)
+            closed = is_direct and await wait_for(relay_closed, RELAY_CLOSE_TIMEOUT_S)
             time_closed = round(time.time() - started_at, 1) if closed else None
             before = {"a": await traffic("a", "b"), "b": await traffic("b", "a")}
             base = (await _received(a, ids["b"]), await _received(b, ids["a"]))

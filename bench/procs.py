@@ -11,6 +11,7 @@ Contract:
   sends a command with a fresh "rid" and expects the `event` carrying it. All raise TimeoutError after `timeout`
   seconds and RuntimeError once the helper has closed its stdout.
 - `close(quit_grace_s)`: optionally asks the helper to quit and waits up to that long, then kills its group.
+- `wait_for(check, timeout)`: poll an async predicate once a second until it holds (True) or `timeout` passes.
 The helper side of this protocol is bench/child.py.
 """
 
@@ -22,7 +23,8 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +127,13 @@ class JsonProc:
         self.kill_group()
         await self.proc.wait()
         await self._reader
+
+
+async def wait_for(check: Callable[[], Awaitable[bool]], timeout: float) -> bool:
+    """Poll the async predicate `check` once a second until true (True) or `timeout` passes (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await check():
+            return True
+        await asyncio.sleep(1.0)
+    return False
