@@ -180,7 +180,7 @@ def heldout_line(before: EvalResult | None, after: EvalResult) -> str:
     when = " (before -> after training)" if before is not None else ""
     per_task = ", ".join(f"{name} {change(before.per_task.get(name) if before else None, acc)}"
                          for name, acc in after.per_task.items())
-    return (f"held-out greedy accuracy {overall}{when} on {after.problems} problems"
+    return (f"held-out greedy accuracy {overall}{when} on {after.size()}"
             + (f" ({per_task})" if per_task else ""))
 
 

@@ -24,11 +24,17 @@ class EvalResult:
     sampled_reward: float | None
     problems: int
     per_task: dict[str, float] = field(default_factory=dict)  # dataset -> greedy accuracy on its problems
+    distinct: int | None = None  # distinct (dataset, question) pairs among the problems: a small task repeats
 
     def __str__(self) -> str:
         tasks_part = ", ".join(f"{name} {acc:.3f}" for name, acc in self.per_task.items())
-        return f"greedy accuracy {self.greedy_acc:.3f} on {self.problems} problems" + (
+        return f"greedy accuracy {self.greedy_acc:.3f} on {self.size()}" + (
             f" ({tasks_part})" if len(self.per_task) > 1 else "")
+
+    def size(self) -> str:
+        """"N problems", and how many distinct questions they are when fewer (an eval is no larger than that)."""
+        repeats = self.distinct is not None and self.distinct < self.problems
+        return f"{self.problems} problems" + (f" ({self.distinct} distinct questions)" if repeats else "")
 
 
 def evaluate(sampler: Sampler, tokenizer: PreTrainedTokenizerBase, source: tasks.TaskSource, problems: int = 200,
@@ -58,7 +64,8 @@ def evaluate(sampler: Sampler, tokenizer: PreTrainedTokenizerBase, source: tasks
                 sampled_count += len(group)
     exact = sum(sum(r) for r in right.values())
     return EvalResult(exact / len(insts), sampled_total / sampled_count if sampled_count else None, len(insts),
-                      {name: sum(r) / len(r) for name, r in right.items()})
+                      {name: sum(r) / len(r) for name, r in right.items()},
+                      distinct=len({(i.ref.dataset, i.question) for i in insts}))
 
 
 def per_task_metrics(groups: list[ScoredGroup]) -> dict[str, dict[str, Any]]:

@@ -124,3 +124,18 @@ def test_heldout_line_without_a_before_eval() -> None:
     before = EvalResult(0.25, None, 4, {"chain_sum": 0.25})
     assert heldout_line(before, after) == ("held-out greedy accuracy 0.250 -> 0.500 (before -> after training) on 4 "
                                            "problems (chain_sum 0.250 -> 0.500)")
+
+
+def test_an_eval_says_how_many_distinct_questions_its_problems_are() -> None:
+    """A small task repeats its questions: 200 problems of the default mix are 113 distinct questions."""
+    from cli.main import heldout_line
+
+    after = EvalResult(0.5, None, 200, {"chain_sum": 0.5}, distinct=113)
+    assert str(after) == "greedy accuracy 0.500 on 200 problems (113 distinct questions)"
+    assert heldout_line(None, after).endswith("on 200 problems (113 distinct questions) (chain_sum 0.500)")
+    assert str(EvalResult(0.5, None, 4, {}, distinct=4)) == "greedy accuracy 0.500 on 4 problems"
+    from swarm_node.config import NodeConfig
+
+    source = NodeConfig().task.build_source()
+    insts = [tasks.instance(r) for r in source.eval_refs(200)]
+    assert len({(i.ref.dataset, i.question) for i in insts}) == 113
