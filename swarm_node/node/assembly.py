@@ -150,7 +150,7 @@ def assemble(cfg: NodeConfig, sharing: Sharing = Sharing.NONE, *, transport: Tra
         peer = SapoPeer(outbox(rollouts) if outbox is not None else rollouts,
                         # Groups without signal reach the pool too: it tells their copies apart, then drops them.
                         Ingest(context, node.stats, guard=guard, keep_no_signal=True),
-                        pool(sh.pool_size, sh.per_peer_pool_cap, sh.max_external_age), sh, node.share_rng, signer,
+                        pool(sh.pool_size, sh.per_peer_pool_cap, sh.max_external_age), sh, node.streams.share, signer,
                         lambda: node.step)
         return Assembly(node, guard, context, signer, rollouts, peer)
     except BaseException:

@@ -107,11 +107,6 @@ class Node:
     def sampler(self) -> Sampler | None:
         return self._sampler
 
-    @property
-    def share_rng(self) -> random.Random:
-        """The random stream of a SAPO peer's external selection (checkpointed with the node's other streams)."""
-        return self.streams.share
-
     # -- setup ---------------------------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.cfg

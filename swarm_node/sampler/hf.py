@@ -42,7 +42,7 @@ def unreproduced_processors(config: GenerationConfig | None) -> list[str]:
     found = []
     for name, neutral in sorted(NEUTRAL_PROCESSORS.items()):
         value = getattr(config, name, neutral)
-        if value not in (neutral, None) and not (name == "min_length" and value == 0):
+        if value not in (neutral, None):
             found.append(f"{name}={value}")
     return found
 

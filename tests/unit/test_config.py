@@ -10,6 +10,14 @@ from swarm_node.config import load_config
 from swarm_node.errors import ConfigError
 
 
+def config_error(tmp_path: Path, text: str) -> str:
+    """The one-line ConfigError that loading `text` as c.toml raises."""
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(f)
+    return str(info.value)
+
 def test_precedence(tmp_path: Path) -> None:
     f = tmp_path / "c.toml"
     f.write_text('[run]\nsteps = 50\nseed = 3\n[train]\nlr = 1e-3\n[task]\nname = "basic_arithmetic"\n'
@@ -31,12 +39,9 @@ def test_precedence(tmp_path: Path) -> None:
     ("[run\n", "is not valid TOML"),
 ])
 def test_bad_config_is_one_clear_error(tmp_path: Path, text: str, message: str) -> None:
-    f = tmp_path / "c.toml"
-    f.write_text(text)
-    with pytest.raises(ConfigError) as info:
-        load_config(f)
-    assert message in str(info.value)
-    assert "\n" not in str(info.value)
+    error = config_error(tmp_path, text)
+    assert message in error
+    assert "\n" not in error
 
 
 def test_missing_config_file(tmp_path: Path) -> None:
@@ -101,13 +106,10 @@ def test_a_quic_listen_address_is_a_one_line_error(tmp_path: Path, listen: str) 
     ("[share]\nis_band_high = 4.0\n", "[share.correction] band_high"),
 ])
 def test_a_renamed_key_is_one_line_naming_the_new_key(tmp_path: Path, text: str, new_key: str) -> None:
-    f = tmp_path / "c.toml"
-    f.write_text(text)
-    with pytest.raises(ConfigError) as info:
-        load_config(f)
+    error = config_error(tmp_path, text)
     old = text.split("\n")[1].split(" =")[0]
-    assert str(info.value).startswith(f"share.{old} in c.toml is no longer a key: use {new_key}")
-    assert "\n" not in str(info.value)
+    assert error.startswith(f"share.{old} in c.toml is no longer a key: use {new_key}")
+    assert "\n" not in error
 
 
 def test_the_new_correction_table_loads(tmp_path: Path) -> None:
@@ -132,12 +134,9 @@ def test_the_new_correction_table_loads(tmp_path: Path) -> None:
     ("[share.correction]\nwidth = 2\n", "unknown key 'share.correction.width' in c.toml; known: band_high, band_low"),
 ])
 def test_a_key_of_a_variant_not_selected_is_one_line(tmp_path: Path, text: str, message: str) -> None:
-    f = tmp_path / "c.toml"
-    f.write_text(text)
-    with pytest.raises(ConfigError) as info:
-        load_config(f)
-    assert str(info.value).startswith(message)
-    assert "\n" not in str(info.value)
+    error = config_error(tmp_path, text)
+    assert error.startswith(message)
+    assert "\n" not in error
 
 
 def test_the_variant_classes_are_chosen_by_kind() -> None:

@@ -76,7 +76,7 @@ def run_node(model_dir: Path, run_dir: Path, steps: int, resume: bool) -> tuple[
     finally:
         node.close()
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return rows, (node.streams.task.getstate(), node.trainer.rng.getstate(), node.share_rng.getstate())
+    return rows, (node.streams.task.getstate(), node.trainer.rng.getstate(), node.streams.share.getstate())
 
 
 def test_a_resumed_run_continues_exactly_as_an_uninterrupted_one(warm_tiny_model_dir: Path, tmp_path: Path) -> None:
