@@ -68,9 +68,10 @@ def test_two_honest_nodes_with_identical_seeds_never_graylist_each_other(warm_ti
     # They did coincide: every group of one was the other's own content, dropped at no cost (those without signal
     # before the pool saw them).
     for d, other in ((drops[0], "nodeB"), (drops[1], "nodeA")):
-        assert d[(other, "duplicate")] > 0
-        assert d[(other, "duplicate")] + d.get((other, "zero_advantage"), 0) == 2 * ROUNDS
-        assert not any(reason in ("copied", "copycat") for _, reason in d)
+        assert {reason for sender, reason in d if sender == other} == {"duplicate"}
+        # Every round's 2 groups, but a round whose delivery callback had not run before the twin drained may
+        # still be in flight (seen once on a loaded machine: 118 of 120).
+        assert 2 * (ROUNDS - 1) <= d[(other, "duplicate")] <= 2 * ROUNDS
 
 
 def test_a_copycat_that_re_signs_other_peers_groups_is_graylisted(warm_tiny_model_dir: Path, tmp_path: Path) -> None:
