@@ -3,8 +3,10 @@
 Layout: RUN_DIR/checkpoints/step-00000025/{model,optimizer,rng}.safetensors + state.json + MANIFEST.json.
 A checkpoint is written into a temporary directory, every file fsynced, MANIFEST.json (sha256 of every file)
 written last, then the directory is renamed into place and its parent fsynced. A kill at any moment leaves
-either the previous checkpoints alone or a complete new one. Loading verifies the manifest and skips (with a
-warning) anything partial or corrupt. Safetensors and JSON only: nothing here unpickles.
+either the previous checkpoints alone or a complete new one; pruning renames a checkpoint away before deleting
+it, so a kill mid-prune leaves a hidden leftover (removed by the next save), never a half-deleted step.
+Loading verifies the manifest and skips (with a warning) anything partial or corrupt.
+Safetensors and JSON only: nothing here unpickles.
 Device-independent: every tensor is written from an owned CPU copy (`device.host_copy`) and read onto the CPU,
 then copied into the model's and the optimizer's own device (torch moves optimizer state to its parameter's
 device), so a checkpoint written on a GPU resumes on a CPU and the other way round.
@@ -155,7 +157,14 @@ def save_checkpoint(run_dir: Path, step: int, model: PreTrainedModel, optimizer:
 def _prune(root: Path, keep: int) -> None:
     complete = [p for p in _step_dirs(root) if (p / MANIFEST).exists()]
     for old in complete[keep:]:
-        shutil.rmtree(old, ignore_errors=True)
+        # Renamed away first: a kill mid-delete then leaves a `.old-` leftover, never a step dir with half its
+        # files (which, lacking a manifest, would no longer count as complete and never be pruned).
+        doomed = root / f".old-{old.name}"
+        shutil.rmtree(doomed, ignore_errors=True)
+        os.rename(old, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+    for stale in root.glob(".old-step-*"):  # leftovers of killed prunes
+        shutil.rmtree(stale, ignore_errors=True)
     for stale in root.glob(".tmp-step-*"):  # leftovers of killed writers
         if not stale.name.endswith(f"-{os.getpid()}"):
             shutil.rmtree(stale, ignore_errors=True)

@@ -68,6 +68,29 @@ def test_keeps_newest_k(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert names == ["step-00000004", "step-00000005"]
 
 
+def test_a_prune_killed_midway_leaves_no_half_deleted_step(tiny_model_dir: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    model, opt = _trained_pair(tiny_model_dir)
+    for step in (1, 2):
+        checkpoint.save_checkpoint(tmp_path, step, model, opt, {"policy_version": step}, keep=1)
+    root = tmp_path / checkpoint.CHECKPOINT_DIR
+    real_rmtree = checkpoint.shutil.rmtree
+
+    def killed_after_the_manifest(path: Path, ignore_errors: bool = False) -> None:
+        if Path(path).name.startswith(".old-step") and Path(path).exists():  # killed: manifest gone, weights stay
+            (Path(path) / checkpoint.MANIFEST).unlink(missing_ok=True)
+            raise SystemExit("killed")
+        real_rmtree(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", killed_after_the_manifest)
+    with pytest.raises(SystemExit):
+        checkpoint.save_checkpoint(tmp_path, 3, model, opt, {"policy_version": 3}, keep=1)
+    assert sorted(p.name for p in root.iterdir()) == [".old-step-00000002", "step-00000003"]
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", real_rmtree)
+    checkpoint.save_checkpoint(tmp_path, 4, model, opt, {"policy_version": 4}, keep=1)
+    assert sorted(p.name for p in root.iterdir()) == ["step-00000004"]
+
+
 def test_full_disk_loses_nothing(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model, opt = _trained_pair(tiny_model_dir)
     checkpoint.save_checkpoint(tmp_path, 1, model, opt, {"policy_version": 1})
