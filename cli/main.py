@@ -172,13 +172,23 @@ def run_with_progress(cfg: NodeConfig, stats: NodeStats,
 
 
 def heldout_line(before: EvalResult | None, after: EvalResult) -> str:
-    """Held-out greedy accuracy before -> after training, overall and per specialty of the task mix."""
-    def change(b: float | None, a: float) -> str:
-        return f"{a:.3f}" if b is None else f"{b:.3f} -> {a:.3f}"
+    """Held-out greedy accuracy before -> after training, overall and per specialty of the task mix; with per-question
+    outcomes, the change with its paired 95% interval over the questions both evals asked."""
+    from swarm_node.train import eval_stats
 
-    overall = change(before.greedy_acc if before else None, after.greedy_acc)
-    when = " (before -> after training)" if before is not None else ""
-    per_task = ", ".join(f"{name} {change(before.per_task.get(name) if before else None, acc)}"
+    def change(name: str | None, b: float | None, a: float) -> str:
+        if before is None or b is None:
+            return f"{a:.3f}"
+        text = f"{b:.3f} -> {a:.3f}"
+        then, now = before.by_question(name), after.by_question(name)
+        if then.keys() & now.keys():
+            diff = eval_stats.paired_diff(now, then)
+            text += f" ({diff.mean:+.3f} [{diff.ci95[0]:+.3f}, {diff.ci95[1]:+.3f}])"
+        return text
+
+    overall = change(None, before.greedy_acc if before else None, after.greedy_acc)
+    when = " (before -> after training; change [95% interval])" if before is not None else ""
+    per_task = ", ".join(f"{name} {change(name, before.per_task.get(name) if before else None, acc)}"
                          for name, acc in after.per_task.items())
     return (f"held-out greedy accuracy {overall}{when} on {after.size()}"
             + (f" ({per_task})" if per_task else ""))

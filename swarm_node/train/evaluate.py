@@ -2,6 +2,8 @@
 specialty (dataset) of the task mix; and the per-specialty numbers of one training step's local groups.
 
 Held-out problems come from `TaskSource.eval_refs`: the eval bucket of each dataset, never drawn for training.
+An `EvalResult` keeps each problem's outcome, so that its accuracy carries a 95% interval over distinct questions
+and two evals on the same questions compare pairwise (`train/eval_stats.py`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 from swarm_node import tasks
 from swarm_node.sampler.base import Sampler, SamplingParams
+from swarm_node.train import eval_stats
 from swarm_node.types import Completion, ScoredGroup
 
 
@@ -25,6 +28,7 @@ class EvalResult:
     problems: int
     per_task: dict[str, float] = field(default_factory=dict)  # dataset -> greedy accuracy on its problems
     distinct: int | None = None  # distinct (dataset, question) pairs among the problems: a small task repeats
+    outcomes: tuple[tuple[str, str, float], ...] = ()  # (dataset, question, 1.0 right / 0.0 wrong) per problem
 
     def __str__(self) -> str:
         tasks_part = ", ".join(f"{name} {acc:.3f}" for name, acc in self.per_task.items())
@@ -35,6 +39,11 @@ class EvalResult:
         """"N problems", and how many distinct questions they are when fewer (an eval is no larger than that)."""
         repeats = self.distinct is not None and self.distinct < self.problems
         return f"{self.problems} problems" + (f" ({self.distinct} distinct questions)" if repeats else "")
+
+    def by_question(self, dataset: str | None = None) -> dict[str, float]:
+        """{question key: accuracy} over the distinct questions (of one dataset, or all); empty without outcomes."""
+        return eval_stats.per_question((f"{name}\0{question}", right) for name, question, right in self.outcomes
+                                       if dataset is None or name == dataset)
 
 
 def evaluate(sampler: Sampler, tokenizer: PreTrainedTokenizerBase, source: tasks.TaskSource, problems: int = 200,
@@ -50,6 +59,7 @@ def evaluate(sampler: Sampler, tokenizer: PreTrainedTokenizerBase, source: tasks
         return tasks.well_formed(c.token_ids, c.text, eos, special)
 
     right: dict[str, list[bool]] = defaultdict(list)
+    outcomes: list[tuple[str, str, float]] = []
     sampled_total, sampled_count = 0.0, 0
     for start in range(0, len(insts), batch):
         chunk = insts[start:start + batch]
@@ -57,6 +67,7 @@ def evaluate(sampler: Sampler, tokenizer: PreTrainedTokenizerBase, source: tasks
         greedy = sampler.generate(prompts, 1, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))
         for inst, out in zip(chunk, greedy, strict=True):
             right[inst.ref.dataset].append(well_formed(out[0]) and tasks.score(inst, out[0].text) >= 1.0)
+            outcomes.append((inst.ref.dataset, inst.question, float(right[inst.ref.dataset][-1])))
         if samples > 0:
             params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + start)
             for inst, group in zip(chunk, sampler.generate(prompts, samples, params), strict=True):
@@ -65,7 +76,7 @@ def evaluate(sampler: Sampler, tokenizer: PreTrainedTokenizerBase, source: tasks
     exact = sum(sum(r) for r in right.values())
     return EvalResult(exact / len(insts), sampled_total / sampled_count if sampled_count else None, len(insts),
                       {name: sum(r) / len(r) for name, r in right.items()},
-                      distinct=len({(i.ref.dataset, i.question) for i in insts}))
+                      distinct=len({(i.ref.dataset, i.question) for i in insts}), outcomes=tuple(outcomes))
 
 
 def per_task_metrics(groups: list[ScoredGroup]) -> dict[str, dict[str, Any]]:

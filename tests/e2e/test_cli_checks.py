@@ -65,8 +65,9 @@ def test_solo_prints_held_out_accuracy_before_and_after_per_specialty(tmp_path: 
                            "--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4",
                            "--run-dir", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    summary = re.search(r"held-out greedy accuracy \S+ -> \S+ \(before -> after training\) on 4 problems "
-                        r"\(chain_sum \S+ -> \S+, basic_arithmetic \S+ -> \S+\)", proc.stderr + proc.stdout)
+    change = r"\S+ -> \S+ \([+-]\S+ \[[+-]\S+, [+-]\S+\]\)"  # before -> after (change [paired 95% interval])
+    summary = re.search(rf"held-out greedy accuracy {change} \(before -> after training; change \[95% interval\]\) "
+                        rf"on 4 problems \(chain_sum {change}, basic_arithmetic {change}\)", proc.stderr + proc.stdout)
     assert summary, proc.stderr
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [sorted(s["per_task"]) for s in steps] == [["basic_arithmetic", "chain_sum"]] * 2  # balanced: one each

@@ -113,6 +113,7 @@ def test_eval_result_per_task_on_a_hand_built_case() -> None:
     assert result.problems == 5 and result.greedy_acc == 0.8
     assert result.per_task == {"chain_sum": 1.0, "leg_counting": 0.5}
     assert result.sampled_reward == 0.8
+    assert [o[2] for o in result.outcomes] == [1.0, 1.0, 1.0, 1.0, 0.0]  # one outcome per problem, in order
     assert str(result) == "greedy accuracy 0.800 on 5 problems (chain_sum 1.000, leg_counting 0.500)"
 
 
@@ -122,8 +123,23 @@ def test_heldout_line_without_a_before_eval() -> None:
     after = EvalResult(0.5, None, 4, {"chain_sum": 0.5})
     assert heldout_line(None, after) == "held-out greedy accuracy 0.500 on 4 problems (chain_sum 0.500)"
     before = EvalResult(0.25, None, 4, {"chain_sum": 0.25})
-    assert heldout_line(before, after) == ("held-out greedy accuracy 0.250 -> 0.500 (before -> after training) on 4 "
-                                           "problems (chain_sum 0.250 -> 0.500)")
+    assert heldout_line(before, after) == ("held-out greedy accuracy 0.250 -> 0.500 (before -> after training; change "
+                                           "[95% interval]) on 4 problems (chain_sum 0.250 -> 0.500)")
+
+
+def test_heldout_line_pairs_the_two_evals_question_by_question() -> None:
+    """With per-question outcomes, the change carries its paired interval: 4 questions, one gained, none lost."""
+    from cli.main import heldout_line
+
+    rows = [("chain_sum", "q1"), ("chain_sum", "q2"), ("gcd", "q3"), ("gcd", "q4")]
+    before = EvalResult(0.25, None, 4, {"chain_sum": 0.5, "gcd": 0.0},
+                        outcomes=tuple((d, q, r) for (d, q), r in zip(rows, (1.0, 0.0, 0.0, 0.0), strict=True)))
+    after = EvalResult(0.5, None, 4, {"chain_sum": 0.5, "gcd": 0.5},
+                       outcomes=tuple((d, q, r) for (d, q), r in zip(rows, (1.0, 0.0, 1.0, 0.0), strict=True)))
+    assert after.by_question("gcd") == {"gcd\0q3": 1.0, "gcd\0q4": 0.0}
+    line = heldout_line(before, after)
+    assert line.startswith("held-out greedy accuracy 0.250 -> 0.500 (+0.250 [+0.000, +0.750]) (before -> after")
+    assert "(chain_sum 0.500 -> 0.500 (+0.000 [+0.000, +0.000]), gcd 0.000 -> 0.500 (+0.500 [+0.000, +1.000]))" in line
 
 
 def test_an_eval_says_how_many_distinct_questions_its_problems_are() -> None:
