@@ -5,7 +5,8 @@ TOML file < CLI overrides and validated (`load_config`); nothing changes it afte
 - `checks.py`   the one-line value checks the sections share
 - `run.py`      [run], [model], [task]
 - `sampler.py`  [sampler]: one class per sampler kind (`SAMPLER_CONFIGS`)
-- `train.py`    [train]
+- `train.py`    [train] and [train.stale_correction]: one class per stale-rollout correction
+                (`STALE_CORRECTION_CONFIGS`)
 - `share.py`    [share] and [share.correction]: one class per correction (`CORRECTION_CONFIGS`)
 - `peers.py`    [peers]
 - `network.py`  [network], [echo], [status]
@@ -34,10 +35,18 @@ from swarm_node.config.share import (
     ISCorrectionConfig,
     ShareConfig,
 )
-from swarm_node.config.train import TrainConfig
+from swarm_node.config.train import (
+    STALE_CORRECTION_CONFIGS,
+    M2POStaleConfig,
+    StaleCorrectionConfig,
+    TISStaleConfig,
+    TrainConfig,
+    VCPOStaleConfig,
+)
 
 __all__ = [
-    "CORRECTION_CONFIGS", "RENAMED", "SAMPLER_CONFIGS", "AutoSamplerConfig", "CappedCorrectionConfig",
+    "CORRECTION_CONFIGS", "RENAMED", "SAMPLER_CONFIGS", "STALE_CORRECTION_CONFIGS", "M2POStaleConfig",
+    "StaleCorrectionConfig", "TISStaleConfig", "VCPOStaleConfig", "AutoSamplerConfig", "CappedCorrectionConfig",
     "CorrectionConfig", "DecoupledCorrectionConfig", "EchoConfig", "FTISCorrectionConfig", "HFSamplerConfig",
     "ISCorrectionConfig", "ModelConfig", "NetworkConfig", "NodeConfig", "PeersConfig", "RunConfig", "SamplerConfig",
     "ShareConfig", "StatusConfig", "TaskConfig", "TrainConfig", "VLLMSamplerConfig", "build_config", "load_config",

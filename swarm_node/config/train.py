@@ -1,12 +1,75 @@
-"""`[train]`: the optimizer, the GRPO loss and its estimator, micro-batching, LoRA and precision."""
+"""`[train]`: the optimizer, the GRPO loss and its estimator, micro-batching, LoRA and precision; and
+`[train.stale_correction]`: one class per correction of our own stale rollouts, chosen by `kind` (registry
+`STALE_CORRECTION_CONFIGS`, names `variants.STALE_CORRECTIONS`, the math in rl/stale.py).
+
+A correction's knobs belong to it: `bound` to m2po alone. The truncation cap of tis and vcpo stays
+`[train] is_cap` (it also caps the rows of a learner's workers). `knobs()` is what rl/stale.StaleParams takes.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from swarm_node import variants
 from swarm_node.config.checks import non_negative, one_of, positive
+
+M2PO_BOUND = 0.04  # M2PO's tau_M2, the paper's setting (rl/stale.py's default: the config imports no torch)
+
+
+@dataclass(frozen=True)
+class StaleCorrectionConfig:
+    """How our own stale rollouts train (rl/stale.py). Built alone it is "none": as if on-policy."""
+
+    section: ClassVar[str] = "train.stale_correction"
+    by_kind: ClassVar[variants.Registry[type[StaleCorrectionConfig]]]
+
+    kind: str = "none"
+
+    def validate(self) -> None:
+        one_of(self, "kind", variants.STALE_CORRECTIONS)
+
+    def knobs(self) -> dict[str, float]:
+        """This correction's settings, as rl/stale.StaleParams names them."""
+        return {}
+
+
+STALE_CORRECTION_CONFIGS: variants.Registry[type[StaleCorrectionConfig]] = variants.Registry(
+    "train.stale_correction config", variants.STALE_CORRECTIONS)
+StaleCorrectionConfig.by_kind = STALE_CORRECTION_CONFIGS
+STALE_CORRECTION_CONFIGS.add("none", StaleCorrectionConfig)
+
+
+@STALE_CORRECTION_CONFIGS.register("tis")
+@dataclass(frozen=True)
+class TISStaleConfig(StaleCorrectionConfig):
+    """AReaL's decoupled objective with the truncated weight min(pi_proximal / mu, train.is_cap)."""
+
+    kind: str = "tis"
+
+
+@STALE_CORRECTION_CONFIGS.register("m2po")
+@dataclass(frozen=True)
+class M2POStaleConfig(StaleCorrectionConfig):
+    """M2PO: the most extreme tokens masked until the mean squared log-ratio is <= bound."""
+
+    kind: str = "m2po"
+    bound: float = M2PO_BOUND
+
+    def validate(self) -> None:
+        super().validate()
+        positive(self, "bound")
+
+    def knobs(self) -> dict[str, float]:
+        return {"bound": self.bound}
+
+
+@STALE_CORRECTION_CONFIGS.register("vcpo")
+@dataclass(frozen=True)
+class VCPOStaleConfig(StaleCorrectionConfig):
+    """VCPO: tis's weights, the learning rate scaled by sqrt(ESS / n), the off-policy minimum-variance baseline."""
+
+    kind: str = "vcpo"
 
 
 @dataclass(frozen=True)
@@ -22,7 +85,9 @@ class TrainConfig:
     eps_high: float = 0.28
     kl_coef: float = 0.0
     max_grad_norm: float = 1.0
-    is_cap: float = 2.0  # truncation of importance weights for off-policy rollouts
+    is_cap: float = 2.0  # truncation of importance weights for off-policy rollouts (stale_correction tis, vcpo)
+    # how our own stale rollouts train (rl/stale.py); "tis" is the trainer's behaviour before the registry
+    stale_correction: StaleCorrectionConfig = field(default_factory=lambda: TISStaleConfig())
     max_staleness: int = 0  # S: version lag allowed between generation and training; >= 1 overlaps them
     weight_decay: float = 0.0
     adam_eps: float = 1e-8
@@ -49,3 +114,4 @@ class TrainConfig:
                       "max_staleness")
         positive(self, "adam_eps", "lora_alpha")
         non_negative(self, "lora_rank")
+        self.stale_correction.validate()

@@ -81,6 +81,18 @@ def _row_caps(samples: list[TrainSample]) -> torch.Tensor | None:
     return torch.tensor([math.nan if s.is_cap is None else s.is_cap for s in samples], dtype=torch.float32)
 
 
+def prompt_keys(batch: Batch) -> torch.Tensor:
+    """[N] int64 on the CPU: one key per row, equal for rows of equal prompt (one group), the same in every
+    micro-batch of a minibatch. A row's prompt ends where its completion mask starts."""
+    ids, mask = batch.input_ids.cpu(), batch.mask.cpu()
+    keys = []
+    for row, row_mask in zip(ids, mask, strict=True):
+        completion = torch.nonzero(row_mask)
+        end = int(completion[0]) + 1 if completion.numel() else row.numel()
+        keys.append(hash(tuple(row[:end].tolist())))  # int tuples hash the same in every process
+    return torch.tensor(keys, dtype=torch.int64)
+
+
 def group_minibatches(samples: list[TrainSample], minibatches: int, rng: random.Random) -> list[list[int]]:
     """Sample indices per minibatch, keeping each group (samples sharing a prompt) whole; groups shuffled.
 

@@ -1,12 +1,15 @@
 """GRPO trainer: turns scored rollout groups into optimizer steps on an HF causal LM.
 
 Contract: `train_step(samples)` splits the samples into `minibatches` optimizer steps. The ratio's old log-probs
-are the sampler's behaviour log-probs (so the clip acts on real policy change); off-policy samples (a stale
-rollout, lag > 0) take the ratio against the proximal policy and carry the weight min(pi_proximal/mu, is_cap),
-where is_cap is the sample's own `TrainSample.is_cap` when set (external completions, share.correction.cap <= 1) and
-train.is_cap otherwise. A sample's `token_weights` (fixed per-token weights, 0 drops a token; set by an external
-correction) multiply its per-token loss terms, after any IS weight; a dropped token still counts in the token
-mean's denominator. Without these optional fields the computation is exactly the one without them.
+are the sampler's behaviour log-probs (so the clip acts on real policy change). An off-policy sample with its own
+`TrainSample.is_cap` (an external completion, share.correction.cap <= 1) takes the ratio against the proximal policy
+and carries the weight min(pi_proximal/mu, is_cap). The other off-policy samples (our stale rollouts, lag > 0, and
+a learner's workers' rows) train as `train.stale_correction` says (rl/stale.py, registry `STALE_CORRECTIONS`; its
+default "tis" is the decoupled objective with the cap train.is_cap); a correction that needs the whole minibatch
+(m2po, vcpo) gets its proximal log-probs from a forward pass without gradients first when the minibatch is more
+than one micro-batch. Its per-step statistics are `StepStats.correction` (mean over the minibatches that report
+them). A sample's `token_weights` (fixed per-token weights, 0 drops a token; set by an external correction) multiply
+its per-token loss terms, after any IS weight; a dropped token still counts in the token mean's denominator. Without these optional fields the computation is exactly the one without them.
 A minibatch whose loss or gradient is non-finite is skipped (counted) and never reaches the parameters.
 Memory is bounded by construction: each minibatch runs forward/backward in micro-batches (`microbatch_plan`) of at
 most `microbatch_tokens` padded positions (or one row), and their gradients accumulate into exactly the gradient of
@@ -36,11 +39,13 @@ from transformers import PreTrainedModel
 from swarm_node.config import SamplerConfig, TrainConfig
 from swarm_node.rl.logprobs import entropy_from_log_probs, processed_log_softmax
 from swarm_node.rl.loss import LOSSES, LossConfig, LossInputs, kl_k3, masked_mean, truncated_is_weights
+from swarm_node.rl.stale import STALE_CORRECTIONS, StaleBatch, StaleParams, StaleWeights
 from swarm_node.train.batching import (
     Batch,
     collate,
     group_minibatches,
     microbatch_plan,
+    prompt_keys,
     sample_length,
 )
 from swarm_node.types import TrainSample
@@ -56,6 +61,7 @@ class StepStats:
     minibatches: int = 0
     skipped_minibatches: int = 0
     tokens: int = 0
+    correction: dict[str, float] = dataclasses.field(default_factory=dict)  # the stale correction's statistics
 
 
 @dataclass
@@ -64,6 +70,7 @@ class _MicroLoss:
     clip_frac: float
     kl: float
     entropy: float
+    stale: StaleWeights | None  # how the stale rows trained, or None without stale rows
 
 
 class Trainer:
@@ -82,6 +89,9 @@ class Trainer:
         self.vocab = vocab  # the tokenizer's length: ids of a padded embedding past it are masked out
         self.loss_fn = LOSSES[train.loss]
         self.loss_cfg = LossConfig(eps_low=train.eps_low, eps_high=train.eps_high, kl_coef=train.kl_coef)
+        self.stale_correction = STALE_CORRECTIONS[train.stale_correction.kind]
+        self.stale_params = StaleParams(cap=train.is_cap, **train.stale_correction.knobs())
+        self.lr_scale = 1.0  # the stale correction's factor on the current minibatch's learning rate
         # Only what trains: with LoRA adapters the base weights are frozen.
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=train.lr, weight_decay=train.weight_decay,
@@ -91,11 +101,11 @@ class Trainer:
         self.skipped_total = 0
         self.optimizer_steps = 0  # checkpointed by the node: drives the lr warm-up
 
-    def _set_lr(self) -> None:
+    def _set_lr(self, correction_scale: float = 1.0) -> None:
         warm = self.cfg.warmup_steps
         scale = min(1.0, (self.optimizer_steps + 1) / warm) if warm else 1.0
         for group in self.optimizer.param_groups:
-            group["lr"] = self.cfg.lr * scale
+            group["lr"] = self.cfg.lr * scale * correction_scale
 
     def token_log_probs(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Processed log-probs [N, L-1] of each target token, and the entropy [N, L-1] at each position, on the
@@ -132,6 +142,7 @@ class Trainer:
         chunks = group_minibatches(samples, self.cfg.minibatches, self.rng)
         self.model.train()
         totals = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+        correction: dict[str, list[float]] = {}  # a statistic over the minibatches that reported it
         for chunk in (c for c in chunks if c):
             batches = self.microbatches([samples[i] for i in chunk])
             stats.minibatches += 1
@@ -140,7 +151,10 @@ class Trainer:
                 stats.skipped_minibatches += 1
                 continue
             for k, v in result.items():
-                totals[k] += v
+                if k in totals:
+                    totals[k] += v
+                else:
+                    correction.setdefault(k, []).append(v)
             stats.tokens += int(sum(float(b.mask.sum()) for b in batches))
         self.model.eval()
         done = stats.minibatches - stats.skipped_minibatches
@@ -148,6 +162,7 @@ class Trainer:
         if done:
             for k, v in totals.items():
                 setattr(stats, k, v / done)
+            stats.correction = {k: sum(v) / len(v) for k, v in correction.items()}
         return stats
 
     def accumulate(self, batches: list[Batch]) -> dict[str, float] | None:
@@ -157,11 +172,17 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         total = sum(float(b.mask.sum()) for b in batches)
         sums = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "entropy": 0.0}
-        for batch in batches:
+        self.lr_scale = 1.0
+        fixed = self._whole_minibatch_weights(batches)
+        for i, batch in enumerate(batches):
             # masked_mean divides by max(tokens, 1): the same clamp on the whole minibatch keeps a minibatch
             # without completion tokens at loss 0, as when it was one batch.
             weight = float(batch.mask.sum()) / max(total, 1.0)
-            part = self._micro_loss(batch)
+            part = self._micro_loss(batch, None if fixed is None else fixed[i])
+            if part.stale is not None and (fixed is not None or len(batches) == 1):
+                # the correction saw the whole minibatch: its learning-rate factor and statistics are the step's
+                self.lr_scale = part.stale.lr_scale
+                sums.update(part.stale.stats)
             loss = part.loss * weight
             if not torch.isfinite(loss):
                 self.optimizer.zero_grad(set_to_none=True)
@@ -181,28 +202,37 @@ class Trainer:
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             return None
-        self._set_lr()
+        self._set_lr(self.lr_scale)
         self.optimizer.step()
         self.optimizer_steps += 1
         return {**result, "grad_norm": grad_norm}
 
-    def _micro_loss(self, batch: Batch) -> _MicroLoss:
-        """One micro-batch's token-mean loss and statistics."""
+    def _micro_loss(self, batch: Batch, fixed: StaleWeights | None = None) -> _MicroLoss:
+        """One micro-batch's token-mean loss and statistics. `fixed`: the stale rows' weights, already computed over
+        the whole minibatch (else the correction runs on this micro-batch)."""
         batch = self.on_device(batch)
         logp, entropy = self.token_log_probs(self.model, batch)
-        old_logp, is_weights = batch.behaviour, None
+        old_logp, is_weights, advantages, stale = batch.behaviour, None, batch.advantages, None
         if bool(batch.off_policy.any()):
-            # AReaL's decoupled objective for rows from an older policy: the ratio is taken against the proximal
-            # policy (the current one, before this minibatch's update), so the clip limits the update from here,
-            # and the truncated weight pi_proximal / mu corrects for the behaviour policy that sampled them.
-            rows = batch.off_policy.unsqueeze(-1)
+            # Rows with their own cap: AReaL's decoupled objective, the ratio taken against the proximal policy (the
+            # current one, before this minibatch's update), so the clip limits the update from here, and the
+            # truncated weight pi_proximal / mu corrects for the behaviour policy that sampled them. The other
+            # off-policy rows: as the stale correction says (tis: the same objective with train.is_cap).
             proximal = logp.detach()
-            cap: float | torch.Tensor = self.cfg.is_cap
+            capped = self._capped_rows(batch)
+            stale_rows = batch.off_policy & ~capped
+            stale = fixed if fixed is not None else self.stale_correction.apply(
+                self._stale_batch(batch, proximal, stale_rows), self.stale_params)
+            ones = torch.ones_like(proximal)
+            is_weights = torch.where(stale_rows.unsqueeze(-1), ones if stale.token_weights is None
+                                     else stale.token_weights.to(proximal.dtype), ones)
             if batch.is_cap is not None:  # rows with their own cap (external completions: share.correction.cap <= 1)
                 cap = torch.nan_to_num(batch.is_cap, nan=self.cfg.is_cap).to(proximal.dtype).unsqueeze(-1)
-            w = truncated_is_weights(proximal, batch.behaviour, cap)
-            is_weights = torch.where(rows, w, torch.ones_like(w))
-            old_logp = torch.where(rows, proximal, batch.behaviour)
+                w = truncated_is_weights(proximal, batch.behaviour, cap)
+                is_weights = torch.where(capped.unsqueeze(-1), w, is_weights)
+            against_proximal = capped | (stale_rows if stale.proximal_ratio else torch.zeros_like(stale_rows))
+            old_logp = torch.where(against_proximal.unsqueeze(-1), proximal, batch.behaviour)
+            advantages = torch.where(stale_rows, stale.advantages.to(advantages.dtype), advantages)
         if batch.token_weights is not None:
             tw = batch.token_weights.to(logp.dtype)
             is_weights = tw if is_weights is None else is_weights * tw
@@ -210,8 +240,53 @@ class Trainer:
         if self.ref_model is not None:
             with torch.no_grad():
                 ref_logp, _ = self.token_log_probs(self.ref_model, batch)
-        out = self.loss_fn(LossInputs(logp, old_logp, batch.advantages, batch.mask, is_weights, ref_logp),
+        out = self.loss_fn(LossInputs(logp, old_logp, advantages, batch.mask, is_weights, ref_logp),
                            self.loss_cfg)
         drift = out.kl if self.ref_model is not None else float(masked_mean(
             kl_k3(logp.detach(), batch.behaviour), batch.mask))
-        return _MicroLoss(out.loss, out.clip_frac, drift, float(masked_mean(entropy, batch.mask)))
+        return _MicroLoss(out.loss, out.clip_frac, drift, float(masked_mean(entropy, batch.mask)), stale)
+
+    @staticmethod
+    def _capped_rows(batch: Batch) -> torch.Tensor:
+        """[N] bool: off-policy rows with a cap of their own (external completions), outside the stale correction."""
+        if batch.is_cap is None:
+            return torch.zeros_like(batch.off_policy)
+        return batch.off_policy & ~torch.isnan(batch.is_cap)
+
+    @staticmethod
+    def _stale_batch(batch: Batch, proximal: torch.Tensor, stale_rows: torch.Tensor) -> StaleBatch:
+        mask = batch.mask * stale_rows.unsqueeze(-1)
+        return StaleBatch((proximal - batch.behaviour) * mask, mask, stale_rows, batch.advantages,
+                          prompt_keys(batch).to(batch.advantages.device))
+
+    def _whole_minibatch_weights(self, batches: list[Batch]) -> list[StaleWeights] | None:
+        """Per micro-batch, the stale rows' weights computed over the whole minibatch, when the correction needs it
+        and the minibatch is several micro-batches (one micro-batch computes them from its own forward pass)."""
+        if not self.stale_correction.whole_minibatch or len(batches) < 2:
+            return None
+        if not any(bool(b.off_policy.any()) for b in batches):
+            return None
+        parts = []
+        with torch.no_grad():
+            for batch in batches:
+                batch = self.on_device(batch)
+                proximal, _ = self.token_log_probs(self.model, batch)
+                parts.append(self._stale_batch(batch, proximal, batch.off_policy & ~self._capped_rows(batch)))
+        width = max(p.mask.shape[1] for p in parts)
+        whole = StaleBatch(*(torch.cat([_pad(getattr(p, f.name), width) for p in parts])
+                             for f in dataclasses.fields(StaleBatch)))
+        weights = self.stale_correction.apply(whole, self.stale_params)
+        out, row = [], 0
+        for p in parts:
+            n, t = p.mask.shape
+            tw = None if weights.token_weights is None else weights.token_weights[row:row + n, :t]
+            out.append(dataclasses.replace(weights, token_weights=tw, advantages=weights.advantages[row:row + n]))
+            row += n
+        return out
+
+
+def _pad(values: torch.Tensor, width: int) -> torch.Tensor:
+    """A [N, T] tensor right-padded with zeros to [N, width]; a [N] tensor as it is."""
+    if values.dim() < 2 or values.shape[1] == width:
+        return values
+    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
