@@ -9,7 +9,8 @@ default "tis" is the decoupled objective with the cap train.is_cap); a correctio
 (m2po, vcpo) gets its proximal log-probs from a forward pass without gradients first when the minibatch is more
 than one micro-batch. Its per-step statistics are `StepStats.correction` (mean over the minibatches that report
 them). A sample's `token_weights` (fixed per-token weights, 0 drops a token; set by an external correction) multiply
-its per-token loss terms, after any IS weight; a dropped token still counts in the token mean's denominator. Without these optional fields the computation is exactly the one without them.
+its per-token loss terms, after any IS weight; a dropped token still counts in the token mean's denominator.
+Without these optional fields the computation is exactly the one without them.
 A minibatch whose loss or gradient is non-finite is skipped (counted) and never reaches the parameters.
 Memory is bounded by construction: each minibatch runs forward/backward in micro-batches (`microbatch_plan`) of at
 most `microbatch_tokens` padded positions (or one row), and their gradients accumulate into exactly the gradient of
