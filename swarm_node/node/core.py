@@ -322,6 +322,8 @@ class Node:
             "gen_s": draft.gen_s, "train_s": train_s, "step_s": self._step_seconds(draft),
             "time": time.time(),
         }
+        # the stale correction's statistics (train.stale_correction: m2po's masked_frac, vcpo's ess)
+        metrics.update({f"stale_{name}": value for name, value in result.correction.items()})
         metrics.update(self.hardware.after_step(self._step, self.trainer, self._sampler))  # the memory guard
         if draft.share is not None:
             metrics.update(draft.share.metrics(externals))

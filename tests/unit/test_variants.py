@@ -15,11 +15,12 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
     from simulations.byzantine import ATTACKS
     from simulations.runner import CELL_RUNNERS
     from swarm_node import tasks
-    from swarm_node.config import CORRECTION_CONFIGS, SAMPLER_CONFIGS
+    from swarm_node.config import CORRECTION_CONFIGS, SAMPLER_CONFIGS, STALE_CORRECTION_CONFIGS
     from swarm_node.model.lora import WEIGHT_FORMS
     from swarm_node.policy_sync.codecs import CODECS
     from swarm_node.rl.advantages import ADVANTAGE_ESTIMATORS
     from swarm_node.rl.loss import LOSSES
+    from swarm_node.rl.stale import STALE_CORRECTIONS
     from swarm_node.roles import ROLES
     from swarm_node.sampler.factory import SAMPLERS
     from swarm_node.sampler.kinds import SAMPLER_PLANS
@@ -31,7 +32,8 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
             (tasks.TASK_SELECTIONS, variants.TASK_SELECTIONS), (WEIGHT_FORMS, variants.WEIGHT_FORMS),
             (ROLES, variants.ROLES), (CELL_RUNNERS, sim_variants.SIM_MODES), (ATTACKS, sim_variants.ATTACKS),
             (CORRECTIONS, variants.CORRECTIONS), (CORRECTION_CONFIGS, variants.CORRECTIONS),
-            (SAMPLER_CONFIGS, variants.SAMPLER_KINDS), (SAMPLER_PLANS, variants.SAMPLER_KINDS)]
+            (SAMPLER_CONFIGS, variants.SAMPLER_KINDS), (SAMPLER_PLANS, variants.SAMPLER_KINDS),
+            (STALE_CORRECTIONS, variants.STALE_CORRECTIONS), (STALE_CORRECTION_CONFIGS, variants.STALE_CORRECTIONS)]
 
 
 def test_every_declared_name_is_registered() -> None:
@@ -56,6 +58,7 @@ def test_config_rejects_an_unknown_name_of_every_kind() -> None:
     from swarm_node.config import load_config
 
     for key in ["task.reward", "task.selection", "sampler.kind", "train.advantage", "train.loss",
-                "share.correction.kind", "share.selection", "network.role", "echo.encoding"]:
+                "share.correction.kind", "train.stale_correction.kind", "share.selection", "network.role",
+                "echo.encoding"]:
         with pytest.raises(ConfigError, match=f"^{key} 'nope' unknown; choose one of "):
             load_config(overrides={key: "nope"})
