@@ -98,9 +98,15 @@ class ScoredGroup:
     rewards: tuple[float, ...]
     advantages: tuple[float, ...] = ()
     origin: Origin = LOCAL
+    pivot: int | None = None  # a completion that trains no row (MC-GRPO's median completion), or None
 
     def __post_init__(self) -> None:
         _tuples(self, "prompt_ids", "completions", "rewards", "advantages")
+
+    def trained(self) -> list[tuple[Completion, float]]:
+        """(completion, advantage) of each completion that trains a row: all but the pivot."""
+        return [(c, a) for i, (c, a) in enumerate(zip(self.completions, self.advantages, strict=True))
+                if i != self.pivot]
 
     @property
     def version(self) -> int:

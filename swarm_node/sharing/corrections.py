@@ -142,7 +142,7 @@ def external_samples(trainer: Trainer, externals: list[PoolEntry], correction: s
     raw: list[tuple[TrainSample, list[float] | None]] = []
     for ext in externals:
         g = ext.group
-        for c, a in zip(g.completions, g.advantages, strict=True):
+        for c, a in g.trained():  # the pivot (MC-GRPO's median completion) trains no row
             if not c.token_ids:
                 continue
             sender_lp = None if ext.retokenized else c.logprobs

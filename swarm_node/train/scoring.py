@@ -1,4 +1,5 @@
-"""Scoring rollout groups: our verifier's rewards and group-relative advantages, and the samples they train.
+"""Scoring rollout groups: our verifier's rewards and group-relative advantages (and the estimator's pivot, a
+completion that trains no row), and the samples they train.
 
 A group's rewards always come from our own verifier (`TaskSource.reward`) on a question regenerated from the task
 reference; whoever generated the completions, nothing they claim about correctness is used here. A completion that
@@ -30,14 +31,16 @@ def score_group(inst: tasks.TaskInstance, prompt_ids: Sequence[int], completions
                for c in completions]
     if not all(math.isfinite(r) for r in rewards):
         raise FloatingPointError(f"non-finite reward for task {inst.ref}")
-    adv = ADVANTAGE_ESTIMATORS[advantage](torch.tensor(rewards, dtype=torch.float64)).tolist()
-    return ScoredGroup(inst, prompt_ids, completions, rewards, adv, origin)
+    estimator = ADVANTAGE_ESTIMATORS[advantage]
+    values = torch.tensor(rewards, dtype=torch.float64)
+    return ScoredGroup(inst, prompt_ids, completions, rewards, estimator(values).tolist(), origin,
+                       estimator.pivot(values))
 
 
 def to_samples(groups: Sequence[ScoredGroup], off_policy: Sequence[bool] | None = None) -> list[TrainSample]:
-    """The training rows of `groups`; `off_policy[i]` marks group i's rows for the truncated importance weight
-    (default: none is)."""
+    """The training rows of `groups` (a group's pivot trains none); `off_policy[i]` marks group i's rows for the
+    stale correction (default: none is)."""
     flags = off_policy if off_policy is not None else [False] * len(groups)
     return [TrainSample(g.prompt_ids, c.token_ids, c.logprobs, a, off)
             for g, off in zip(groups, flags, strict=True)
-            for c, a in zip(g.completions, g.advantages, strict=True) if c.token_ids]
+            for c, a in g.trained() if c.token_ids]

@@ -7,9 +7,12 @@ import math
 import pytest
 import torch
 
+from swarm_node import tasks
 from swarm_node.rl.advantages import ADVANTAGE_ESTIMATORS, grpo_advantages
 from swarm_node.rl.logprobs import entropy_from_log_probs, processed_log_softmax
 from swarm_node.rl.loss import LossConfig, LossInputs, clipped_surrogate, kl_k3, truncated_is_weights
+from swarm_node.train.scoring import score_group, to_samples
+from swarm_node.types import Completion
 
 SAPO_CLIP = LossConfig(eps_low=0.2, eps_high=0.28)
 
@@ -45,6 +48,32 @@ def test_mean_baselines_sum_to_zero(name: str) -> None:
 def test_dr_grpo_and_median_baselines() -> None:
     assert ADVANTAGE_ESTIMATORS["dr_grpo"](t(1, 0, 0, 0)).tolist() == [0.75, -0.25, -0.25, -0.25]
     assert ADVANTAGE_ESTIMATORS["median"](t(1, 0, 2)).tolist() == [0.0, -1.0, 1.0]
+
+
+def test_mc_grpo_median_of_g_plus_1_completions_and_its_pivot() -> None:
+    """MC-GRPO (Kim 2026): G + 1 completions (odd), the median as the baseline, the median completion (the pivot,
+    advantage 0) left out of the loss so that G train."""
+    median = ADVANTAGE_ESTIMATORS["median"]
+    assert median(t(1, 0, 0)).tolist() == [1.0, 0.0, 0.0] and median.pivot(t(1, 0, 0)) == 1  # the first 0
+    assert median(t(0.5, 1, 0)).tolist() == [0.0, 0.5, -0.5] and median.pivot(t(0.5, 1, 0)) == 0
+    assert median(t(0, 1, 1, 0, 1)).tolist() == [-1.0, 0.0, 0.0, -1.0, 0.0] and median.pivot(t(0, 1, 1, 0, 1)) == 1
+    # an even group: the mean of the two middle rewards (not torch's lower median 0), and no pivot
+    assert median(t(1, 0, 0, 1)).tolist() == [0.5, -0.5, -0.5, 0.5] and median.pivot(t(1, 0, 0, 1)) is None
+    assert median.pivot(t(1, 1, 1)) is None  # no signal
+    assert ADVANTAGE_ESTIMATORS["grpo"].pivot(t(1, 0, 0)) is None
+
+
+def test_the_pivot_trains_no_row() -> None:
+    inst = tasks.TaskInstance(tasks.TaskRef("chain_sum", "{}", 0, 0), "q", "7", "q\nAnswer: ", {})
+    completions = [Completion((10 + k, 1), text, (-1.0, -1.0), 0) for k, text in enumerate(["7", "8", "9"])]
+    def reward(_: tasks.TaskInstance, text: str) -> float:
+        return {"7": 1.0, "8": 0.0, "9": 0.0}[text]
+    group = score_group(inst, (5, 6), completions, reward, "median")
+    assert (group.advantages, group.pivot) == ((1.0, 0.0, 0.0), 1)
+    samples = to_samples([group])
+    assert [(s.completion_ids, s.advantage) for s in samples] == [((10, 1), 1.0), ((12, 1), 0.0)]
+    mean = score_group(inst, (5, 6), completions, reward, "dr_grpo")
+    assert mean.pivot is None and len(to_samples([mean])) == 3
 
 
 def _inputs(ratios: list[float], adv: list[float], mask: list[float] | None = None) -> LossInputs:
