@@ -1,0 +1,98 @@
+"""The fixed-lag harness (simulations/fixed_lag.py) on the tiny model: the batch trained at version v is sampled by
+exactly version max(0, v - S), with that version's weights; and bench/rollout_methods.py's cells: reused when
+finished on the same fingerprint, run again otherwise, gathered into the "staleness" part."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from bench import rollout_methods
+from simulations.fixed_lag import FixedLagSource
+from swarm_node.config import load_config
+from swarm_node.node.core import Node, NodeEvents
+from swarm_node.node.sources import Item
+from swarm_node.types import Draft
+
+
+class Checked(FixedLagSource):
+    """Also checks, at each draft, that the sampler holds the lagged version's weights; and gives every group
+    advantages (the untrained tiny model scores 0 everywhere), so that every step trains."""
+
+    def __init__(self, node: Node, lag: int) -> None:
+        super().__init__(node, lag)
+        self.differs_from_current: list[bool] = []
+
+    def draft(self) -> Item:
+        item = super().draft()
+        _, sampler_version = self.sampled_by[-1]
+        sampler = self.node.sampler
+        assert sampler is not None and sampler.version == sampler_version
+        held = sampler.model.state_dict()  # type: ignore[attr-defined]
+        for name, value in self.snapshots[sampler_version].items():
+            assert torch.equal(held[name].cpu(), value), name
+        current = self.node.policy_weights()
+        self.differs_from_current.append(any(not torch.equal(held[k].cpu(), v.cpu()) for k, v in current.items()))
+        assert isinstance(item, Draft) and item.version == sampler_version
+        signal = (1.0, -1.0, 0.5, -0.5)
+        return dataclasses.replace(item, groups=tuple(dataclasses.replace(g, advantages=signal) for g in item.groups))
+
+
+def test_the_batch_at_version_v_is_sampled_by_version_v_minus_s(tiny_model_dir: Path, tmp_path: Path) -> None:
+    cfg = load_config(None, {"model.path": str(tiny_model_dir), "sampler.kind": "hf", "run.steps": 5,
+                             "run.prompts_per_step": 2, "run.group_size": 4, "run.eval_problems": 0,
+                             "run.checkpoint_every": 100, "run.run_dir": str(tmp_path / "run"), "train.threads": 1,
+                             "status.port": -1, "train.warmup_steps": 0, "train.lr": 1e-2,
+                             "train.stale_correction.kind": "m2po"})
+    steps: list[dict[str, Any]] = []
+    node = Node(cfg, events=NodeEvents(log=lambda _m: None, on_step=steps.append))
+    node.setup()
+    source = Checked(node, lag=2)
+    try:
+        node.run(source)
+    finally:
+        node.close()
+    assert [m["policy_version"] for m in steps] == [1, 2, 3, 4, 5]  # every step trained
+    assert source.sampled_by == [(0, 0), (1, 0), (2, 0), (3, 1), (4, 2)]
+    assert [m["lag"] for m in steps] == [0, 1, 2, 2, 2]
+    assert source.differs_from_current == [False, True, True, True, True]
+    assert sorted(source.snapshots) == [2, 3, 4]  # at most S + 1 copies
+    assert all("stale_masked_frac" in m for m in steps[1:]) and "stale_masked_frac" not in steps[0]
+    with pytest.raises(ValueError, match="the lag must be >= 0"):
+        FixedLagSource(node, -1)
+
+
+def _fake_cell(calls: list[tuple[int, str, int]]) -> Any:
+    def run(cfg: Any, lag: int, log: Any = print) -> dict[str, Any]:
+        calls.append((lag, cfg.train.stale_correction.kind, cfg.run.seed))
+        acc = {"none": 0.25, "tis": 0.5}[cfg.train.stale_correction.kind] + cfg.run.seed / 8 - lag / 100
+        return {"lag": lag, "steps": cfg.run.steps, "heldout_acc": acc, "heldout_acc_before": 0.0,
+                "wall_s": 0.0}
+    return run
+
+
+def test_cells_are_reused_on_their_fingerprint_and_gathered(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls: list[tuple[int, str, int]] = []
+    monkeypatch.setattr(rollout_methods, "run_fixed_lag_cell", _fake_cell(calls))
+    args = argparse.Namespace(lags=[1, 4], corrections=["none", "tis"], seeds=[0, 2], steps=3, run_dir=tmp_path,
+                              finished_only=False)
+    part = rollout_methods.staleness(args, {})
+    assert len(calls) == 8
+    assert part["1"]["tis"]["per_seed"] == [0.49, 0.74]
+    assert part["4"]["none"] == {"heldout_acc_mean": pytest.approx(0.335), "heldout_acc_std": pytest.approx(0.1767767),
+                                 "per_seed": [0.21, 0.46], "seeds_done": [0, 2]}
+    assert rollout_methods.staleness(args, {}) == part and len(calls) == 8  # every cell reused
+    stored = json.loads((tmp_path / "staleness" / "S4" / "none" / "seed2" / "result.json").read_text())
+    assert (stored["lag"], stored["correction"], stored["seed"]) == (4, "none", 2)
+    assert stored["overrides"]["train.stale_correction.kind"] == "none"
+    rollout_methods.staleness(args, {"train.lr": 1e-3})  # another config: another fingerprint, every cell runs again
+    assert len(calls) == 16
+    gathered = rollout_methods.staleness(argparse.Namespace(**{**vars(args), "finished_only": True,
+                                                               "seeds": [0, 1, 2]}), {"train.lr": 1e-3})
+    assert len(calls) == 16 and gathered["1"]["none"]["seeds_done"] == [0, 2]  # nothing run; seed 1 never was
