@@ -71,7 +71,7 @@ class _MicroLoss:
     clip_frac: float
     kl: float
     entropy: float
-    stale: StaleWeights | None  # how the stale rows trained, or None without stale rows
+    stale: StaleWeights | None  # how this micro-batch's stale rows trained, or None without any
 
 
 class Trainer:
@@ -222,18 +222,22 @@ class Trainer:
             proximal = logp.detach()
             capped = self._capped_rows(batch)
             stale_rows = batch.off_policy & ~capped
-            stale = fixed if fixed is not None else self.stale_correction.apply(
-                self._stale_batch(batch, proximal, stale_rows), self.stale_params)
-            ones = torch.ones_like(proximal)
-            is_weights = torch.where(stale_rows.unsqueeze(-1), ones if stale.token_weights is None
-                                     else stale.token_weights.to(proximal.dtype), ones)
+            is_weights = torch.ones_like(proximal)
+            against_proximal = capped
+            if bool(stale_rows.any()):
+                stale = fixed if fixed is not None else self.stale_correction.apply(
+                    self._stale_batch(batch, proximal, stale_rows), self.stale_params)
+                if stale.token_weights is not None:
+                    is_weights = torch.where(stale_rows.unsqueeze(-1), stale.token_weights.to(proximal.dtype),
+                                             is_weights)
+                if stale.proximal_ratio:
+                    against_proximal = capped | stale_rows
+                advantages = torch.where(stale_rows, stale.advantages.to(advantages.dtype), advantages)
             if batch.is_cap is not None:  # rows with their own cap (external completions: share.correction.cap <= 1)
                 cap = torch.nan_to_num(batch.is_cap, nan=self.cfg.is_cap).to(proximal.dtype).unsqueeze(-1)
                 w = truncated_is_weights(proximal, batch.behaviour, cap)
                 is_weights = torch.where(capped.unsqueeze(-1), w, is_weights)
-            against_proximal = capped | (stale_rows if stale.proximal_ratio else torch.zeros_like(stale_rows))
             old_logp = torch.where(against_proximal.unsqueeze(-1), proximal, batch.behaviour)
-            advantages = torch.where(stale_rows, stale.advantages.to(advantages.dtype), advantages)
         if batch.token_weights is not None:
             tw = batch.token_weights.to(logp.dtype)
             is_weights = tw if is_weights is None else is_weights * tw
@@ -265,7 +269,7 @@ class Trainer:
         and the minibatch is several micro-batches (one micro-batch computes them from its own forward pass)."""
         if not self.stale_correction.whole_minibatch or len(batches) < 2:
             return None
-        if not any(bool(b.off_policy.any()) for b in batches):
+        if not any(bool((b.off_policy & ~self._capped_rows(b)).any()) for b in batches):
             return None
         parts = []
         with torch.no_grad():

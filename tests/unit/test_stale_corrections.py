@@ -267,3 +267,14 @@ def test_m2po_reports_the_masked_fraction_and_vcpo_scales_the_learning_rate(tiny
     on_policy = [s for s in _mixed_rows(trainer) if not s.off_policy]
     assert trainer.train_step(on_policy).correction == {}  # no stale rows: nothing to report, the plain step
     assert trainer.optimizer.param_groups[0]["lr"] == 1e-3
+
+
+def test_external_rows_with_their_own_cap_are_not_stale_rows(tiny_model_dir: Path) -> None:
+    """Only rows with their own cap (external decoupled completions): no correction runs, nothing is reported and
+    the learning rate is the plain one."""
+    trainer = _trainer(tiny_model_dir, "vcpo", lr=1e-3, minibatches=1, warmup_steps=0)
+    capped = [s for s in _mixed_rows(trainer) if s.is_cap is not None]
+    assert len(capped) == 1
+    stats = trainer.train_step(capped)
+    assert stats.minibatches == 1 and stats.correction == {}
+    assert trainer.optimizer.param_groups[0]["lr"] == 1e-3
