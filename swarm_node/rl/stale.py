@@ -82,12 +82,12 @@ def m2po_keep(log_ratio: torch.Tensor, mask: torch.Tensor, bound: float) -> torc
     ordered, order = torch.sort(squares, descending=True, stable=True)
     # after masking the k largest: the mean of the n - k others, from exact suffix sums
     suffix = ordered.flip(0).cumsum(0).flip(0)
-    remaining_mean = suffix / torch.arange(n, 0, -1, dtype=torch.float64)
+    remaining_mean = suffix / torch.arange(n, 0, -1, dtype=torch.float64, device=squares.device)
     within = torch.nonzero(remaining_mean <= bound)
     k = int(within[0]) if within.numel() else n
-    kept = torch.ones(n, dtype=mask.dtype)
+    kept = torch.ones(n, dtype=mask.dtype, device=mask.device)
     kept[order[:k]] = 0.0
-    keep[selected] = kept.to(keep.device)
+    keep[selected] = kept
     return keep
 
 
