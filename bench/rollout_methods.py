@@ -8,8 +8,8 @@ the training reward (that is the old policy's). Each cell keeps its result in <r
 seed<seed>/result.json with its fingerprint (the cell's config, S, the default model's recipe and the code version,
 simulations/code_version.py): a finished cell with the same fingerprint is reused, any other is run again from its
 start (a cell is the unit of resumption). Writes bench/results/rollout_methods.json (or --out), keeping the file's
-other parts: "staleness": {"<S>": {"<correction>": {"heldout_acc_mean", "heldout_acc_std", "per_seed",
-"seeds_done"}}}, and prints one line.
+other parts and the lags not given this time: "staleness": {"<S>": {"<correction>": {"heldout_acc_mean",
+"heldout_acc_std", "per_seed", "seeds_done"}}}, and prints one line.
 
     python -m bench.rollout_methods --part staleness [--lags 1 4 16 64] [--corrections none tis m2po vcpo]
                                     [--seeds 0 1 2] [--steps 256] [--run-dir runs/rollout_methods]
@@ -133,7 +133,8 @@ def main() -> None:
     started = time.monotonic()
     result: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
     result.pop("provenance", None)
-    result[args.part] = staleness(args, extra)
+    # lags not given this time keep what the file has (raising S adds to the part instead of replacing it)
+    result[args.part] = {**result.get(args.part, {}), **staleness(args, extra)}
     result[f"{args.part}_setup"] = {"steps": args.steps, "seeds": args.seeds, "overrides": extra,
                                     "complete": all(len(c["seeds_done"]) == len(args.seeds)
                                                     for per_lag in result[args.part].values()
