@@ -98,9 +98,11 @@ class ScoredGroup:
     rewards: tuple[float, ...]
     advantages: tuple[float, ...] = ()
     origin: Origin = LOCAL
+    # Per completion: well-formed and fully right (empty: a reward >= 1 is right, as without reward terms).
+    correct: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
-        _tuples(self, "prompt_ids", "completions", "rewards", "advantages")
+        _tuples(self, "prompt_ids", "completions", "rewards", "advantages", "correct")
 
     @property
     def version(self) -> int:
@@ -113,7 +115,8 @@ class ScoredGroup:
 
     @property
     def accuracy(self) -> float:
-        return sum(r >= 1.0 for r in self.rewards) / len(self.rewards)
+        right = self.correct or tuple(r >= 1.0 for r in self.rewards)
+        return sum(right) / len(right)
 
 
 @dataclass(frozen=True)
