@@ -74,10 +74,11 @@ def footprint(model_dir: Path, lora_rank: int) -> sizing.Footprint:
                             vocab=int(config.vocab_size))
 
 
-def longest_prompt(model_dir: Path, source: tasks.TaskSource, prompt_format: str = "") -> int:
+def longest_prompt(model_dir: Path, source: tasks.TaskSource, prompt_format: str = "",
+                   budget: int | None = None) -> int:
     """Tokens of the longest of PROMPT_PROBES drawn prompts in the node's prompt format (its own RNG; the source's
-    turn is put back)."""
-    prompter = build_prompter(prompt_format, load_tokenizer(model_dir))
+    turn is put back). A format that does not fit `budget` fails here, before any weights load."""
+    prompter = build_prompter(prompt_format, load_tokenizer(model_dir), budget)
     turn = source.turn
     try:
         refs = source.draw(random.Random(0x5EED), PROMPT_PROBES, turn=0)
@@ -178,7 +179,8 @@ def step_request(cfg: NodeConfig, model_dir: Path, source: tasks.TaskSource, fp:
                  choice: devices.DeviceChoice, meter: PeakMeter | None) -> sizing.StepRequest:
     model_context = int(json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", 2048))
     plan: SamplerPlan = plan_for(cfg.sampler, fp, model_context, budget)
-    prompt = math.ceil(longest_prompt(model_dir, source, cfg.task.prompt_format) * PROMPT_MARGIN)
+    longest = longest_prompt(model_dir, source, cfg.task.prompt_format, cfg.sampler.max_new_tokens)
+    prompt = math.ceil(longest * PROMPT_MARGIN)
     seq = min(plan.context, prompt + cfg.sampler.max_new_tokens)
     runtime = sizing.RUNTIME_BYTES
     if choice.kind != "cpu":

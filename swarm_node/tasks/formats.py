@@ -72,7 +72,9 @@ class PromptFormat:
     def smallest_completion(self) -> str:
         """The shortest well-formed completion text, after what the prompt opened."""
         full = self.full_smallest()
-        return full[len(self.opening_tag):] if self.opened and full.startswith(self.opening_tag) else full
+        if not self.opened:
+            return full
+        return full.removeprefix(self.opened) if full.startswith(self.opened) else full.removeprefix(self.opening_tag)
 
     def well_formed(self, token_ids: Sequence[int], text: str, eos_id: int | Collection[int],
                     special_ids: Collection[int] = ()) -> bool:

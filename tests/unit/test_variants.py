@@ -31,7 +31,8 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
             (tasks.TASK_SELECTIONS, variants.TASK_SELECTIONS), (WEIGHT_FORMS, variants.WEIGHT_FORMS),
             (ROLES, variants.ROLES), (CELL_RUNNERS, sim_variants.SIM_MODES), (ATTACKS, sim_variants.ATTACKS),
             (CORRECTIONS, variants.CORRECTIONS), (CORRECTION_CONFIGS, variants.CORRECTIONS),
-            (SAMPLER_CONFIGS, variants.SAMPLER_KINDS), (SAMPLER_PLANS, variants.SAMPLER_KINDS)]
+            (SAMPLER_CONFIGS, variants.SAMPLER_KINDS), (SAMPLER_PLANS, variants.SAMPLER_KINDS),
+            (tasks.PROMPT_FORMATS, variants.PROMPT_FORMATS), (tasks.REWARD_TERMS, variants.REWARD_TERMS)]
 
 
 def test_every_declared_name_is_registered() -> None:
@@ -55,7 +56,7 @@ def test_registry_refuses_undeclared_and_duplicate_names() -> None:
 def test_config_rejects_an_unknown_name_of_every_kind() -> None:
     from swarm_node.config import load_config
 
-    for key in ["task.reward", "task.selection", "sampler.kind", "train.advantage", "train.loss",
+    for key in ["task.reward", "task.selection", "task.prompt_format", "sampler.kind", "train.advantage", "train.loss",
                 "share.correction.kind", "share.selection", "network.role", "echo.encoding"]:
         with pytest.raises(ConfigError, match=f"^{key} 'nope' unknown; choose one of "):
             load_config(overrides={key: "nope"})
