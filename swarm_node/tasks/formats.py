@@ -60,6 +60,7 @@ class PromptFormat:
         return f"{self.system}\n\n{self.user_text(question)}\n"
 
     def extract(self, text: str) -> str:
+        """The answer the verifier sees ("" when the completion has none)."""
         raise NotImplementedError
 
     def text_well_formed(self, text: str) -> bool:
@@ -67,6 +68,7 @@ class PromptFormat:
         raise NotImplementedError
 
     def full_smallest(self) -> str:
+        """The shortest well-formed text, with nothing opened by the prompt (answer `PLACEHOLDER_ANSWER`)."""
         raise NotImplementedError
 
     def smallest_completion(self) -> str:
