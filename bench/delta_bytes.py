@@ -58,10 +58,10 @@ PICK_STALENESS = 4  # top-k must lag no more than a dense policy this stale (ECH
 LARGE_PROMPTS = 4
 SEED = 0
 
-RewardFn = Callable[[tasks.TaskInstance, str], float]
+RewardFn = Callable[[tasks.TaskInstance, str, tasks.PromptFormat], float]
 
 
-def digit_reward(inst: tasks.TaskInstance, text: str) -> float:
+def digit_reward(inst: tasks.TaskInstance, text: str, fmt: tasks.PromptFormat = tasks.ANSWER_LINE) -> float:
     """Shaped reward for the random larger model: the fraction of digits (signal where exact answers have none)."""
     return sum(c.isdigit() for c in text) / len(text) if text else 0.0
 

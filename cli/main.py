@@ -101,6 +101,9 @@ StalenessOpt = Annotated[int | None, typer.Option("--max-staleness", help=config
     "train.max_staleness", "S: version lag allowed between generation and training; >= 1 overlaps them"))]
 MaxNewTokensOpt = Annotated[int | None, typer.Option("--max-new-tokens", help=config_help(
     "sampler.max_new_tokens", "generation budget per completion, EOS included"))]
+PromptFormatOpt = Annotated[str | None, typer.Option("--prompt-format", help=(
+    f"how prompts ask and answers are read, the same on every peer: {' | '.join(variants.PROMPT_FORMATS)} [the "
+    "model's own: answer-line for the embedded model, think-answer with a chat template]"))]
 MaxModelLenOpt = Annotated[int | None, typer.Option("--max-model-len", help=config_help(
     "sampler.max_model_len", "vLLM's context (prompt + completion); 0: derived from the model"))]
 TemperatureOpt = Annotated[float | None, typer.Option("--temperature", help=config_help(
@@ -125,7 +128,7 @@ def solo(config: ConfigOpt = None, steps: StepsOpt = None, task: TaskOpt = None,
          status_token: StatusTokenOpt = None, max_staleness: StalenessOpt = None, device: DeviceOpt = None,
          memory_budget: BudgetOpt = None, max_new_tokens: MaxNewTokensOpt = None,
          max_model_len: MaxModelLenOpt = None, temperature: TemperatureOpt = None,
-         lora_rank: LoraRankOpt = None) -> None:
+         lora_rank: LoraRankOpt = None, prompt_format: PromptFormatOpt = None) -> None:
     """Train one node alone, offline, on the embedded default model and task."""
     params = dict(locals())  # the flags, by parameter name: cli/options.NODE_KEYS maps them to config keys
     with user_errors():
@@ -232,7 +235,8 @@ def join(bootstrap: BootstrapOpt = None, listen: ListenOpt = None, announce_addr
          max_staleness: StalenessOpt = None, cost_per_hour: CostOpt = None, device: DeviceOpt = None,
          memory_budget: BudgetOpt = None, relay: RelayOpt = None, upnp: UpnpOpt = None,
          max_new_tokens: MaxNewTokensOpt = None, max_model_len: MaxModelLenOpt = None,
-         temperature: TemperatureOpt = None, lora_rank: LoraRankOpt = None) -> None:
+         temperature: TemperatureOpt = None, lora_rank: LoraRankOpt = None,
+         prompt_format: PromptFormatOpt = None) -> None:
     """Join a swarm over libp2p: as a peer, share rollouts and train on theirs (SAPO); as a learner or a worker
     following one (--role, --learner), the ECHO-2 mode. Prints the address others can join through; without
     --bootstrap it starts a new swarm."""
@@ -287,12 +291,12 @@ def simulate(scenario: Annotated[Path, typer.Argument(help="scenario TOML")],
              seed: Annotated[list[int] | None, typer.Option("--seed", help="override the scenario's seeds")] = None,
              transport: Annotated[str | None, typer.Option("--transport", help="override the scenario's transport: "
                                                            "memory (network model) | libp2p (real, loopback)")] = None,
-             device: DeviceOpt = None) -> None:
+             device: DeviceOpt = None, prompt_format: PromptFormatOpt = None) -> None:
     """Run many nodes on this machine over a modelled network; writes CSV, plots and a summary table."""
     with user_errors():
         from cli.simulate_cmd import run_simulate
 
-        run_simulate(scenario, run_dir, rounds, seed, transport, device)
+        run_simulate(scenario, run_dir, rounds, seed, transport, device, prompt_format)
 
 
 @app.command()

@@ -22,6 +22,7 @@ NODE_KEYS = {
     "max_staleness": "train.max_staleness", "status_port": "status.port", "status_host": "status.host",
     "status_token": "status.token", "max_new_tokens": "sampler.max_new_tokens",
     "max_model_len": "sampler.max_model_len", "temperature": "sampler.temperature", "lora_rank": "train.lora_rank",
+    "prompt_format": "task.prompt_format",
     # join
     "bootstrap": "network.bootstrap", "listen": "network.listen", "announce_addr": "network.announce_addr",
     "identity": "network.identity", "role": "network.role", "learner": "network.learner", "relay": "network.relay",

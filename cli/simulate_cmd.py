@@ -14,7 +14,8 @@ from cli.common import console
 
 
 def run_simulate(path: Path, run_dir: Path | None = None, rounds: int | None = None,
-                 seeds: list[int] | None = None, transport: str | None = None, device: str | None = None) -> Path:
+                 seeds: list[int] | None = None, transport: str | None = None, device: str | None = None,
+                 prompt_format: str | None = None) -> Path:
     """Run the scenario at `path`; returns the run dir. Raises UserError for a bad scenario or override."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -36,8 +37,13 @@ def run_simulate(path: Path, run_dir: Path | None = None, rounds: int | None = N
             raise UserError(f"--transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
         check_transport(scn.mode, transport)
         changes["transport"] = transport
+    config = scn.config
     if device is not None:  # every node's run.device (model/device.py); checked when the first node starts
-        changes["config"] = {**scn.config, "run": {**scn.config.get("run", {}), "device": device}}
+        config = {**config, "run": {**config.get("run", {}), "device": device}}
+    if prompt_format is not None:  # every node's task.prompt_format (tasks/formats.py): one swarm, one format
+        config = {**config, "task": {**config.get("task", {}), "prompt_format": prompt_format}}
+    if config is not scn.config:
+        changes["config"] = config
     scn = dataclasses.replace(scn, **changes)
     out = run_dir or Path(scn.run_dir)
     out.mkdir(parents=True, exist_ok=True)

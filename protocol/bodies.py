@@ -47,7 +47,7 @@ from protocol.messages import (
 _TOKEN_DTYPE = np.dtype("<u4")
 _LOGPROB_DTYPE = np.dtype("<f4")
 
-GROUP_KEYS = ("id", "policy", "version", "task", "completions", "tokenizer", "family", "created_at")
+GROUP_KEYS = ("id", "policy", "version", "task", "completions", "tokenizer", "family", "format", "created_at")
 TASK_KEYS = ("dataset", "config", "seed", "index")
 COMPLETION_KEYS = ("tokens", "text", "logprobs", "reward")
 ANNOUNCE_KEYS = ("owner", "version", "base_version", "size", "sha256", "chunks", "encoding", "created_at",
@@ -72,7 +72,7 @@ def _completion_obj(c: CompletionWire) -> dict[str, Any]:
 def group_obj(g: RolloutGroup) -> dict[str, Any]:
     return {"id": bytes(g.group_id), "policy": g.policy_id, "version": g.policy_version, "task": _task_obj(g.task),
             "completions": [_completion_obj(c) for c in g.completions], "tokenizer": g.tokenizer_hash,
-            "family": g.model_family, "created_at": float(g.created_at)}
+            "family": g.model_family, "format": g.prompt_format, "created_at": float(g.created_at)}
 
 
 def _announce_obj(a: PolicyAnnounce) -> dict[str, Any]:
@@ -152,7 +152,8 @@ def _group(obj: Any, where: str, limits: Limits) -> RolloutGroup:
         completions=tuple(_completion(c, f"{where}.completions[{i}]", limits) for i, c in enumerate(completions)),
         tokenizer_hash=expect_str(f["tokenizer"], f"{where}.tokenizer", limits.max_name_chars),
         model_family=expect_str(f["family"], f"{where}.family", limits.max_name_chars),
-        created_at=expect_timestamp(f["created_at"], f"{where}.created_at"))
+        created_at=expect_timestamp(f["created_at"], f"{where}.created_at"),
+        prompt_format=expect_str(f["format"], f"{where}.format", limits.max_name_chars))
 
 
 def _rollouts(obj: Any, limits: Limits) -> RolloutBatch:

@@ -194,7 +194,8 @@ def decode(data: bytes, limits: Limits, now: float | None = None) -> Message:
     if type(obj) is not dict or type(obj.get("v")) is not int:
         raise reject("bad_envelope", "expected a map with an integer 'v'")
     if obj["v"] != SCHEMA_VERSION:
-        raise ignore("unknown_version", f"schema version {obj['v']}, this node speaks {SCHEMA_VERSION}")
+        raise ignore("unknown_version", f"the sender speaks schema version {obj['v']}, this node speaks "
+                                        f"{SCHEMA_VERSION}")
     envelope = expect_map(obj, ENVELOPE_KEYS, "envelope")
     tag = envelope["type"]
     cls = TAG_TYPES.get(tag) if type(tag) is str else None

@@ -99,9 +99,11 @@ class ScoredGroup:
     advantages: tuple[float, ...] = ()
     origin: Origin = LOCAL
     pivot: int | None = None  # a completion that trains no row (MC-GRPO's median completion), or None
+    # Per completion: well-formed and fully right (empty: a reward >= 1 is right, as without reward terms).
+    correct: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
-        _tuples(self, "prompt_ids", "completions", "rewards", "advantages")
+        _tuples(self, "prompt_ids", "completions", "rewards", "advantages", "correct")
 
     def trained(self) -> list[tuple[Completion, float]]:
         """(completion, advantage) of each completion that trains a row: all but the pivot."""
@@ -119,7 +121,8 @@ class ScoredGroup:
 
     @property
     def accuracy(self) -> float:
-        return sum(r >= 1.0 for r in self.rewards) / len(self.rewards)
+        right = self.correct or tuple(r >= 1.0 for r in self.rewards)
+        return sum(right) / len(right)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from swarm_node import variants
 from swarm_node.config.checks import non_negative, one_of, positive
 from swarm_node.errors import ConfigError
-from swarm_node.tasks import DATASET_SIZE, DEFAULT_MIX, TaskSource, parse_specialties
+from swarm_node.tasks import DATASET_SIZE, DEFAULT_MIX, RewardTerms, TaskSource, parse_specialties
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,8 @@ class ModelConfig:
 class TaskConfig:
     """The task: by default the embedded mix (`tasks.DEFAULT_MIX`); or one task (`name`, `options`); or a mix:
     `mix = [{name = "chain_sum", options = {...}, weight = 1.0}, ...]`. `accept`: the (name, options) entries
-    taken from peers, default the mix drawn."""
+    taken from peers, default the mix drawn. `prompt_format`: how prompts ask and answers are read (every peer of a
+    swarm uses the same); `format_bonus`, `length_penalty`: the reward terms (tasks/rewards.py), 0 = off."""
 
     section: ClassVar[str] = "task"
 
@@ -74,9 +75,20 @@ class TaskConfig:
     selection: str = "balanced"  # variants.TASK_SELECTIONS: uniform | weighted | balanced (each prompt's specialty)
     mix: list[dict[str, Any]] = field(default_factory=list)  # empty: `name`, or else tasks.DEFAULT_MIX
     accept: list[dict[str, Any]] = field(default_factory=list)  # empty: our own mix
+    # variants.PROMPT_FORMATS; empty: the model's own (answer-line for the embedded model, think-answer for a model
+    # whose tokenizer has a chat template)
+    prompt_format: str = ""
+    format_bonus: float = 0.0  # added to a well-formed completion's reward, right or wrong
+    length_penalty: float = 0.0  # in [0, 1]: a right answer keeps 1 - length_penalty * tokens / max_new_tokens
 
     def validate(self) -> None:
-        non_negative(self, "seed")
+        non_negative(self, "seed", "format_bonus", "length_penalty")
+        if self.prompt_format and self.prompt_format not in variants.PROMPT_FORMATS:
+            raise ConfigError(f"task.prompt_format {self.prompt_format!r} unknown; choose one of "
+                              f"{', '.join(variants.PROMPT_FORMATS)} (empty: the model's own)")
+        if not self.format_bonus < float("inf") or not self.length_penalty <= 1.0:
+            raise ConfigError(f"task.format_bonus must be finite and task.length_penalty at most 1, got "
+                              f"{self.format_bonus} and {self.length_penalty}")
         one_of(self, "reward", variants.REWARD_MODES)
         one_of(self, "selection", variants.TASK_SELECTIONS)
         if self.mix and (self.name or self.options):
@@ -93,6 +105,10 @@ class TaskConfig:
         if self.name:
             return [{"name": self.name, "options": self.options}]
         return copy.deepcopy(list(DEFAULT_MIX))
+
+    def reward_terms(self, budget: int) -> RewardTerms:
+        """The reward terms over a generation budget of `budget` ids (sampler.max_new_tokens)."""
+        return RewardTerms((("format_bonus", self.format_bonus), ("length_penalty", self.length_penalty)), budget)
 
     def build_source(self, size: int = DATASET_SIZE) -> TaskSource:
         """The node's task source (builds every dataset: an unknown dataset or bad options fail here)."""

@@ -123,7 +123,8 @@ def share_context(node: Node) -> ShareContext:
                               max_context=int(node.model.config.max_position_embeddings),
                               vocab_size=int(node.model.config.vocab_size), group_size=cfg.run.group_size)
     return ShareContext(node.tokenizer, node.tokenizer_hash, node.task_source, bounds, cfg.train.advantage,
-                        require_well_formed=cfg.share.require_well_formed, eos_ids=node.eos_ids)
+                        require_well_formed=cfg.share.require_well_formed, eos_ids=node.eos_ids,
+                        prompter=node.prompter, terms=node.reward_terms)
 
 
 def assemble(cfg: NodeConfig, sharing: Sharing = Sharing.NONE, *, transport: Transport | None = None,
@@ -140,7 +141,7 @@ def assemble(cfg: NodeConfig, sharing: Sharing = Sharing.NONE, *, transport: Tra
             return Assembly(node)
         guard = PeerGuard.from_config(cfg.peers, node.run_dir, node.stats, time.time(), push=push)
         context = share_context(node)
-        signer = GroupSigner(node.tokenizer_hash, node.family, cfg.run.seed)
+        signer = GroupSigner(node.tokenizer_hash, node.family, cfg.run.seed, node.prompter.name)
         if sharing is Sharing.ROLLOUTS:
             return Assembly(node, guard, context, signer)
         if transport is None:

@@ -38,6 +38,7 @@ from swarm_node.config import NodeConfig
 from swarm_node.errors import UserError
 from swarm_node.model import lora
 from swarm_node.model.default_model import load_model
+from swarm_node.model.prompting import build_prompter
 from swarm_node.model.tokenizer import eos_ids, tokenizer_hash
 from swarm_node.node.build import model_dir_for, sampler_settings, seeded
 from swarm_node.node.hardware import Hardware
@@ -128,8 +129,11 @@ class Node:
                                      random.Random(cfg.run.seed * 7919 + 17))
         # Every id that ends a completion: the tokenizer's EOS and those of the model's generation config.
         self.eos_ids = eos_ids(self.tokenizer, getattr(self.model.generation_config, "eos_token_id", None))
+        # How prompts ask and answers are read (the model's own format unless --prompt-format), and the reward terms.
+        self.prompter = build_prompter(cfg.task.prompt_format, self.tokenizer, cfg.sampler.max_new_tokens)
+        self.reward_terms = cfg.task.reward_terms(cfg.sampler.max_new_tokens)
         self._signal = SignalWatch(SIGNAL_AFTER_STEPS, cfg.sampler.max_new_tokens, self.eos_ids,
-                                   self.tokenizer.all_special_ids)
+                                   self.tokenizer.all_special_ids, self.prompter.fmt)
         self.tokenizer_hash = tokenizer_hash(self.tokenizer)
         self.family = str(getattr(self.model.config, "model_type", ""))  # what our published groups say
         self._restore_or_start()
@@ -233,7 +237,7 @@ class Node:
         count = self.hardware.sizes.prompts_per_step
         source = self.task_source
         insts = [tasks.instance(r) for r in source.draw(self.streams.task, count, turn=self._draws * count)]
-        prompts = [self.tokenizer.encode(i.prompt) for i in insts]
+        prompts = [self.prompter.ids(i) for i in insts]
         params = SamplingParams(cfg.sampler.temperature, cfg.sampler.top_p, cfg.sampler.max_new_tokens,
                                 seed=cfg.run.seed * 1_000_003 + self._draws)
         self._draws += 1
@@ -243,9 +247,10 @@ class Node:
         except PromptTooLongError as exc:
             raise UserError(f"task {', '.join(source.names)}: {exc}") from exc
         seconds = time.monotonic() - started
-        special = frozenset(self.tokenizer.all_special_ids)  # a completion must be the answer alone, then EOS
-        groups = [score_group(i, p, out, source.reward, cfg.train.advantage, eos_id=self.eos_ids,
-                              special_ids=special) for i, p, out in zip(insts, prompts, outputs, strict=True)]
+        special = frozenset(self.tokenizer.all_special_ids)  # a completion must be in the format, then EOS
+        groups = [score_group(i, p, out, source.reward, cfg.train.advantage, eos_id=self.eos_ids, special_ids=special,
+                              fmt=self.prompter.fmt, terms=self.reward_terms)
+                  for i, p, out in zip(insts, prompts, outputs, strict=True)]
         tokens = sum(len(c.token_ids) for out in outputs for c in out)
         return groups, seconds, tokens
 
@@ -366,7 +371,7 @@ class Node:
             self._sync_sampler()
             assert self._sampler is not None
             result = evaluate(self._sampler, self.tokenizer, self.task_source, self.cfg.run.eval_problems,
-                              self.cfg.sampler.max_new_tokens, eos_ids=self.eos_ids)
+                              self.cfg.sampler.max_new_tokens, eos_ids=self.eos_ids, prompter=self.prompter)
         self.stats.set_phase("training")
         return result
 

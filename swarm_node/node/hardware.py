@@ -41,6 +41,7 @@ from swarm_node.model import device as devices
 from swarm_node.model.default_model import load_tokenizer, model_config
 from swarm_node.model.device_memory import PeakMeter, default_budget_bytes, return_freed_memory
 from swarm_node.model.lora import TARGET_MODULES
+from swarm_node.model.prompting import build_prompter
 from swarm_node.sampler.base import Sampler
 from swarm_node.sampler.kinds import SamplerPlan, plan_for
 from swarm_node.train import sizing
@@ -73,15 +74,17 @@ def footprint(model_dir: Path, lora_rank: int) -> sizing.Footprint:
                             vocab=int(config.vocab_size))
 
 
-def longest_prompt(model_dir: Path, source: tasks.TaskSource) -> int:
-    """Tokens of the longest of PROMPT_PROBES drawn prompts (its own RNG; the source's turn is put back)."""
-    tokenizer = load_tokenizer(model_dir)
+def longest_prompt(model_dir: Path, source: tasks.TaskSource, prompt_format: str = "",
+                   budget: int | None = None) -> int:
+    """Tokens of the longest of PROMPT_PROBES drawn prompts in the node's prompt format (its own RNG; the source's
+    turn is put back). A format that does not fit `budget` fails here, before any weights load."""
+    prompter = build_prompter(prompt_format, load_tokenizer(model_dir), budget)
     turn = source.turn
     try:
         refs = source.draw(random.Random(0x5EED), PROMPT_PROBES, turn=0)
     finally:
         source.turn = turn
-    return max(len(tokenizer.encode(tasks.instance(r).prompt)) for r in refs)
+    return max(len(prompter.ids(tasks.instance(r))) for r in refs)
 
 
 @dataclass
@@ -176,7 +179,8 @@ def step_request(cfg: NodeConfig, model_dir: Path, source: tasks.TaskSource, fp:
                  choice: devices.DeviceChoice, meter: PeakMeter | None) -> sizing.StepRequest:
     model_context = int(json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", 2048))
     plan: SamplerPlan = plan_for(cfg.sampler, fp, model_context, budget)
-    prompt = math.ceil(longest_prompt(model_dir, source) * PROMPT_MARGIN)
+    longest = longest_prompt(model_dir, source, cfg.task.prompt_format, cfg.sampler.max_new_tokens)
+    prompt = math.ceil(longest * PROMPT_MARGIN)
     seq = min(plan.context, prompt + cfg.sampler.max_new_tokens)
     runtime = sizing.RUNTIME_BYTES
     if choice.kind != "cpu":

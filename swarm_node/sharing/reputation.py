@@ -42,8 +42,9 @@ PEERS_FILE = "peers.json"
 MAX_BANS = 100_000  # entries read from a ban file
 
 # Score change per event. A lie our verifier catches costs most; configurations that differ from ours (another
-# group size, generation budget, task, tokenizer) or the network's own churn (stale, replays via other forwarders,
-# our pool's evictions) cost little or nothing, so honest peers of another setup are not graylisted.
+# group size, generation budget, task, tokenizer, prompt format) or the network's own churn (stale, replays via
+# other forwarders, our pool's evictions) cost little or nothing, so honest peers of another setup are not
+# graylisted.
 DEFAULT_WEIGHTS: Mapping[str, float] = MappingProxyType({
     "accepted": 0.05,
     "forged_reward": -5.0,
@@ -57,6 +58,7 @@ DEFAULT_WEIGHTS: Mapping[str, float] = MappingProxyType({
     "group_size": -0.2, "over_length": -0.2, "task_not_allowed": -0.2, "task_index_out_of_range": -0.2,
     "future": -0.2, "replay": -0.2,
     "stale": 0.0, "zero_advantage": 0.0, "heldout": 0.0, "tokenizer_mismatch": 0.0, "unknown_version": 0.0,
+    "prompt_format_mismatch": 0.0,
     "too_old": 0.0, "pool_full": 0.0, "peer_cap": 0.0, "node_budget": 0.0,
     GRAYLISTED: 0.0, BANNED: 0.0, DENIED: 0.0,
 })

@@ -2,11 +2,14 @@
 
 Contract: `accept_external(wire, sender, ctx, now)` checks attribution, sanity-checks created_at, allows only the
 (dataset, options) pairs we accept (`task.accept`, by default our own mix) with our seed ("task_not_allowed"),
-checks the group against OUR bounds (below), regenerates question and answer from the task reference, drops a
-group on a held-out eval question ("heldout", tasks/heldout.py) and RE-SCORES every completion with our verifier.
+only groups generated in our prompt format ("prompt_format_mismatch": another format's completions cannot be read
+as ours; no reputation cost, it is another configuration), checks the group against OUR bounds (below),
+regenerates question and answer from the task reference and the prompt with OUR prompter (`ctx.prompter`, default
+answer-line), drops a group on a held-out eval question ("heldout", tasks/heldout.py) and RE-SCORES every completion
+with our verifier on the answer our format extracts, plus our own reward terms (`ctx.terms`).
 With our tokenizer hash the token ids are used as they are and the text we score is OUR decoding of those ids
 (the sender's text is ignored); with another tokenizer the sender's text is re-tokenized and the group is marked
-`retokenized`. A completion that is not well-formed (`tasks.well_formed`: the answer alone, then exactly one EOS as
+`retokenized`. A completion that is not well-formed (our format's `well_formed`: its shape, then exactly one EOS as
 its last id, no other special id) is re-scored 0 whatever the verifier says; the outcome counts them (`malformed`).
 A re-tokenized completion gets our EOS appended, so only its text is checked. With `ctx.require_well_formed` False
 (`share.require_well_formed`, for measuring the defence only) malformed completions keep their verifier score.
@@ -44,6 +47,7 @@ from transformers import PreTrainedTokenizerBase
 
 from protocol.messages import RolloutGroup, policy_owner
 from swarm_node import tasks
+from swarm_node.model.prompting import Prompter, plain_prompter
 from swarm_node.sharing.wire import content_key
 from swarm_node.train.scoring import score_group
 from swarm_node.types import Completion, Origin, ScoredGroup
@@ -78,6 +82,11 @@ class ShareContext:
     max_age_s: float = 600.0
     require_well_formed: bool = True  # False (measurements only): a malformed completion keeps its verifier score
     eos_ids: tuple[int, ...] = ()  # every id that ends a completion (model/tokenizer.eos_ids); empty: the tokenizer's
+    prompter: Prompter | None = None  # our prompt format over our tokenizer; None: answer-line
+    terms: tasks.RewardTerms = tasks.NO_TERMS  # our reward terms (format bonus, length penalty)
+
+    def active_prompter(self) -> Prompter:
+        return self.prompter or plain_prompter(self.tokenizer)
 
 
 @dataclass(frozen=True)
@@ -125,6 +134,9 @@ def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: flo
     # us build datasets for arbitrary seeds or options.
     if not ctx.task_source.allows(ref) or ref.seed != ctx.task_source.seed:
         return Outcome(None, "task_not_allowed")
+    prompter = ctx.active_prompter()
+    if wire.prompt_format != prompter.name:
+        return Outcome(None, "prompt_format_mismatch")
     if not wire.completions:
         return Outcome(None, "empty_group")
     bounds = ctx.bounds
@@ -151,7 +163,7 @@ def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: flo
     inst = tasks.instance(ref)
     if ctx.task_source.is_heldout(inst):  # an eval problem: a peer must never make us train on it
         return Outcome(None, "heldout")
-    prompt_ids = tok.encode(inst.prompt)
+    prompt_ids = prompter.ids(inst)
     if len(prompt_ids) + max(len(ids) for ids in token_ids) > bounds.max_context:
         return Outcome(None, "over_context")
     completions: list[Completion] = []
@@ -162,10 +174,12 @@ def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: flo
         else:
             completions.append(Completion(ids, c.text, [], wire.policy_version))
     special = frozenset(tok.all_special_ids)
-    malformed = sum(not tasks.well_formed(c.token_ids, c.text, ends, special) for c in completions)
-    try:  # the same scoring as our own groups: well-formed or 0, then our verifier, then advantages
+    fmt = prompter.fmt
+    malformed = sum(not fmt.well_formed(c.token_ids, c.text, ends, special) for c in completions)
+    try:  # the same scoring as our own groups: well-formed or 0, then our verifier and terms, then advantages
         group = score_group(inst, prompt_ids, completions, ctx.task_source.reward, ctx.advantage, Origin.peer(sender),
-                            eos_id=ends if ctx.require_well_formed else None, special_ids=special)
+                            eos_id=ends if ctx.require_well_formed else None, special_ids=special, fmt=fmt,
+                            terms=ctx.terms)
     except FloatingPointError:
         return Outcome(None, "non_finite_reward", malformed=malformed)
     forged = any(abs(c.claimed_reward - r) > REWARD_TOLERANCE for c, r in zip(wire.completions, group.rewards,

@@ -1,8 +1,8 @@
 """Our scored groups as wire RolloutGroups, deterministic group ids, and the content hash used for de-duplication.
 
-`GroupSigner(tokenizer_hash, family, seed)` is how every role puts its groups on the wire: tagged with our tokenizer
-and model family, ids derived from (signer, seed, batch, index). Log-probs are clamped to <= 0 (float rounding) as
-the wire demands. Pure: no I/O (the creation time is the caller's clock).
+`GroupSigner(tokenizer_hash, family, seed, prompt_format)` is how every role puts its groups on the wire: tagged with
+our tokenizer, model family and prompt format, ids derived from (signer, seed, batch, index). Log-probs are clamped
+to <= 0 (float rounding) as the wire demands. Pure: no I/O (the creation time is the caller's clock).
 """
 
 from __future__ import annotations
@@ -12,18 +12,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from protocol.messages import CompletionWire, RolloutGroup, TaskRefWire
+from protocol.messages import DEFAULT_PROMPT_FORMAT, CompletionWire, RolloutGroup, TaskRefWire
 from swarm_node import tasks
 from swarm_node.types import ScoredGroup
 
 
 def to_wire(group: ScoredGroup, policy_id: str, version: int, tokenizer_hash: str, family: str, created_at: float,
-            group_id: bytes) -> RolloutGroup:
+            group_id: bytes, prompt_format: str = DEFAULT_PROMPT_FORMAT) -> RolloutGroup:
     completions = tuple(CompletionWire(tuple(c.token_ids), c.text, tuple(min(lp, 0.0) for lp in c.logprobs), r)
                         for c, r in zip(group.completions, group.rewards, strict=True))
     ref = group.inst.ref
     return RolloutGroup(group_id, policy_id, version, TaskRefWire(ref.dataset, ref.config, ref.seed, ref.index),
-                        completions, tokenizer_hash, family, created_at)
+                        completions, tokenizer_hash, family, created_at, prompt_format)
 
 
 def group_id_for(peer_id: str, step: int, index: int, seed: int) -> bytes:
@@ -33,17 +33,18 @@ def group_id_for(peer_id: str, step: int, index: int, seed: int) -> bytes:
 
 @dataclass(frozen=True)
 class GroupSigner:
-    """Our groups as every role publishes them: tagged with our tokenizer and model family."""
+    """Our groups as every role publishes them: tagged with our tokenizer, model family and prompt format."""
 
     tokenizer_hash: str
     family: str
     seed: int  # run.seed: two runs of one identity with other seeds publish other group ids
+    prompt_format: str = DEFAULT_PROMPT_FORMAT  # the format our completions were generated in
 
     def wire(self, groups: Sequence[ScoredGroup], policy_id: str, version: int, signer: str, batch: int,
              now: float | None = None) -> list[RolloutGroup]:
         created = time.time() if now is None else now
         return [to_wire(g, policy_id, version, self.tokenizer_hash, self.family, created,
-                        group_id_for(signer, batch, i, self.seed)) for i, g in enumerate(groups)]
+                        group_id_for(signer, batch, i, self.seed), self.prompt_format) for i, g in enumerate(groups)]
 
 
 def content_key(ref: tasks.TaskRef, completion_ids: Sequence[Sequence[int]]) -> bytes:

@@ -3,8 +3,13 @@ only `swarm_node.variants`, `swarm_node.errors`, reasoning-gym and the standard 
 
 Files:
 - `reference.py`: `TaskRef` (dataset, options, seed, index) and `TaskInstance`, regenerated with `instance(ref)`;
-  prompt format, answer parsing, `score` with the dataset's own verifier, `well_formed` (the answer alone, then
-  EOS: anything else earns reward 0); the default task.
+  the embedded model's prompt and answer parsing (answer-line), `score` with the dataset's own verifier on the answer
+  a format extracts, `well_formed` (answer-line's: the answer alone, then EOS; anything else earns reward 0); the
+  default task.
+- `formats.py`: `PROMPT_FORMATS` (answer-line, think-answer, boxed): each format's prompt text, answer extraction
+  and well-formed shape (`PromptFormat`).
+- `rewards.py`: `REWARD_TERMS` (format_bonus, length_penalty) added to a well-formed completion's correctness
+  (`RewardTerms`).
 - `source.py`: `TaskSource` over a mix of specialties (`Specialty`, `parse_specialties`): training draws, the
   held-out eval stream, what peers may send (`allows`), the training reward (`REWARD_MODES`).
 - `selection.py`: `TASK_SELECTIONS` (uniform, weighted, balanced): which specialty and index each prompt gets.
@@ -15,9 +20,16 @@ Everything public is re-exported here: `from swarm_node import tasks; tasks.Task
 
 from __future__ import annotations
 
+from swarm_node.tasks.formats import (
+    ANSWER_LINE,
+    ANSWER_PREFIX,
+    BOXED_SYSTEM,
+    PROMPT_FORMATS,
+    THINK_ANSWER_SYSTEM,
+    PromptFormat,
+)
 from swarm_node.tasks.heldout import EVAL_PERCENT, bucket, is_heldout, is_heldout_question
 from swarm_node.tasks.reference import (
-    ANSWER_PREFIX,
     DATASET_SIZE,
     DEFAULT_MIX,
     DEFAULT_TASK,
@@ -34,10 +46,13 @@ from swarm_node.tasks.reference import (
     score,
     well_formed,
 )
+from swarm_node.tasks.rewards import NO_TERMS, REWARD_TERMS, RewardTerms
 from swarm_node.tasks.selection import TASK_SELECTIONS, TaskSelection
 from swarm_node.tasks.source import EVAL_SEED_OFFSET, REWARD_MODES, Specialty, TaskSource, parse_specialties
 
 __all__ = [
+    "ANSWER_LINE", "BOXED_SYSTEM", "NO_TERMS", "PROMPT_FORMATS", "REWARD_TERMS", "THINK_ANSWER_SYSTEM", "PromptFormat",
+    "RewardTerms",
     "ANSWER_PREFIX", "DATASET_SIZE", "DEFAULT_MIX", "DEFAULT_TASK", "DEFAULT_TASK_OPTIONS", "EVAL_PERCENT",
     "EVAL_SEED_OFFSET", "REWARD_MODES", "TASK_SELECTIONS", "Specialty", "TaskInstance", "TaskRef", "TaskSelection",
     "TaskSource",

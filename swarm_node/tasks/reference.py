@@ -4,10 +4,8 @@ A task instance is never shipped as text: peers exchange a `TaskRef` (dataset, c
 and every node rebuilds the question and the answer from it with reasoning-gym, then scores completions itself
 with the dataset's `score_answer`. Prompt formatting and answer parsing live here and nowhere else.
 
-A completion is WELL-FORMED (`well_formed`) when it is the answer alone, then EOS: its token ids end with exactly
-one EOS (the last id; a completion cut at max_new_tokens has none), no other special id comes before it, and its
-text (the decoding without EOS) is one non-empty printable line with no leading or trailing whitespace: no
-newline, nothing after the answer, no padding. The verifier reads only the first line (`parse_answer`), so a
+A completion is WELL-FORMED when it has its prompt format's shape, then exactly one EOS (`formats.py`; for the
+default `answer-line`: the answer alone on one line). The verifier sees only the answer the format extracts, so a
 right answer followed by junk, padded to the budget or never stopped would pass it and teach exactly that; every
 training reward is therefore 0 for a completion that is not well-formed (local and peers' groups alike, every
 reward mode), which gives it a non-positive advantage in any group. The length budget itself is the caller's
@@ -23,6 +21,7 @@ from functools import lru_cache
 from typing import Any
 
 from swarm_node.errors import UserError
+from swarm_node.tasks.formats import ANSWER_LINE, PromptFormat
 
 DEFAULT_TASK = "chain_sum"
 # chain_sum without options: one-digit sums and differences (200 distinct problems).
@@ -39,8 +38,6 @@ DEFAULT_MIX: tuple[dict[str, Any], ...] = (
 )
 # Procedural datasets generate entry i from (seed, i); the size only bounds the index.
 DATASET_SIZE = 1_000_000
-
-ANSWER_PREFIX = "\nAnswer: "
 
 
 @dataclass(frozen=True)
@@ -72,27 +69,21 @@ def resolve_options(name: str, options: dict[str, Any] | None) -> dict[str, Any]
 
 
 def format_prompt(question: str) -> str:
-    """The one place prompts are built from a question."""
-    return question.strip() + ANSWER_PREFIX
+    """The embedded model's prompt (`answer-line`, plain text): what `TaskInstance.prompt` holds."""
+    return ANSWER_LINE.plain_prompt(question)
 
 
 def parse_answer(completion_text: str) -> str:
-    """The model's answer is its first line, stripped."""
-    return completion_text.split("\n", 1)[0].strip()
+    """The `answer-line` answer: the completion's first line, stripped."""
+    return ANSWER_LINE.extract(completion_text)
 
 
 def well_formed(token_ids: Sequence[int], text: str, eos_id: int | Collection[int],
                 special_ids: Collection[int] = ()) -> bool:
-    """Whether a completion is the answer alone, then EOS (module docstring): `token_ids` end with the only EOS,
-    no id of `special_ids` precedes it, and `text` (decoded without EOS) is one stripped, printable, non-empty
-    line."""
-    eos = {eos_id} if isinstance(eos_id, int) else set(eos_id)  # any of the model's EOS ids ends a completion
-    if len(token_ids) < 2 or token_ids[-1] not in eos:
-        return False
-    body = token_ids[:-1]
-    if any(t in eos for t in body) or (special_ids and any(t in special_ids for t in body)):
-        return False
-    return bool(text) and text == text.strip() and text.isprintable()
+    """Whether an `answer-line` completion is the answer alone, then EOS (formats.py): `token_ids` end with the
+    only EOS, no id of `special_ids` precedes it, and `text` (decoded without EOS) is one stripped, printable,
+    non-empty line."""
+    return ANSWER_LINE.well_formed(token_ids, text, eos_id, special_ids)
 
 
 def available_tasks() -> list[str]:
@@ -124,7 +115,8 @@ def instance(ref: TaskRef, size: int = DATASET_SIZE) -> TaskInstance:
     return TaskInstance(ref, entry["question"], str(entry["answer"]), format_prompt(entry["question"]), entry)
 
 
-def score(inst: TaskInstance, completion_text: str, size: int = DATASET_SIZE) -> float:
-    """Reward from reasoning-gym's own verifier (in [0, 1] for well-behaved datasets; callers check finiteness)."""
+def score(inst: TaskInstance, completion_text: str, fmt: PromptFormat = ANSWER_LINE, size: int = DATASET_SIZE) -> float:
+    """Reward from reasoning-gym's own verifier on the answer `fmt` extracts, and nothing else of the completion (in
+    [0, 1] for well-behaved datasets; callers check finiteness)."""
     data = dataset(inst.ref.dataset, inst.ref.config, inst.ref.seed, size)
-    return float(data.score_answer(parse_answer(completion_text), inst.entry))
+    return float(data.score_answer(fmt.extract(completion_text), inst.entry))

@@ -26,6 +26,7 @@ from typing import Any
 from swarm_node import variants
 from swarm_node.errors import ConfigError, UserError
 from swarm_node.tasks import heldout
+from swarm_node.tasks.formats import ANSWER_LINE, PromptFormat
 from swarm_node.tasks.reference import (
     DATASET_SIZE,
     DEFAULT_TASK,
@@ -156,9 +157,10 @@ class TaskSource:
                 return ref
         raise UserError(f"task {spec.name!r}: no training problem found in {MAX_SCAN} draws (all held out?)")
 
-    def reward(self, inst: TaskInstance, completion_text: str) -> float:
-        """The training reward of a completion: reasoning-gym's score under this source's reward mode."""
-        return REWARD_MODES[self.reward_mode](score(inst, completion_text, self.size))
+    def reward(self, inst: TaskInstance, completion_text: str, fmt: PromptFormat = ANSWER_LINE) -> float:
+        """A completion's correctness: reasoning-gym's score of the answer `fmt` extracts, under this source's
+        reward mode."""
+        return REWARD_MODES[self.reward_mode](score(inst, completion_text, fmt, self.size))
 
     def eval_refs(self, count: int) -> list[TaskRef]:
         """`count` held-out problems, spread evenly over the mix (the first specialties get the remainder)."""

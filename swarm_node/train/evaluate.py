@@ -4,6 +4,7 @@ specialty (dataset) of the task mix; and the per-specialty numbers of one traini
 Held-out problems come from `TaskSource.eval_refs`: the eval bucket of each dataset, never drawn for training.
 An `EvalResult` keeps each problem's outcome, so that its accuracy carries a 95% interval over distinct questions
 and two evals on the same questions compare pairwise (`train/eval_stats.py`).
+Prompts and answers are the node's prompt format's (`model.prompting.Prompter`; default answer-line).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from swarm_node import tasks
+from swarm_node.model.prompting import Prompter, plain_prompter
 from swarm_node.sampler.base import Sampler, SamplingParams
 from swarm_node.train import eval_stats
 from swarm_node.types import Completion, ScoredGroup
@@ -48,30 +50,32 @@ class EvalResult:
 
 def evaluate(sampler: Sampler, tokenizer: PreTrainedTokenizerBase, source: tasks.TaskSource, problems: int = 200,
              max_new_tokens: int = 8, samples: int = 0, temperature: float = 1.0, seed: int = 0,
-             batch: int = 100, eos_ids: Collection[int] = ()) -> EvalResult:
-    """Greedy accuracy (a well-formed completion scoring 1.0 counts as exact: the answer alone, then EOS, as in
-    training; `eos_ids`: the model's, default the tokenizer's) and, if samples > 0, mean training reward at
-    `temperature`."""
+             batch: int = 100, eos_ids: Collection[int] = (), prompter: Prompter | None = None) -> EvalResult:
+    """Greedy accuracy (a well-formed completion scoring 1.0 counts as exact: the format's shape, then EOS, as in
+    training; `eos_ids`: the model's, default the tokenizer's) and, if samples > 0, mean correctness at
+    `temperature`. `prompter`: the node's prompt format (default answer-line over `tokenizer`)."""
     insts = [tasks.instance(r) for r in source.eval_refs(problems)]
     eos, special = eos_ids or (tokenizer.eos_token_id,), frozenset(tokenizer.all_special_ids)
+    prompter = prompter or plain_prompter(tokenizer)
+    fmt = prompter.fmt
 
     def well_formed(c: Completion) -> bool:
-        return tasks.well_formed(c.token_ids, c.text, eos, special)
+        return fmt.well_formed(c.token_ids, c.text, eos, special)
 
     right: dict[str, list[bool]] = defaultdict(list)
     outcomes: list[tuple[str, str, float]] = []
     sampled_total, sampled_count = 0.0, 0
     for start in range(0, len(insts), batch):
         chunk = insts[start:start + batch]
-        prompts = [tokenizer.encode(i.prompt) for i in chunk]
+        prompts = [prompter.ids(i) for i in chunk]
         greedy = sampler.generate(prompts, 1, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))
         for inst, out in zip(chunk, greedy, strict=True):
-            right[inst.ref.dataset].append(well_formed(out[0]) and tasks.score(inst, out[0].text) >= 1.0)
+            right[inst.ref.dataset].append(well_formed(out[0]) and tasks.score(inst, out[0].text, fmt) >= 1.0)
             outcomes.append((inst.ref.dataset, inst.question, float(right[inst.ref.dataset][-1])))
         if samples > 0:
             params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + start)
             for inst, group in zip(chunk, sampler.generate(prompts, samples, params), strict=True):
-                sampled_total += sum(source.reward(inst, c.text) for c in group if well_formed(c))
+                sampled_total += sum(source.reward(inst, c.text, fmt) for c in group if well_formed(c))
                 sampled_count += len(group)
     exact = sum(sum(r) for r in right.values())
     return EvalResult(exact / len(insts), sampled_total / sampled_count if sampled_count else None, len(insts),

@@ -2,10 +2,13 @@
 completion that trains no row), and the samples they train.
 
 A group's rewards always come from our own verifier (`TaskSource.reward`) on a question regenerated from the task
-reference; whoever generated the completions, nothing they claim about correctness is used here. A completion that
-is not well-formed (`tasks.well_formed`: the answer alone, then EOS) gets reward 0 without being verified, under
-every reward mode, so it never gets a positive advantage; callers pass the model's EOS ids as `eos_id` (and the
-tokenizer's special ids) for this check, `eos_id=None` skips it.
+reference, applied to the answer the prompt format extracts (`fmt`, default answer-line); whoever generated the
+completions, nothing they claim about correctness is used here. A completion that is not well-formed (the format's
+`well_formed`: for answer-line the answer alone, then EOS) gets reward 0 without being verified, under every reward
+mode and whatever the reward terms, so it never gets a positive advantage; callers pass the model's EOS ids as
+`eos_id` (and the tokenizer's special ids) for this check, `eos_id=None` skips it. A well-formed completion's reward
+is its correctness plus the node's reward terms (`tasks.RewardTerms`: format bonus, length penalty; none by
+default); the group records which completions were right (`ScoredGroup.correct`), whatever the terms add.
 """
 
 from __future__ import annotations
@@ -19,22 +22,29 @@ from swarm_node import tasks
 from swarm_node.rl.advantages import ADVANTAGE_ESTIMATORS
 from swarm_node.types import LOCAL, Completion, Origin, ScoredGroup, TrainSample
 
+# A completion's correctness: (instance, completion text, format) -> the verifier's score of the extracted answer.
+Reward = Callable[[tasks.TaskInstance, str, tasks.PromptFormat], float]
+
 
 def score_group(inst: tasks.TaskInstance, prompt_ids: Sequence[int], completions: Sequence[Completion],
-                reward: Callable[[tasks.TaskInstance, str], float] = tasks.score, advantage: str = "grpo",
-                origin: Origin = LOCAL, eos_id: int | Collection[int] | None = None,
-                special_ids: Collection[int] = ()) -> ScoredGroup:
-    """Score every completion with `reward` (the task's verifier) and compute advantages; non-finite raises.
-    With `eos_id`, a completion that is not well-formed scores 0 (`tasks.well_formed`)."""
-    rewards = [reward(inst, c.text)
-               if eos_id is None or tasks.well_formed(c.token_ids, c.text, eos_id, special_ids) else 0.0
-               for c in completions]
+                reward: Reward = tasks.score, advantage: str = "grpo", origin: Origin = LOCAL,
+                eos_id: int | Collection[int] | None = None, special_ids: Collection[int] = (),
+                fmt: tasks.PromptFormat = tasks.ANSWER_LINE, terms: tasks.RewardTerms = tasks.NO_TERMS) -> ScoredGroup:
+    """Score every completion with `reward` (the task's verifier, on what `fmt` extracts) plus `terms`, and compute
+    advantages; non-finite raises. With `eos_id`, a completion that is not well-formed in `fmt` scores 0."""
+    rewards: list[float] = []
+    correct: list[bool] = []
+    for c in completions:
+        ok = eos_id is None or fmt.well_formed(c.token_ids, c.text, eos_id, special_ids)
+        correctness = reward(inst, c.text, fmt) if ok else 0.0
+        rewards.append(terms.apply(correctness, len(c.token_ids)) if ok else 0.0)
+        correct.append(ok and correctness >= 1.0)
     if not all(math.isfinite(r) for r in rewards):
         raise FloatingPointError(f"non-finite reward for task {inst.ref}")
     estimator = ADVANTAGE_ESTIMATORS[advantage]
     values = torch.tensor(rewards, dtype=torch.float64)
     return ScoredGroup(inst, prompt_ids, completions, rewards, estimator(values).tolist(), origin,
-                       estimator.pivot(values))
+                       estimator.pivot(values), correct)
 
 
 def to_samples(groups: Sequence[ScoredGroup], off_policy: Sequence[bool] | None = None) -> list[TrainSample]:

@@ -4,10 +4,10 @@ GRPO learns only from groups whose rewards differ. When no local group has had s
 node says so once, with the cause measured from its own completions and the fix (a user with a model that never
 answers in our format otherwise watches reward 0.000 forever). Causes, by which most completions were:
 - "cut": stopped by the generation budget (no EOS within `max_new_tokens`): raise --max-new-tokens;
-- "malformed": ended but not in the answer format (`tasks.well_formed`): another prompt format or model;
+- "malformed": ended but not in the prompt format (its `well_formed`): another prompt format or model;
 - "all_wrong": well-formed and wrong in every group: an easier task or a stronger model;
 - "all_right": right in every group: a harder task.
-Contract: `SignalWatch(after_steps, max_new_tokens, eos_id, special_ids)`; `observe(groups)` once per step returns
+Contract: `SignalWatch(after_steps, max_new_tokens, eos_id, special_ids, fmt)`; `observe(groups)` once per step returns
 a `NoSignal` report the first time the streak reaches `after_steps` (None otherwise; a step with signal ends the
 streak and allows a later report). Pure: the caller logs the line and shows the report on the status API.
 """
@@ -48,13 +48,14 @@ class NoSignal:
 
 class SignalWatch:
     def __init__(self, after_steps: int, max_new_tokens: int, eos_id: int | Collection[int],
-                 special_ids: Collection[int] = ()) -> None:
+                 special_ids: Collection[int] = (), fmt: tasks.PromptFormat = tasks.ANSWER_LINE) -> None:
         if after_steps < 1:
             raise ValueError("after_steps must be >= 1")
         self.after_steps = after_steps
         self.max_new_tokens = max_new_tokens
         self.eos_ids = frozenset({eos_id} if isinstance(eos_id, int) else eos_id)
         self.special_ids = frozenset(special_ids)
+        self.fmt = fmt
         self.streak = 0
         self.seen: Counter[str] = Counter()
         self.completions = 0
@@ -70,11 +71,12 @@ class SignalWatch:
             for c in g.completions:
                 if len(c.token_ids) >= self.max_new_tokens and (not c.token_ids or c.token_ids[-1] not in self.eos_ids):
                     self.seen["cut"] += 1
-                elif not tasks.well_formed(c.token_ids, c.text, self.eos_ids, self.special_ids):
+                elif not self.fmt.well_formed(c.token_ids, c.text, self.eos_ids, self.special_ids):
                     self.seen["malformed"] += 1
-            if g.rewards and all(r >= 1.0 for r in g.rewards):
+            right = g.correct or tuple(r >= 1.0 for r in g.rewards)  # reward terms move rewards off 0 and 1
+            if right and all(right):
                 self.seen["all_right"] += 1
-            elif g.rewards and all(r <= 0.0 for r in g.rewards):
+            elif right and not any(right):
                 self.seen["all_wrong"] += 1
         if self.said or self.streak < self.after_steps:
             return None

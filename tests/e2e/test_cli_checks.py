@@ -1,6 +1,7 @@
-"""`swarm-node solo` and `simulate` as subprocesses on the tiny model: `--device cuda` on a CPU machine and a too
-small `--memory-budget` are one line and exit 2 before anything trains; a task mix with held-out evaluation prints
-per-specialty accuracy before and after training and writes it to metrics.jsonl."""
+"""`swarm-node solo` and `simulate` as subprocesses on the tiny model: `--device cuda` on a CPU machine, a too
+small `--memory-budget` and a `--prompt-format` the budget cannot hold are one line and exit 2 before anything
+trains; a task mix with held-out evaluation prints per-specialty accuracy before and after training and writes it
+to metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -51,6 +52,17 @@ def test_solo_with_a_too_small_budget_is_one_line(tmp_path: Path, tiny_model_dir
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(errors) == 1, proc.stderr
     assert errors[0].startswith("error: memory budget 64 MiB is too small: this run needs at least ")
     assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+def test_solo_with_a_prompt_format_the_budget_cannot_hold_is_one_line(tmp_path: Path, tiny_model_dir: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "solo", "--prompt-format", "think-answer",
+                           "--max-new-tokens", "8", "--model", str(tiny_model_dir), "--sampler", "hf",
+                           "--status-port", "-1", "--run-dir", str(tmp_path / "r"), "--eval-problems", "0"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert errors == ["error: prompt format 'think-answer' needs a generation budget of at least 37 tokens (its "
+                      "shortest well-formed completion, EOS included), got --max-new-tokens 8"]
 
 
 def test_solo_prints_held_out_accuracy_before_and_after_per_specialty(tmp_path: Path, tiny_model_dir: Path) -> None:

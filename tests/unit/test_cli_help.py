@@ -56,3 +56,20 @@ def test_the_model_settings_users_need_are_flags() -> None:
                                             "lora_rank": 16, "sampler": "vllm"}))
     assert (cfg.sampler.max_new_tokens, cfg.sampler.max_model_len, cfg.sampler.temperature, cfg.train.lora_rank) == \
         (1024, 1536, 0.7, 16)
+
+
+@pytest.mark.parametrize("command", ["solo", "join", "simulate"])
+def test_prompt_format_flag_names_the_formats_and_the_models_own_default(command: str) -> None:
+    result = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "250"})
+    entries = re.split(r"\n(?=  -)", result.output)
+    entry = " ".join(next(e for e in entries if e.split()[0] == "--prompt-format").split())
+    assert "answer-line | think-answer | boxed [the model's own: answer-line for the embedded model, think-answer " \
+           "with a chat template]" in entry, entry
+
+
+def test_prompt_format_flag_sets_the_task_key() -> None:
+    from cli.options import node_overrides
+    from swarm_node.config import load_config
+
+    assert load_config(None, node_overrides({"prompt_format": "think-answer"})).task.prompt_format == "think-answer"
+    assert load_config(None, node_overrides({"prompt_format": None})).task.prompt_format == ""

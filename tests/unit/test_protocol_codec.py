@@ -14,6 +14,7 @@ from protocol.codec import decode, encode, replay_keys
 from protocol.errors import Verdict, WireError
 from protocol.limits import Limits
 from protocol.messages import (
+    SCHEMA_VERSION,
     CompletionWire,
     PolicyAnnounce,
     RolloutBatch,
@@ -61,7 +62,7 @@ def fails(data: bytes, limits: Limits = Limits(), now: float | None = None) -> W
 def test_status_exact_bytes() -> None:
     expected = (
         b"\x83"                                         # fixmap, 3 entries: the envelope
-        b"\xa1v" b"\x01"                                # "v": 1
+        b"\xa1v" b"\x02"                                # "v": 2
         b"\xa4type" b"\xa6status"                       # "type": "status"
         b"\xa4body" b"\x86"                             # "body": fixmap, 6 entries
         b"\xa4role" b"\xa4peer"
@@ -77,9 +78,9 @@ def test_status_exact_bytes() -> None:
 
 def test_rollout_exact_bytes_with_little_endian_blobs() -> None:
     expected = (
-        b"\x83\xa1v\x01\xa4type\xa8rollouts\xa4body"
+        b"\x83\xa1v\x02\xa4type\xa8rollouts\xa4body"
         b"\x81\xa6groups\x91"                           # {"groups": [ one group ]}
-        b"\x88"                                         # the group: 8 keys
+        b"\x89"                                         # the group: 9 keys
         b"\xa2id\xc4\x10" + bytes(range(16))            # bin8 of 16 bytes
         + b"\xa6policy\xa3Qm1"
         b"\xa7version\x02"
@@ -91,6 +92,7 @@ def test_rollout_exact_bytes_with_little_endian_blobs() -> None:
         b"\xa6reward\xcb\x3f\xf0\x00\x00\x00\x00\x00\x00"              # 1.0
         b"\xa9tokenizer\xa3tok"
         b"\xa6family\xa5qwen2"
+        b"\xa6format\xabanswer-line"                    # the prompt format (schema 2)
         b"\xaacreated_at\xcb\x41\xcd\xcd\x65\x00\x00\x00\x00"          # 1e9 = 0x3B9ACA00 as float64
     )
     batch = RolloutBatch((group(),))
@@ -236,11 +238,11 @@ REJECTS: list[tuple[str, Callable[[], bytes], str]] = [
     ("trailing bytes", lambda: encode(status()) + b"\x00", "bad_msgpack"),
     ("truncated", lambda: encode(status())[:-3], "bad_msgpack"),
     ("invalid utf-8", lambda: b"\x81\xa1v\xa2\xff\xfe", "bad_msgpack"),
-    ("ext type", lambda: pack({"v": 1, "type": "status", "body": msgpack.ExtType(1, b"")}), "bad_schema"),
+    ("ext type", lambda: pack({"v": SCHEMA_VERSION, "type": "status", "body": msgpack.ExtType(1, b"")}), "bad_schema"),
     ("not a map", lambda: pack([1, "status", {}]), "bad_envelope"),
     ("string version", lambda: pack({"v": "1", "type": "status", "body": {}}), "bad_envelope"),
-    ("unknown type", lambda: pack({"v": 1, "type": "chat", "body": {}}), "unknown_type"),
-    ("envelope extra key", lambda: pack({"v": 1, "type": "status", "body": raw(status())["body"], "x": 0}),
+    ("unknown type", lambda: pack({"v": SCHEMA_VERSION, "type": "chat", "body": {}}), "unknown_type"),
+    ("envelope extra key", lambda: pack({"v": SCHEMA_VERSION, "type": "status", "body": raw(status())["body"], "x": 0}),
      "bad_schema"),
     ("unknown role", lambda: encode(status(role="boss")), "bad_schema"),
     ("too many capabilities", lambda: encode(status(capabilities=("a", "b", "c"))), "too_many_capabilities"),
@@ -286,11 +288,21 @@ def test_largest_valid_message_fits_the_parse_budget() -> None:
 
 
 def test_unknown_version_is_ignored_even_with_an_unknown_body() -> None:
-    for data in (pack({"v": 2, "type": "status", "body": raw(status())["body"]}),
-                 pack({"v": 2, "kind": "something new", "payload": [1, 2, 3]}),
+    for data in (pack({"v": 3, "type": "status", "body": raw(status())["body"]}),
+                 pack({"v": 3, "kind": "something new", "payload": [1, 2, 3]}),
                  pack({"v": 0})):
         err = fails(data)
         assert (err.reason, err.verdict) == ("unknown_version", Verdict.IGNORE)
+
+
+def test_a_peer_of_another_schema_version_is_refused_naming_both_versions() -> None:
+    """Schema 2 added the group's prompt format: a schema-1 peer's messages are ignored, the reason one line."""
+    assert SCHEMA_VERSION == 2
+    old = raw(status())
+    old["v"] = 1
+    err = fails(pack(old))
+    assert (err.reason, err.verdict) == ("unknown_version", Verdict.IGNORE)
+    assert err.detail == "the sender speaks schema version 1, this node speaks 2"
 
 
 def test_freshness_window_ignores_stale_and_future() -> None:

@@ -14,6 +14,7 @@ from protocol.errors import Verdict, WireError
 from protocol.limits import Limits
 from protocol.messages import (
     ROLES,
+    SCHEMA_VERSION,
     TOPIC_TYPES,
     TYPE_TAGS,
     CompletionWire,
@@ -126,7 +127,7 @@ msgpack_values = st.recursive(
 @FAST
 @given(st.sampled_from(sorted(TYPE_TAGS.values())), msgpack_values)
 def test_msgpack_valid_wrong_schema_only_raises_wire_error(tag: str, body: Any) -> None:
-    decode_or_wire_error(msgpack.packb({"v": 1, "type": tag, "body": body}, use_bin_type=True))
+    decode_or_wire_error(msgpack.packb({"v": SCHEMA_VERSION, "type": tag, "body": body}, use_bin_type=True))
 
 
 @FAST

@@ -66,7 +66,7 @@ def test_mc_grpo_median_of_g_plus_1_completions_and_its_pivot() -> None:
 def test_the_pivot_trains_no_row() -> None:
     inst = tasks.TaskInstance(tasks.TaskRef("chain_sum", "{}", 0, 0), "q", "7", "q\nAnswer: ", {})
     completions = [Completion((10 + k, 1), text, (-1.0, -1.0), 0) for k, text in enumerate(["7", "8", "9"])]
-    def reward(_: tasks.TaskInstance, text: str) -> float:
+    def reward(_: tasks.TaskInstance, text: str, fmt: tasks.PromptFormat) -> float:
         return {"7": 1.0, "8": 0.0, "9": 0.0}[text]
     group = score_group(inst, (5, 6), completions, reward, "median")
     assert (group.advantages, group.pivot) == ((1.0, 0.0, 0.0), 1)

@@ -33,7 +33,8 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
             (ROLES, variants.ROLES), (CELL_RUNNERS, sim_variants.SIM_MODES), (ATTACKS, sim_variants.ATTACKS),
             (CORRECTIONS, variants.CORRECTIONS), (CORRECTION_CONFIGS, variants.CORRECTIONS),
             (SAMPLER_CONFIGS, variants.SAMPLER_KINDS), (SAMPLER_PLANS, variants.SAMPLER_KINDS),
-            (STALE_CORRECTIONS, variants.STALE_CORRECTIONS), (STALE_CORRECTION_CONFIGS, variants.STALE_CORRECTIONS)]
+            (STALE_CORRECTIONS, variants.STALE_CORRECTIONS), (STALE_CORRECTION_CONFIGS, variants.STALE_CORRECTIONS),
+            (tasks.PROMPT_FORMATS, variants.PROMPT_FORMATS), (tasks.REWARD_TERMS, variants.REWARD_TERMS)]
 
 
 def test_every_declared_name_is_registered() -> None:
@@ -57,7 +58,7 @@ def test_registry_refuses_undeclared_and_duplicate_names() -> None:
 def test_config_rejects_an_unknown_name_of_every_kind() -> None:
     from swarm_node.config import load_config
 
-    for key in ["task.reward", "task.selection", "sampler.kind", "train.advantage", "train.loss",
+    for key in ["task.reward", "task.selection", "task.prompt_format", "sampler.kind", "train.advantage", "train.loss",
                 "share.correction.kind", "train.stale_correction.kind", "share.selection", "network.role",
                 "echo.encoding"]:
         with pytest.raises(ConfigError, match=f"^{key} 'nope' unknown; choose one of "):
