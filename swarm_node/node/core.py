@@ -138,9 +138,9 @@ class Node:
             self._draws = self._salt << 16
         self.stats.set_phase("loading-sampler")
         if self._sampler is None:
-            self._sampler = make_sampler(cfg.sampler.kind, self.model_dir, self.model, self.tokenizer,
-                                         sampler_settings(cfg.sampler, self.hardware.sizes), self._version,
-                                         self.events.log)
+            settings = sampler_settings(cfg.sampler, self.hardware.sizes, self.hardware.sampler_dtype)
+            self._sampler = make_sampler(cfg.sampler.kind, self.model_dir, self.model, self.tokenizer, settings,
+                                         self._version, self.events.log)
         if self._step > 0:
             self._sampler.load_weights(self.policy_weights(), self._version)
         self.hardware.attach(self.trainer, self._sampler)
