@@ -102,7 +102,7 @@ StalenessOpt = Annotated[int | None, typer.Option("--max-staleness", help=config
 MaxNewTokensOpt = Annotated[int | None, typer.Option("--max-new-tokens", help=config_help(
     "sampler.max_new_tokens", "generation budget per completion, EOS included"))]
 MaxModelLenOpt = Annotated[int | None, typer.Option("--max-model-len", help=config_help(
-    "sampler.max_model_len", "vLLM's context (prompt + completion); 0: derived from the model"))]
+    "sampler.max_model_len", "vLLM's context (prompt + completion); 0: the prompt budget + max_new_tokens"))]
 TemperatureOpt = Annotated[float | None, typer.Option("--temperature", help=config_help(
     "sampler.temperature", "sampling temperature"))]
 LoraRankOpt = Annotated[int | None, typer.Option("--lora-rank", help=config_help(
