@@ -241,7 +241,8 @@ class Node:
         try:
             outputs = self._sampler.generate(prompts, cfg.run.group_size, params)
         except PromptTooLongError as exc:
-            raise UserError(f"task {', '.join(source.names)}: {exc}") from exc
+            # vLLM's context is the prompt budget measured at start + max_new_tokens (docs/SIZING.md).
+            raise UserError(f"task {', '.join(source.names)}: {exc} (vLLM: --max-model-len sets it)") from exc
         seconds = time.monotonic() - started
         special = frozenset(self.tokenizer.all_special_ids)  # a completion must be the answer alone, then EOS
         groups = [score_group(i, p, out, source.reward, cfg.train.advantage, eos_id=self.eos_ids,
