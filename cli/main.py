@@ -105,7 +105,7 @@ PromptFormatOpt = Annotated[str | None, typer.Option("--prompt-format", help=(
     f"how prompts ask and answers are read, the same on every peer: {' | '.join(variants.PROMPT_FORMATS)} [the "
     "model's own: answer-line for the embedded model, think-answer with a chat template]"))]
 MaxModelLenOpt = Annotated[int | None, typer.Option("--max-model-len", help=config_help(
-    "sampler.max_model_len", "vLLM's context (prompt + completion); 0: derived from the model"))]
+    "sampler.max_model_len", "vLLM's context (prompt + completion); 0: the prompt budget + max_new_tokens"))]
 TemperatureOpt = Annotated[float | None, typer.Option("--temperature", help=config_help(
     "sampler.temperature", "sampling temperature"))]
 LoraRankOpt = Annotated[int | None, typer.Option("--lora-rank", help=config_help(

@@ -61,8 +61,8 @@ class VLLMSamplerConfig(SamplerConfig):
 
     kind: str = "vllm"
     threads: int = 0  # 0: derived from the machine (see sampler/vllm_sampler.py)
-    max_model_len: int = 0  # 0: derived from the model
-    kv_cache_gb: float = 0.0  # 0: derived from max_model_len and batch size, then by the node's memory sizing
+    max_model_len: int = 0  # 0: the prompt budget + max_new_tokens, at most the model's context (docs/SIZING.md)
+    kv_cache_gb: float = 0.0  # 0: one step's rows at full length x 1.25, then the node's memory sizing
     max_num_seqs: int = 0  # 0: vLLM's default (sampler/kinds.py)
 
     def validate(self) -> None:

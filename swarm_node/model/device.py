@@ -2,7 +2,8 @@
 and the precision the trainer computes in.
 
 Contract:
-- `Found.probe()` says what this machine has (CUDA cards by name, whether a card does bf16, MPS); everything else
+- `Found.probe()` says what this machine has (CUDA cards by name, whether a card does bf16, MPS, the CPU's
+  flags); everything else
   here is a pure function of a `Found`, so tests fake machines by building one.
 - `resolve_device(spec, found)`: spec is "auto" | "cpu" | "cuda" | "cuda:N" | "mps" (the kinds in
   `variants.DEVICES`, registry `DEVICES`). Returns a `DeviceChoice`: the torch device string and one line saying
@@ -10,6 +11,9 @@ Contract:
 - `PRECISIONS[name](choice, found)`: the trainer's autocast dtype, or None for plain fp32. "auto": bf16 on a
   CUDA card that supports it, else fp32; "fp32": None; "bf16": bf16 where torch autocasts to it (CUDA with bf16,
   CPU), else a UserError. Weights and optimizer state stay fp32 either way (master weights).
+- `sampler_dtype(model_dtype, choice, found)`: the dtype a sampler (vLLM or transformers) runs in: the model's
+  own half precision where the device computes in it (bf16: a CUDA card with bf16, or a CPU with AVX-512 BF16 or
+  AMX, `CPU_BF16_FLAGS`; fp16: a CUDA card), else float32; with one line saying which and why.
 - `place(model, device)` moves a model (and any LoRA adapters on it) to the device; `host_copy(tensors)` is the
   device-independent form of a state (owned CPU tensors) that checkpoints and payloads are written from.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -27,11 +32,12 @@ from swarm_node.errors import UserError
 
 @dataclass(frozen=True)
 class Found:
-    """What the machine has: CUDA card names (index order), whether card 0.. does bf16, MPS."""
+    """What the machine has: CUDA card names (index order), whether card 0.. does bf16, MPS, the CPU's flags."""
 
     cuda: tuple[str, ...] = ()
     cuda_bf16: tuple[bool, ...] = ()
     mps: bool = False
+    cpu_flags: frozenset[str] = frozenset()
 
     @classmethod
     def probe(cls) -> Found:
@@ -43,7 +49,7 @@ class Found:
             # Ampere (compute capability 8) and later compute in bf16 natively.
             bf16 = tuple(torch.cuda.get_device_capability(i)[0] >= 8 for i in range(count))
         mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
-        return cls(names, bf16, mps)
+        return cls(names, bf16, mps, cpu_flags())
 
     def describe(self) -> str:
         """What was found, for error lines: "CPU only", "CPU and 2 CUDA devices (...)"."""
@@ -138,6 +144,56 @@ def _bf16(choice: DeviceChoice, found: Found) -> torch.dtype | None:
     if choice.kind == "cpu" or _card_bf16(choice, found):
         return torch.bfloat16
     raise UserError(f"train.precision bf16: {choice.device} does not compute in bf16; use precision fp32 or auto")
+
+
+CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})  # /proc/cpuinfo flags of CPUs that compute in bf16
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
+@dataclass(frozen=True)
+class SamplerDtype:
+    name: str  # a torch dtype name: "float32", "bfloat16", "float16"
+    line: str | None  # what was picked and why; None for a float32 model
+
+
+def _bf16_sampling(choice: DeviceChoice, found: Found) -> str | None:
+    """None when the device samples in bf16, else why not."""
+    if choice.kind == "cpu":
+        return None if found.cpu_flags & CPU_BF16_FLAGS else "this CPU has neither avx512_bf16 nor amx_bf16"
+    return None if _card_bf16(choice, found) else f"{choice.device} does not compute in bf16"
+
+
+def _fp16_sampling(choice: DeviceChoice, found: Found) -> str | None:
+    return None if choice.kind == "cuda" else f"float16 sampling runs on CUDA only, not {choice.device}"
+
+
+# Half-precision model dtypes, each with why a device would not sample in it (None: it does).
+HALF_SAMPLING: dict[str, Callable[[DeviceChoice, Found], str | None]] = {
+    "bfloat16": _bf16_sampling, "float16": _fp16_sampling}
+
+
+def sampler_dtype(model_dtype: str, choice: DeviceChoice, found: Found) -> SamplerDtype:
+    """See the module contract; `model_dtype` is the checkpoint's (config.json `dtype` / `torch_dtype`)."""
+    why_not = HALF_SAMPLING.get(model_dtype)
+    if why_not is None:
+        return SamplerDtype("float32", None)
+    reason = why_not(choice, found)
+    if reason is None:
+        return SamplerDtype(model_dtype, f"sampler dtype: {model_dtype}, the model's ({choice.device} computes in it)")
+    return SamplerDtype("float32", f"sampler dtype: float32, not the model's {model_dtype}: {reason}")
 
 
 def precision_line(dtype: torch.dtype | None) -> str:

@@ -12,7 +12,7 @@ Map:
 - resume.py     checkpoints: the node's random streams, save, resume from the newest
 - run_files.py  the run dir, metrics.jsonl (`StepLog`: the one place a step is recorded), `NodeEvents`,
                 `RunSummary`
-- build.py      `sampler_settings(cfg.sampler, sizes)`, `model_dir_for(cfg)`: what a node is built from
+- build.py      `sampler_settings(cfg.sampler, sizes, dtype)`, `model_dir_for(cfg)`: what a node is built from
 - hardware.py   `Hardware`: device, precision, the memory sizes chosen at start (`hw.sizes`, RUN_DIR/sizes.json),
                 handed to the trainer and the sampler, and the memory guard after each step
 """

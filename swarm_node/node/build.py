@@ -1,8 +1,9 @@
 """What a node is built from, as plain functions of its config (shared by the node, the simulations, the bench).
 
-- `sampler_settings(cfg.sampler, sizes)`: the `SamplerSettings` a `[sampler]` table asks for (the one place it is
-  built): the sampler kind's engine settings (`SamplerConfig.engine_knobs`), the KV cache the node's memory sizing
-  chose (`Hardware.sizes`, node/hardware.py) in place of the configured one when there is one.
+- `sampler_settings(cfg.sampler, sizes, dtype)`: the `SamplerSettings` a `[sampler]` table asks for (the one place
+  it is built): the sampler kind's engine settings (`SamplerConfig.engine_knobs`), the KV cache and context the
+  node's memory sizing chose (`Hardware.sizes`, node/hardware.py) in place of the configured ones when there are,
+  and the dtype the node picked (`Hardware.sampler_dtype`).
 - `model_dir_for(cfg, override, progress)`: the HF model dir a node loads: a simulation's override, else
   `model.path`, else the embedded default model (built on first use, reporting progress).
 - `seeded(cfg, peer_id)`: the config with a run seed: the one given, else one derived from the node's identity
@@ -21,10 +22,12 @@ from swarm_node.sampler.base import SamplerSettings
 from swarm_node.train.sizing import Sizes
 
 
-def sampler_settings(cfg: SamplerConfig, sizes: Sizes | None = None) -> SamplerSettings:
-    settings = SamplerSettings(**cfg.engine_knobs())
+def sampler_settings(cfg: SamplerConfig, sizes: Sizes | None = None, dtype: str = "float32") -> SamplerSettings:
+    settings = SamplerSettings(**cfg.engine_knobs(), dtype=dtype)
     if sizes is not None and sizes.kv_cache_bytes:
         settings = dataclasses.replace(settings, kv_cache_gb=sizes.kv_cache_bytes / 2**30)
+    if sizes is not None and sizes.max_model_len:
+        settings = dataclasses.replace(settings, max_model_len=sizes.max_model_len)
     return settings
 
 

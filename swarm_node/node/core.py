@@ -142,9 +142,9 @@ class Node:
             self._draws = self._salt << 16
         self.stats.set_phase("loading-sampler")
         if self._sampler is None:
-            self._sampler = make_sampler(cfg.sampler.kind, self.model_dir, self.model, self.tokenizer,
-                                         sampler_settings(cfg.sampler, self.hardware.sizes), self._version,
-                                         self.events.log)
+            settings = sampler_settings(cfg.sampler, self.hardware.sizes, self.hardware.sampler_dtype)
+            self._sampler = make_sampler(cfg.sampler.kind, self.model_dir, self.model, self.tokenizer, settings,
+                                         self._version, self.events.log)
         if self._step > 0:
             self._sampler.load_weights(self.policy_weights(), self._version)
         self.hardware.attach(self.trainer, self._sampler)
@@ -245,7 +245,8 @@ class Node:
         try:
             outputs = self._sampler.generate(prompts, cfg.run.group_size, params)
         except PromptTooLongError as exc:
-            raise UserError(f"task {', '.join(source.names)}: {exc}") from exc
+            # vLLM's context is the prompt budget measured at start + max_new_tokens (docs/SIZING.md).
+            raise UserError(f"task {', '.join(source.names)}: {exc} (vLLM: --max-model-len sets it)") from exc
         seconds = time.monotonic() - started
         special = frozenset(self.tokenizer.all_special_ids)  # a completion must be in the format, then EOS
         groups = [score_group(i, p, out, source.reward, cfg.train.advantage, eos_id=self.eos_ids, special_ids=special,

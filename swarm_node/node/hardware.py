@@ -4,13 +4,17 @@ Contract (the config is read, never written: the sizes live here):
 - `Hardware.prepare(cfg, model_dir, task_source, log, run_dir=None)`, before any weights load: resolves
   `run.device` (model/device.py: one line saying what it picked; a device that is not there is a UserError), the
   precision (`train.precision`), the budget (`run.memory_budget_mib`, else `device_memory.default_budget_bytes`),
-  the model's footprint (built on the meta device: no weights read), what the sampler kind expects
-  (sampler/kinds.py: the kind "auto" becomes, its context, its KV cache, whether it takes a rows limit) and one
-  step's request (the longest of 32 drawn prompts, + 25%, + max_new_tokens), then `sizing.choose`. `hw.sizes` are
-  the chosen sizes: prompts per step (the local groups: `share.local_groups` when set, else
-  `run.prompts_per_step`), micro-batch tokens, HF rows per pass and the vLLM KV cache; one line says what was
-  chosen and why. With `run_dir` they are recorded in RUN_DIR/sizes.json (and again at each guard change). A run
-  that cannot fit is a `SizingError` line before anything loads. With the guard on it also fixes glibc's mmap
+  the sampler's dtype (`devices.sampler_dtype`: the checkpoint's bf16 where the device computes in it, one line
+  saying which and why; `hw.sampler_dtype`), the model's footprint (built on the meta device: no weights read),
+  what the sampler kind expects (sampler/kinds.py: the kind "auto" becomes, the context and KV cache the user
+  fixed, whether it takes a rows limit) and one step's request (the prompt budget: the longest of 32 drawn prompts
+  + 25%; the context: `sampler.max_model_len`, else the prompt budget + max_new_tokens, at most the model's), then
+  `sizing.choose`. `hw.sizes` are the chosen sizes: prompts per step (the local groups: `share.local_groups` when
+  set, else `run.prompts_per_step`), micro-batch tokens, HF rows per pass, the vLLM KV cache and context; one line
+  says what was chosen and why. With `run_dir` they are recorded in RUN_DIR/sizes.json with the estimate part by
+  part in MiB (`estimate_mib`: weights, optimizer, sampler, kv_cache, activations, logits, ..., total: what a
+  benchmark compares with the measured peak), again at each guard change. A run that cannot fit is a
+  `SizingError` line (the knobs that would fit it) before anything loads. With the guard on it also fixes glibc's mmap
   threshold (`device_memory.return_freed_memory`).
 - `place(model)` moves the model to the device; `attach(trainer, sampler)` hands the sizes to the trainer
   (micro-batch tokens) and the sampler (`Sampler.limit_rows`), and starts the peak meter.
@@ -42,8 +46,9 @@ from swarm_node.model.default_model import load_tokenizer, model_config
 from swarm_node.model.device_memory import PeakMeter, default_budget_bytes, return_freed_memory
 from swarm_node.model.lora import TARGET_MODULES
 from swarm_node.model.prompting import build_prompter
+from swarm_node.rl.logprobs import LOGPROB_CHUNK
 from swarm_node.sampler.base import Sampler
-from swarm_node.sampler.kinds import SamplerPlan, plan_for
+from swarm_node.sampler.kinds import DTYPE_BYTES, SamplerPlan, plan_for
 from swarm_node.train import sizing
 from swarm_node.train.trainer import Trainer
 
@@ -61,17 +66,23 @@ def footprint(model_dir: Path, lora_rank: int) -> sizing.Footprint:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     params = sum(p.numel() for p in model.parameters())  # parameters() yields a tied pair once
-    trainable = params
-    if lora_rank:
-        trainable = sum(lora_rank * (m.in_features + m.out_features) for name, m in model.named_modules()
-                        if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in TARGET_MODULES)
+    per_rank = sum(m.in_features + m.out_features for name, m in model.named_modules()
+                   if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in TARGET_MODULES)
+    trainable = lora_rank * per_rank if lora_rank else params
     heads = int(config.num_attention_heads)
     hidden = int(config.hidden_size)
     return sizing.Footprint(params=params, trainable=trainable, layers=int(config.num_hidden_layers), hidden=hidden,
                             intermediate=int(getattr(config, "intermediate_size", 4 * hidden)), heads=heads,
                             kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
                             head_dim=int(getattr(config, "head_dim", None) or hidden // heads),
-                            vocab=int(config.vocab_size))
+                            vocab=int(config.vocab_size), lora_per_rank=per_rank,
+                            attention_scores=model.config._attn_implementation == "eager")
+
+
+def checkpoint_dtype(model_dir: Path) -> str:
+    """The dtype the checkpoint's config.json declares (`dtype`, formerly `torch_dtype`; float32 when absent)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    return str(config.get("dtype") or config.get("torch_dtype") or "float32").removeprefix("torch.")
 
 
 def longest_prompt(model_dir: Path, source: tasks.TaskSource, prompt_format: str = "",
@@ -95,6 +106,7 @@ class Hardware:
     sizing: sizing.Sizing
     floor: sizing.Sizes
     log: LogFn
+    sampler_dtype: str = "float32"  # what the sampler runs in (devices.sampler_dtype)
     meter: PeakMeter | None = None
     guard: sizing.MemoryGuard | None = None
     at_floor_said: bool = field(default=False)
@@ -114,11 +126,15 @@ class Hardware:
         meter = PeakMeter.for_device(choice.device) if cfg.run.memory_guard else None
         if meter is not None:
             return_freed_memory()  # glibc: freed tensors go back to the OS, so RSS follows the live memory
+        dtype = devices.sampler_dtype(checkpoint_dtype(model_dir), choice, found)
+        if dtype.line is not None:
+            log(dtype.line)
         fp = footprint(model_dir, cfg.train.lora_rank)
-        req = step_request(cfg, model_dir, source, fp, budget, choice, meter)
+        req = step_request(cfg, model_dir, source, choice, meter, DTYPE_BYTES[dtype.name])
         chosen = sizing.choose(fp, req, budget)
-        hw = cls(cfg, choice, autocast, chosen, replace(sizing.floors(req), kv_cache_bytes=chosen.sizes.kv_cache_bytes),
-                 log, meter, sizing.MemoryGuard(budget) if meter is not None else None, run_dir=run_dir)
+        floor = replace(sizing.floors(fp, req), kv_cache_bytes=chosen.sizes.kv_cache_bytes)
+        hw = cls(cfg, choice, autocast, chosen, floor, log, dtype.name, meter,
+                 sizing.MemoryGuard(budget) if meter is not None else None, run_dir=run_dir)
         log(chosen.line())
         hw.record()
         return hw
@@ -133,8 +149,8 @@ class Hardware:
         if self.run_dir is None:
             return
         data = {"budget_mib": sizing.mib(self.sizing.budget), "sizes": dataclasses.asdict(self.sizing.sizes),
-                "reasons": list(self.sizing.reasons), "estimate_mib": sizing.mib(self.sizing.estimate.total),
-                "shrinks": self.shrinks}
+                "reasons": list(self.sizing.reasons), "estimate_mib": self.sizing.estimate.mib_parts(),
+                "sampler_dtype": self.sampler_dtype, "shrinks": self.shrinks}
         path = self.run_dir / SIZES_FILE
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=1) + "\n")
@@ -175,13 +191,13 @@ class Hardware:
         return {"mem_peak_mib": round(peak / sizing.MIB, 1)}
 
 
-def step_request(cfg: NodeConfig, model_dir: Path, source: tasks.TaskSource, fp: sizing.Footprint, budget: int,
-                 choice: devices.DeviceChoice, meter: PeakMeter | None) -> sizing.StepRequest:
+def step_request(cfg: NodeConfig, model_dir: Path, source: tasks.TaskSource, choice: devices.DeviceChoice,
+                 meter: PeakMeter | None, sampler_dtype_bytes: int = sizing.FLOAT) -> sizing.StepRequest:
     model_context = int(json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", 2048))
-    plan: SamplerPlan = plan_for(cfg.sampler, fp, model_context, budget)
+    plan: SamplerPlan = plan_for(cfg.sampler)
     longest = longest_prompt(model_dir, source, cfg.task.prompt_format, cfg.sampler.max_new_tokens)
     prompt = math.ceil(longest * PROMPT_MARGIN)
-    seq = min(plan.context, prompt + cfg.sampler.max_new_tokens)
+    context = sizing.max_model_len(prompt, cfg.sampler.max_new_tokens, model_context, plan.context)
     runtime = sizing.RUNTIME_BYTES
     if choice.kind != "cpu":
         runtime = 0  # the budget is the card's; the process's host memory is not in it
@@ -189,8 +205,11 @@ def step_request(cfg: NodeConfig, model_dir: Path, source: tasks.TaskSource, fp:
         runtime = meter.current()
     return sizing.StepRequest(
         prompts_per_step=cfg.share.local_groups or cfg.run.prompts_per_step, group_size=cfg.run.group_size,
-        seq_tokens=seq, max_new_tokens=cfg.sampler.max_new_tokens, microbatch_tokens=cfg.train.microbatch_tokens,
-        minibatches=cfg.train.minibatches, external_groups=cfg.share.external_groups,
-        reference=cfg.train.kl_coef > 0, overlapped=cfg.train.max_staleness > 0, runtime_bytes=runtime,
-        row_limited=plan.row_limited, kv_cache_bytes=plan.kv_cache_bytes, kv_floor_bytes=plan.kv_floor_bytes,
-        sampler_dtype_bytes=plan.dtype_bytes, engine_runtime_bytes=plan.engine_runtime_bytes)
+        seq_tokens=min(context, prompt + cfg.sampler.max_new_tokens), max_new_tokens=cfg.sampler.max_new_tokens,
+        microbatch_tokens=cfg.train.microbatch_tokens, minibatches=cfg.train.minibatches,
+        external_groups=cfg.share.external_groups, reference=cfg.train.kl_coef > 0,
+        overlapped=cfg.train.max_staleness > 0, runtime_bytes=runtime, row_limited=plan.row_limited,
+        kv_cache_bytes=plan.kv_cache_bytes, context=plan.context, kv_block_tokens=plan.kv_block_tokens,
+        sampler_dtype_bytes=sampler_dtype_bytes, engine_runtime_bytes=plan.engine_runtime_bytes,
+        logprob_chunk=LOGPROB_CHUNK,
+        logit_copies=sizing.LOGIT_COPIES_TOP_P if cfg.sampler.top_p < 1 else sizing.LOGIT_COPIES_PLAIN)

@@ -5,11 +5,23 @@ the distribution the token was actually drawn from (vLLM's `logprobs_mode="proce
 temperature 0 (greedy) the raw log-softmax is used. With `vocab` (the tokenizer's length), the rows of a padded
 embedding past it (Qwen2.5 pads 151,665 tokens to 151,936) are never a token: -inf before anything else, as the
 samplers never sample them.
+
+`chunked_token_log_probs(hidden, head, targets, ...)` is the trainer's path to the same numbers without the
+full-vocabulary logits of every position at once: the output head runs on `chunk` positions at a time (a
+151,936-token vocabulary makes one 1,099-token row's fp32 logits ~0.6 GiB, times the softmax copies), and under
+autograd each chunk is checkpointed, so backward recomputes its logits one chunk at a time instead of keeping them
+all. The token log-probs and entropies are those of `processed_log_softmax` on the whole logits, and so are the
+gradients (tests/unit/test_logprob_chunks.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+from torch.utils.checkpoint import checkpoint
+
+LOGPROB_CHUNK = 256  # positions whose full-vocabulary logits exist at once (train/sizing.py counts them)
 
 
 def processed_log_softmax(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
@@ -37,3 +49,26 @@ def entropy_from_log_probs(log_probs: torch.Tensor) -> torch.Tensor:
     """Entropy [...] of the distribution given by log-probs [..., V] (-inf entries contribute 0)."""
     probs = log_probs.exp()
     return -(probs * log_probs.masked_fill(probs == 0, 0.0)).sum(dim=-1)
+
+
+def chunked_token_log_probs(hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor],
+                            targets: torch.Tensor, temperature: float, top_p: float = 1.0, vocab: int | None = None,
+                            chunk: int = LOGPROB_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden [P, H] (the positions' last hidden states), head: [p, H] -> logits [p, V], targets [P] -> the
+    processed log-prob [P] of each target and the entropy [P] of each position's distribution (no gradient)."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be positive, got {chunk}")
+
+    def one(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        log_probs = processed_log_softmax(head(h), temperature, top_p, vocab)
+        return log_probs.gather(-1, t.unsqueeze(-1)).squeeze(-1), entropy_from_log_probs(log_probs.detach())
+
+    # Checkpointing only pays under autograd; without it (a reference model, a re-score) each chunk's logits
+    # are freed as soon as its log-probs are taken.
+    recompute = torch.is_grad_enabled() and hidden.requires_grad
+    parts = [checkpoint(one, hidden[i:i + chunk], targets[i:i + chunk], use_reentrant=False) if recompute
+             else one(hidden[i:i + chunk], targets[i:i + chunk]) for i in range(0, hidden.shape[0], chunk)]
+    if not parts:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, empty
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])

@@ -33,9 +33,12 @@ class SamplingParams:
 class SamplerSettings:
     """vLLM engine settings; 0 means "derive from the model and the machine" (rules in `vllm_sampler`).
 
-    threads: torch/OpenMP threads while sampling (0: all usable cores). max_model_len: context (0: the model's).
-    kv_cache_gb: KV cache size (0: what max_num_seqs full-length sequences need, capped at 1/4 of free memory).
-    max_num_seqs: sequences decoded together (0: 256). dtype: float32 gives exact parity with the trainer.
+    threads: torch/OpenMP threads while sampling (0: all usable cores). max_model_len: context (0: the model's; a
+    node passes the prompt budget + max_new_tokens). kv_cache_gb: KV cache size (0: what max_num_seqs full-length
+    sequences need, capped at 1/4 of free memory; a node passes one step's need, train/memory_estimate.py).
+    max_num_seqs: sequences decoded together (0: 256). dtype: the weights' (and the transformers sampler's);
+    float32 gives exact parity with the trainer, a node passes the checkpoint's bf16 where the device computes in
+    it (model/device.sampler_dtype).
     compile: torch.compile the model (~10 s more start-up, ~10% more tokens/s).
     """
 

@@ -45,7 +45,7 @@ def make_sampler(kind: str, model_dir: Path, model: PreTrainedModel, tokenizer: 
 
 @SAMPLERS.register("hf")
 def _hf(req: SamplerRequest) -> Sampler:
-    return HFSampler(req.model, req.tokenizer, req.version, log=req.log)
+    return HFSampler(req.model, req.tokenizer, req.version, log=req.log, dtype=req.settings.dtype)
 
 
 @SAMPLERS.register("vllm")

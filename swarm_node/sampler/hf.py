@@ -3,7 +3,9 @@
 Uses `generate(output_scores=True)`: the scores it returns are the logits after temperature and top-p warping,
 so their log-softmax is exactly the processed log-prob of `rl.logprobs`. Weights are shared by copy, not by
 reference, so the trainer can keep updating its own model while this one samples the version it was given.
-Device: the copy stays on the given model's device (model/device.py placed it); inputs go there and results come
+Dtype: the copy runs in `dtype` (the node's `Hardware.sampler_dtype`: the checkpoint's bf16 where the device
+computes in it, else float32); the log-probs are taken in fp32 either way. Device: the copy stays on the given
+model's device (model/device.py placed it); inputs go there and results come
 back as Python lists. A seeded call forks the RNG of that device too, so it leaves the caller's streams as they were.
 Sampling settings are ours alone: `generate` gets a generation config built from `SamplingParams`, never the model
 directory's `generation_config.json`, whose processors the trainer does not reproduce (a `repetition_penalty` of
@@ -49,12 +51,12 @@ def unreproduced_processors(config: GenerationConfig | None) -> list[str]:
 
 class HFSampler(Sampler):
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, version: int = 0,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, dtype: str = "float32") -> None:
         off = unreproduced_processors(getattr(model, "generation_config", None))
         if off and log is not None:
             log("sampler: off from the model's generation_config.json (the trainer does not reproduce them): "
                 + ", ".join(off))
-        self.model = copy.deepcopy(model).eval()
+        self.model = copy.deepcopy(model).eval().to(getattr(torch, dtype))
         self.tokenizer = tokenizer
         # Every EOS id of the model ends a completion (its generation config may list several).
         self.eos_ids = eos_ids(tokenizer, getattr(getattr(model, "generation_config", None), "eos_token_id", None))

@@ -7,4 +7,6 @@
 - `overlap.py`: generation overlapped with training (ECHO-2), within S.
 - `evaluate.py`: greedy accuracy and sampled reward on held-out problems.
 - `signal.py`: saying when nothing is learnt (no group with signal for a while), and the likely cause.
+- `memory_estimate.py`: one step's peak memory, part by part (pure); `sizing.py`: the sizes that fit a budget, the
+  shrink order, the knobs a too-small budget needs, the run-time guard (docs/SIZING.md).
 """

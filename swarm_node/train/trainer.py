@@ -21,7 +21,10 @@ Device and precision: the trainer computes on its model's device (model/device.p
 batches are collated on the CPU and moved there, so callers (sharing/corrections.py) pass CPU batches and get
 log-probs on that device. With `autocast` (a dtype, e.g. bf16) the forward passes run under torch.autocast and
 the logits are taken back to fp32 before the log-softmax; the weights and Adam's state stay fp32. Without it the
-computation is exactly the fp32 one. `microbatch_tokens` may be lowered between steps (the memory guard does).
+computation is exactly the fp32 one. Log-probs come from the decoder's last hidden state through the output
+embeddings, `logprob_chunk` positions at a time (`token_log_probs`): the logits of Qwen2/Llama-style models; a model
+that scales or caps its logits after the head is not supported. `microbatch_tokens` may be lowered between steps
+(the memory guard does).
 Shapes: N sequences, L positions.
 """
 
@@ -38,7 +41,7 @@ import torch
 from transformers import PreTrainedModel
 
 from swarm_node.config import SamplerConfig, TrainConfig
-from swarm_node.rl.logprobs import entropy_from_log_probs, processed_log_softmax
+from swarm_node.rl.logprobs import LOGPROB_CHUNK, chunked_token_log_probs
 from swarm_node.rl.loss import LOSSES, LossConfig, LossInputs, kl_k3, masked_mean, truncated_is_weights
 from swarm_node.rl.stale import STALE_CORRECTIONS, StaleBatch, StaleParams, StaleWeights
 from swarm_node.train.batching import (
@@ -88,6 +91,7 @@ class Trainer:
         self.top_p = sampling.top_p
         self.pad_id = pad_id
         self.vocab = vocab  # the tokenizer's length: ids of a padded embedding past it are masked out
+        self.logprob_chunk = LOGPROB_CHUNK  # positions whose full-vocabulary logits exist at once
         self.loss_fn = LOSSES[train.loss]
         self.loss_cfg = LossConfig(eps_low=train.eps_low, eps_high=train.eps_high, kl_coef=train.kl_coef)
         self.stale_correction = STALE_CORRECTIONS[train.stale_correction.kind]
@@ -110,14 +114,22 @@ class Trainer:
 
     def token_log_probs(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Processed log-probs [N, L-1] of each target token, and the entropy [N, L-1] at each position, on the
-        model's device (the batch may be on the CPU)."""
+        model's device (the batch may be on the CPU). The output head runs `logprob_chunk` positions at a time
+        (rl/logprobs.chunked_token_log_probs): the full-vocabulary logits of a whole micro-batch never exist."""
         batch = self.on_device(batch)
         with self._autocast():
-            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention).logits[:, :-1]
-        logits = logits.float()  # a no-op in fp32; under autocast the log-softmax runs in fp32
-        log_probs = processed_log_softmax(logits, self.temperature, self.top_p, self.vocab)
-        token_lp = log_probs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
-        return token_lp, entropy_from_log_probs(log_probs.detach())
+            hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention,
+                                         use_cache=False).last_hidden_state[:, :-1]
+        rows, positions, width = hidden.shape
+        head = model.get_output_embeddings()
+
+        def logits(h: torch.Tensor) -> torch.Tensor:
+            with self._autocast():
+                return head(h).float()  # a no-op in fp32; under autocast the log-softmax runs in fp32
+
+        token_lp, entropy = chunked_token_log_probs(hidden.reshape(-1, width), logits, batch.targets.reshape(-1),
+                                                    self.temperature, self.top_p, self.vocab, self.logprob_chunk)
+        return token_lp.view(rows, positions), entropy.view(rows, positions)
 
     def _autocast(self) -> contextlib.AbstractContextManager[object]:
         if self.autocast is None:

@@ -19,10 +19,12 @@ from swarm_node.model.device import (
     PRECISIONS,
     DeviceChoice,
     Found,
+    cpu_flags,
     host_copy,
     model_device,
     place,
     resolve_device,
+    sampler_dtype,
 )
 from swarm_node.sampler.base import SamplingParams
 from swarm_node.sampler.hf import HFSampler
@@ -233,3 +235,49 @@ def test_checkpoint_from_another_device_loads_onto_cpu_then_into_the_model(
     for p in fresh_trainer.params:
         state = fresh_trainer.optimizer.state[p]
         assert state["exp_avg"].device == p.device and state["exp_avg_sq"].device == p.device
+
+
+CPU = DeviceChoice("cpu", "")
+CARD = DeviceChoice("cuda:0", "")
+
+
+@pytest.mark.parametrize(("model_dtype", "choice", "found", "dtype", "line"), [
+    # A float32 checkpoint samples in float32, silently.
+    ("float32", CPU, Found(cpu_flags=frozenset({"avx512_bf16"})), "float32", None),
+    # bf16 on a CPU with AVX-512 BF16 (this machine: an AMD EPYC with avx512_bf16, no AMX) or AMX.
+    ("bfloat16", CPU, Found(cpu_flags=frozenset({"avx2", "avx512f", "avx512_bf16"})), "bfloat16",
+     "sampler dtype: bfloat16, the model's (cpu computes in it)"),
+    ("bfloat16", CPU, Found(cpu_flags=frozenset({"amx_bf16", "amx_tile"})), "bfloat16",
+     "sampler dtype: bfloat16, the model's (cpu computes in it)"),
+    ("bfloat16", CPU, Found(cpu_flags=frozenset({"avx2", "avx512f"})), "float32",
+     "sampler dtype: float32, not the model's bfloat16: this CPU has neither avx512_bf16 nor amx_bf16"),
+    ("bfloat16", CARD, Found(cuda=("A100",), cuda_bf16=(True,)), "bfloat16",
+     "sampler dtype: bfloat16, the model's (cuda:0 computes in it)"),
+    ("bfloat16", CARD, Found(cuda=("T4",), cuda_bf16=(False,)), "float32",
+     "sampler dtype: float32, not the model's bfloat16: cuda:0 does not compute in bf16"),
+    ("float16", CARD, Found(cuda=("T4",), cuda_bf16=(False,)), "float16",
+     "sampler dtype: float16, the model's (cuda:0 computes in it)"),
+    ("float16", CPU, Found(), "float32",
+     "sampler dtype: float32, not the model's float16: float16 sampling runs on CUDA only, not cpu"),
+])
+def test_sampler_dtype_for_the_machine(model_dtype: str, choice: DeviceChoice, found: Found, dtype: str,
+                                       line: str | None) -> None:
+    picked = sampler_dtype(model_dtype, choice, found)
+    assert (picked.name, picked.line) == (dtype, line)
+
+
+def test_cpu_flags_from_cpuinfo(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2 avx512f avx512_bf16\n\n"
+                    "processor\t: 1\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    assert cpu_flags(info) == frozenset({"fpu", "avx2", "avx512f", "avx512_bf16"})
+    assert cpu_flags(tmp_path / "absent") == frozenset()
+
+
+def test_hf_sampler_runs_in_the_dtype_it_is_given(tiny_model_dir: Path) -> None:
+    model, tokenizer = load_model(tiny_model_dir)
+    sampler = HFSampler(model, tokenizer, dtype="bfloat16")
+    assert {p.dtype for p in sampler.model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in model.parameters()} == {torch.float32}  # the trainer's copy is left as it was
+    out = sampler.generate([[3, 4, 5]], 2, SamplingParams(max_new_tokens=3, seed=0))
+    assert all(math.isfinite(lp) and lp <= 0 for c in out[0] for lp in c.logprobs)

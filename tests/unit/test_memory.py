@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,8 @@ from swarm_node.config import load_config
 from swarm_node.model import device_memory
 from swarm_node.model.device import Found
 from swarm_node.model.device_memory import MIB, PeakMeter, default_budget_bytes, machine_memory_bytes, status_kib
-from swarm_node.node.hardware import Hardware, footprint
+from swarm_node.node.build import sampler_settings
+from swarm_node.node.hardware import Hardware, footprint, longest_prompt
 from swarm_node.train.sizing import SizingError
 
 STATUS = "Name:\tpython\nVmPeak:\t  900 kB\nVmHWM:\t  512000 kB\nVmRSS:\t  256000 kB\nThreads:\t4\n"
@@ -75,6 +78,10 @@ def test_hardware_returns_the_chosen_sizes_and_records_them(tiny_model_dir: Path
     assert (cfg.train.microbatch_tokens, cfg.run.prompts_per_step) == (8192, 16)
     recorded = json.loads((tmp_path / "sizes.json").read_text())
     assert recorded["sizes"] == dataclasses.asdict(hw.sizes) and recorded["budget_mib"] == 460
+    # The estimate part by part, for a benchmark to hold against the measured peak.
+    assert recorded["estimate_mib"] == hw.sizing.estimate.mib_parts() and recorded["sampler_dtype"] == "float32"
+    assert list(recorded["estimate_mib"]) == ["runtime", "weights", "optimizer", "reference", "sampler",
+                                              "generation", "activations", "logits", "kv_cache", "total"]
     assert recorded["reasons"] == list(hw.sizing.reasons) and recorded["shrinks"] == []
     assert hw.meter is None and hw.after_step(1, None, None) == {}  # type: ignore[arg-type]
 
@@ -127,3 +134,28 @@ def test_guard_shrinks_the_next_step_instead_of_dying(tiny_model_dir: Path) -> N
     hw.after_step(4, trainer, sampler)  # 990: a new high, shrink again
     assert trainer.microbatch_tokens == max(256, seq) and len(lines) == 4
     assert hw.sizes.prompts_per_step == cfg.run.prompts_per_step == 4 and sampler.max_rows == 0
+
+
+def test_a_bf16_checkpoint_with_vllm_gets_its_context_cache_and_dtype_from_the_step(tiny_model_dir: Path,
+                                                                                     tmp_path: Path) -> None:
+    """vLLM's context is the prompt budget + max_new_tokens (not the model's 256 positions), its KV cache one
+    step's rows with 25% headroom, in bf16 on a CPU with avx512_bf16; the settings the sampler gets say so."""
+    model_dir = tmp_path / "bf16-model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    cfg = load_config(overrides={"model.path": str(model_dir), "sampler.kind": "vllm", "run.memory_guard": False,
+                                 "run.prompts_per_step": 4, "run.group_size": 2, "sampler.max_new_tokens": 16})
+    source = cfg.task.build_source(size=64)
+    lines: list[str] = []
+    hw = Hardware.prepare(cfg, model_dir, source, lines.append, Found(cpu_flags=frozenset({"avx512_bf16"})))
+    assert lines[1] == "sampler dtype: bfloat16, the model's (cpu computes in it)" and hw.sampler_dtype == "bfloat16"
+    context = math.ceil(longest_prompt(model_dir, source) * 1.25) + 16
+    assert context < 256 and hw.sizes.max_model_len == context
+    # K and V of 2 layers x 2 kv heads x 16 dims in bf16: 256 bytes per token; 8 rows at full length, x 1.25.
+    assert hw.sizes.kv_cache_bytes == math.ceil(8 * context * 256 * 1.25)
+    settings = sampler_settings(cfg.sampler, hw.sizes, hw.sampler_dtype)
+    assert (settings.max_model_len, settings.kv_cache_gb * 2**30, settings.dtype) == (
+        context, pytest.approx(hw.sizes.kv_cache_bytes), "bfloat16")
+    fixed = cfg.with_values({"sampler.max_model_len": 200})  # the user's context wins
+    assert Hardware.prepare(fixed, model_dir, source, print, Found()).sizes.max_model_len == 200

@@ -1,0 +1,84 @@
+"""Log-probs in chunks of positions (rl/logprobs.chunked_token_log_probs, Trainer.token_log_probs): the same
+values and gradients as the full-vocabulary logits of every position at once, padded vocabulary rows still masked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from swarm_node.config import SamplerConfig, TrainConfig
+from swarm_node.model.default_model import load_model
+from swarm_node.rl.logprobs import chunked_token_log_probs, entropy_from_log_probs, processed_log_softmax
+from swarm_node.train.batching import collate
+from swarm_node.train.trainer import Trainer
+from swarm_node.types import TrainSample
+
+
+def _whole(logits: torch.Tensor, targets: torch.Tensor, temperature: float, top_p: float,
+           vocab: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    log_probs = processed_log_softmax(logits, temperature, top_p, vocab)
+    return log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy_from_log_probs(log_probs.detach())
+
+
+@pytest.mark.parametrize(("chunk", "top_p", "vocab"), [(1, 1.0, None), (3, 0.8, None), (4, 1.0, 9), (64, 0.9, 9)])
+def test_chunks_equal_the_whole_logits_values_and_gradients(chunk: int, top_p: float, vocab: int | None) -> None:
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(10, 5, dtype=torch.float64, generator=gen)
+    weight = torch.randn(11, 5, dtype=torch.float64, generator=gen)  # 11 logits, of which 9 are tokens with vocab
+    targets = torch.randint(0, 9, (10,), generator=gen)
+    upstream = torch.randn(10, dtype=torch.float64, generator=gen)
+    results = []
+    for chunked in (False, True):
+        h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        if chunked:
+            lp, ent = chunked_token_log_probs(h, lambda x, w=w: x @ w.T, targets, 0.7, top_p, vocab, chunk)
+        else:
+            lp, ent = _whole(h @ w.T, targets, 0.7, top_p, vocab)
+        (lp * upstream).sum().backward()
+        assert not ent.requires_grad
+        results.append((lp.detach(), ent, h.grad, w.grad))
+    for whole, chunked in zip(*results, strict=True):
+        assert torch.allclose(chunked, whole, rtol=0, atol=1e-12)
+    assert results[1][1].shape == (10,)
+
+
+def test_without_autograd_no_graph_is_kept() -> None:
+    hidden = torch.randn(7, 3, requires_grad=True)
+    weight = torch.randn(4, 3)
+    with torch.no_grad():
+        lp, ent = chunked_token_log_probs(hidden, lambda x: x @ weight.T, torch.zeros(7, dtype=torch.long), 1.0,
+                                          chunk=2)
+    assert lp.shape == ent.shape == (7,) and not lp.requires_grad
+    with pytest.raises(ValueError, match="chunk must be positive"):
+        chunked_token_log_probs(hidden, lambda x: x @ weight.T, torch.zeros(7, dtype=torch.long), 1.0, chunk=0)
+
+
+def test_trainer_log_probs_and_gradients_match_the_model_logits(tiny_model_dir: Path) -> None:
+    """The trainer's chunked path (decoder, then the head 5 positions at a time) against the model's own logits
+    for whole rows, in float64; with a padded vocabulary (the tokenizer shorter than the embedding)."""
+    model, tokenizer = load_model(tiny_model_dir)
+    model = model.double()
+    vocab = len(tokenizer) - 3  # pretend the last 3 embedding rows are padding
+    trainer = Trainer(model, TrainConfig(), SamplerConfig(temperature=0.8, top_p=0.9), pad_id=0, vocab=vocab)
+    batch = collate([TrainSample([3, 4, 5, 6], [7, 8, 9, 10, 1], [-1.0] * 5, 1.0),
+                     TrainSample([3, 4], [8, 1], [-1.0] * 2, -1.0)], pad_id=0)
+    upstream = torch.randn(batch.targets.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    results = []
+    for chunk in (0, 5):
+        model.zero_grad(set_to_none=True)
+        if chunk:
+            trainer.logprob_chunk = chunk
+            lp, ent = trainer.token_log_probs(model, batch)
+        else:
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention).logits[:, :-1]
+            lp, ent = _whole(logits, batch.targets, 0.8, 0.9, vocab)
+        (lp * upstream * batch.mask).sum().backward()
+        results.append((lp.detach(), ent, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (lp0, ent0, grads0), (lp1, ent1, grads1) = results
+    assert lp1.shape == batch.targets.shape and torch.allclose(lp1, lp0, rtol=0, atol=1e-10)
+    assert torch.allclose(ent1, ent0, rtol=0, atol=1e-10)
+    assert grads1.keys() == grads0.keys()
+    for name, grad in grads0.items():
+        assert torch.allclose(grads1[name], grad, rtol=0, atol=1e-10), name
