@@ -84,13 +84,26 @@ def flood_recovery(r: Results) -> str:
 def gossip(r: Results) -> str:
     d = r["gossip.json"]
     return (f"delivered {d['delivered_frac']:.3f} at {d['groups_per_s']:.0f} groups/s; p50 {d['p50_ms']:.0f} ms, "
-            f"p99 {d['p99_ms']:.0f} ms at 100 groups/s; stream {d['stream_mb_s']:.0f} MB/s")
+            f"p99 {d['p99_ms']:.0f} ms at 100 groups/s; stream {d['stream_mb_s']:.0f} MB/s" + vs_thread(d))
+
+
+def vs_thread(d: dict[str, Any]) -> str:
+    """Against the host on a thread, where the paired ratios were measured (older results have none)."""
+    paired = d.get("paired_ratio_vs_thread") or {}
+    if paired.get("groups_per_s") is None or paired.get("p50_ms") is None:
+        return ""
+    return (f" (against the host on a thread: groups/s {paired['groups_per_s']:.2f}x, p50 {paired['p50_ms']:.2f}x, "
+            "medians of paired runs)")
 
 
 @row("fuzz_wire", "python -m bench.fuzz_wire", "random and mutated inputs through the wire decoder", "fuzz_wire.json")
 def fuzz_wire(r: Results) -> str:
     d = r["fuzz_wire.json"]
-    return f"{d['inputs']:,} inputs, {d['crashes']} crashes, {round(d['inputs_per_s'], -2):,.0f} inputs/s"
+    text = f"{d['inputs']:,} inputs, {d['crashes']} crashes, {round(d['inputs_per_s'], -2):,.0f} inputs/s"
+    if d.get("paired_ratio_decode_over_unpackb") is not None:  # older results have none
+        text += (f" ({d['paired_ratio_decode_over_unpackb']:.2f}x plain `msgpack.unpackb`, median of paired "
+                 "batches)")
+    return text
 
 
 def grid(configs: dict[str, Any], decimals: int, spread: bool, gain_decimals: int) -> str:
@@ -262,9 +275,16 @@ def shared_engine(r: Results) -> str:
     m = r["shared_engine.json"]["modes"]
     s, v, h = m["shared"], m["vllm_per_node"], m["hf_per_node"]
     return (f"s/round shared {s['round_s_median']:.2f}, vLLM per node {v['round_s_median']:.2f} "
-            f"({v['round_s_vs_shared']:.2f}x), HF per node {h['round_s_median']:.2f} ({h['round_s_vs_shared']:.2f}x); "
+            f"({vs_shared(v)}), HF per node {h['round_s_median']:.2f} ({vs_shared(h)}); "
             f"peak RSS {s['peak_rss_mib_median']:.0f} / {v['peak_rss_mib_median']:.0f} / "
             f"{h['peak_rss_mib_median']:.0f} MiB")
+
+
+def vs_shared(mode: dict[str, Any]) -> str:
+    """A mode's s/round against the shared engine: the paired ratio where measured, else the ratio of medians."""
+    if mode.get("paired_round_s_vs_shared") is not None:
+        return f"{mode['paired_round_s_vs_shared']:.2f}x, median of paired repeats"
+    return f"{mode['round_s_vs_shared']:.2f}x"
 
 
 @row("broadcast", "python -m bench.broadcast",
@@ -278,7 +298,14 @@ def broadcast(r: Results) -> str:
     return (f"simulated N={sim['n']}, {sim['size_mb']:g} MB at {d['bandwidth_mb_s']:g} MB/s: pipelined "
             f"{sim['pipelined_s']:.2f} s = {sim['pipelined_s'] / sim['bound_s']:.2f}x the {sim['bound_s']:.1f} s "
             f"floor, star {sim['star_s']:.0f} s; libp2p N={lib['n']}, {lib['size_mb']:g} MB: pipelined "
-            f"{lib['pipelined_s']:.2f} s ({lib['pipelined_s'] / lib['bound_s']:.2f}x), star {lib['star_s']:.2f} s")
+            f"{lib['pipelined_s']:.2f} s ({lib['pipelined_s'] / lib['bound_s']:.2f}x), star {lib['star_s']:.2f} s"
+            + pipelined_over_star(lib))
+
+
+def pipelined_over_star(libp2p_row: dict[str, Any]) -> str:
+    """The libp2p row's paired ratio, where it was measured (older results have none)."""
+    ratio = libp2p_row.get("paired_ratio_pipelined_over_star")
+    return "" if ratio is None else f" (pipelined/star {ratio:.2f}x, median of paired runs)"
 
 
 @row("delta_bytes", "python -m bench.delta_bytes",
