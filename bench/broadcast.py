@@ -37,7 +37,7 @@ from typing import Any
 from bench import provenance
 from bench.child import emit, mesh_commands, serve
 from bench.load_guard import add_loaded_flag
-from bench.paired import paired_ratio_or_none, round_order
+from bench.paired import paired_ratio_or_none, ratio_text, round_order
 from bench.procs import JsonProc, event_is
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -146,11 +146,6 @@ def paired_star(pipelined: list[float], star: list[float]) -> dict[str, Any]:
                      for p, s in zip(pipelined, star, strict=True)]}
 
 
-def ratio_text(libp2p_row: dict[str, Any]) -> str:
-    ratio = libp2p_row["paired_ratio_pipelined_over_star"]
-    return "n/a" if ratio is None else f"{ratio:.2f}x"
-
-
 def simulated_part(args: argparse.Namespace, bandwidth: float) -> list[dict[str, float]]:
     from simulations.broadcast_sim import simulate
 
@@ -184,7 +179,8 @@ async def bench(args: argparse.Namespace, run: provenance.Run) -> None:
     for r in libp2p:
         line += (f" | libp2p N={r['n']} {r['size_mb']:g} MB: pipelined {r['pipelined_s']:.2f} s "
                  f"({r['pipelined_s'] / r['bound_s']:.2f}x), star {r['star_s']:.2f} s "
-                 f"({r['star_s'] / r['bound_s']:.2f}x), pipelined/star {ratio_text(r)} paired")
+                 f"({r['star_s'] / r['bound_s']:.2f}x), pipelined/star "
+                 f"{ratio_text(r['paired_ratio_pipelined_over_star'])} paired")
     print(line + f" (medians of {args.runs}, load avg {statistics.median(loads):.1f} on {os.cpu_count()} cores)")
 
 

@@ -37,7 +37,7 @@ from typing import Any
 from bench import provenance
 from bench.child import emit, mesh_commands, serve
 from bench.load_guard import add_loaded_flag
-from bench.paired import paired_ratio_or_none, paired_ratios, paired_runs, round_order
+from bench.paired import paired_ratio_or_none, paired_ratios, paired_runs, ratio_text, round_order
 from bench.procs import JsonProc, event_is
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -311,9 +311,9 @@ async def bench(args: argparse.Namespace, run: provenance.Run) -> None:
           f"p99 {result['p99_ms']:.0f} ms; stream {result['stream_mb_s']:.0f} MB/s | thread baseline: "
           f"{base['capacity']['groups_per_s']:.0f} groups/s, p50 {base['paced']['p50_ms']:.0f} ms, stream "
           f"{base['capacity']['stream_mb_s']:.0f} MB/s; process/thread paired: groups/s "
-          f"{fmt_ratio(result['paired_ratio_vs_thread']['groups_per_s'])}, p50 "
-          f"{fmt_ratio(result['paired_ratio_vs_thread']['p50_ms'])}, stream "
-          f"{fmt_ratio(result['paired_ratio_vs_thread']['stream_mb_s'])} (medians of {args.runs}, load avg "
+          f"{ratio_text(result['paired_ratio_vs_thread']['groups_per_s'])}, p50 "
+          f"{ratio_text(result['paired_ratio_vs_thread']['p50_ms'])}, stream "
+          f"{ratio_text(result['paired_ratio_vs_thread']['stream_mb_s'])} (medians of {args.runs}, load avg "
           f"{statistics.median(loads):.1f} on {os.cpu_count()} cores)")
 
 
@@ -370,11 +370,7 @@ async def arch(args: argparse.Namespace, run: provenance.Run) -> None:
           f"with the host in a child process (p50 {median['process']['p50_ms']:.0f} ms), "
           f"{median['thread']['steps_per_s']:.1f} with it on a thread (p50 {median['thread']['p50_ms']:.0f} ms), "
           f"receiving 100 groups/s (medians of {args.runs}); paired vs alone: process "
-          f"{fmt_ratio(paired['process'])}, thread {fmt_ratio(paired['thread'])}")
-
-
-def fmt_ratio(ratio: float | None) -> str:
-    return "n/a" if ratio is None else f"{ratio:.2f}x"
+          f"{ratio_text(paired['process'])}, thread {ratio_text(paired['thread'])}")
 
 
 def main() -> None:

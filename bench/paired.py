@@ -10,6 +10,7 @@ per-run values are kept beside the ratio, so anyone can check it.
   within a run).
 - `paired_runs(ours, baseline, keys)` / `paired_ratios(ours, baseline, keys)`: for runs given as dicts of values,
   each run's values of both arms with their ratio per key, and the paired ratio per key.
+- `ratio_text(ratio)`: "1.23x", or "n/a" for None (a benchmark's summary line).
 """
 
 from __future__ import annotations
@@ -65,3 +66,7 @@ def paired_ratios(ours: Sequence[Mapping[str, float]], baseline: Sequence[Mappin
                   keys: Sequence[str]) -> dict[str, float | None]:
     """{key: the median over runs of ours[j][key] / baseline[j][key]} (None when a run's ratio is undefined)."""
     return {k: paired_ratio_or_none([o[k] for o in ours], [b[k] for b in baseline]) for k in keys}
+
+
+def ratio_text(ratio: float | None) -> str:
+    return "n/a" if ratio is None else f"{ratio:.2f}x"

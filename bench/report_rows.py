@@ -223,7 +223,17 @@ def attack(r: Results) -> str:
             f"without; live `join`: max RSS {per_fraction(d['max_rss_mib'], lambda v: f'{v:.0f}')} MiB (worst "
             f"round), steps/min {per_fraction(d['steps_per_min_vs_clean'], lambda v: f'{v:.2f}')} of clean (median "
             f"of {d['scale']['live']['live_repeats']} rounds); kill -9 at {kill['points']} points ({mid_write} "
-            f"mid-write): {kill['unusable_runs']} unusable runs")
+            f"mid-write{cells_went_on(kill)}): {kill['unusable_runs']} unusable runs")
+
+
+def cells_went_on(kill: dict[str, Any]) -> str:
+    """How the killed cells went on, where counted (results before the checks were tightened have no `cells`)."""
+    if "cells" not in kill:
+        return ""
+    c, workers = kill["cells"], kill["by_target"]["worker"]["mid_write"]
+    return (f", of them {workers} workers killed inside a delta's apply; cells: {c['resumed']} resumed, "
+            f"{c['redone']} redone from scratch ({c['redone_with_snapshot']} with a snapshot there), "
+            f"{c['finished']} finished before the kill")
 
 
 @row("memory", "python -m bench.memory",

@@ -123,3 +123,22 @@ def test_a_cell_redone_from_scratch_is_counted_apart_and_fails_when_a_snapshot_w
     assert cell_restart_problem("resumed", snapshot_before=True) == ""
     assert count_cells([("resumed", True), ("redone", False), ("redone", True), ("finished", True),
                         ("resumed", True)]) == {"resumed": 2, "redone": 2, "redone_with_snapshot": 1, "finished": 1}
+
+
+def test_the_attack_row_says_how_the_killed_cells_went_on_where_counted() -> None:
+    import json
+
+    from bench.report_rows import ROWS
+
+    real = json.loads((Path(__file__).resolve().parents[2] / "bench/results/attack.json").read_text())
+    kill = {"points": 6, "unusable_runs": 1, "failures": ["cell point 3: ..."],
+            "by_target": {"cell": {"points": 2, "unusable": 1, "mid_write": 1},
+                          "join": {"points": 2, "unusable": 0, "mid_write": 1},
+                          "worker": {"points": 2, "unusable": 0, "mid_write": 1}}}
+    old = ROWS["attack"].render({"attack.json": {**real, "kill_resume": kill}})
+    assert old.endswith("kill -9 at 6 points (3 mid-write): 1 unusable runs")
+    cells = {"resumed": 1, "redone": 1, "redone_with_snapshot": 1, "finished": 0}
+    new = ROWS["attack"].render({"attack.json": {**real, "kill_resume": {**kill, "cells": cells}}})
+    assert new.endswith("kill -9 at 6 points (3 mid-write, of them 1 workers killed inside a delta's apply; cells: 1 "
+                        "resumed, 1 redone from scratch (1 with a snapshot there), 0 finished before the kill): 1 "
+                        "unusable runs")
