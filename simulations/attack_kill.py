@@ -5,12 +5,12 @@ Contract: `kill_resume(scn, run_dir, points, log)` spends `points` kills, in tur
 "redone", "redone_with_snapshot", "finished"}, "failures": [...]}. What each check proves is decided by the pure
 functions of simulations/kill_checks.py:
 - "cell": an attack cell of the scenario, small (3 nodes, one attacker, a snapshot every round), run as a process
-  (`python -m simulations.attack_kill cell DIR`, its log in DIR.log). Each kill lands at a random time or, every
-  other time, the moment a snapshot is being written (a node's checkpoint temp dir or progress.json's temp file
-  exists: "mid_write"); the next run of the same cell dir resumes it, or redoes it from scratch, and the two are
-  counted apart (`cells`; "finished": the cell had completed before the kill). Unusable: a run that fails, a
-  finished cell whose metrics.csv does not hold exactly rounds x honest nodes rows, or a cell redone from scratch
-  although a complete snapshot (progress.json) was there.
+  (`python -m simulations.attack_kill cell DIR`, its log in DIR.log). Once its first snapshot is complete, each
+  kill lands at a random time or, every other time, the moment a snapshot is being written (a node's checkpoint
+  temp dir or progress.json's temp file exists: "mid_write"); the next run of the same cell dir resumes it, or
+  redoes it from scratch, and the two are counted apart (`cells`; "finished": the cell had completed before the
+  kill). Unusable: a run that fails, a finished cell whose metrics.csv does not hold exactly rounds x honest nodes
+  rows, or a cell redone from scratch although a complete snapshot (progress.json) was there.
 - "join": a solo `swarm-node join --resume` in one run dir with a checkpoint every JOIN_CHECKPOINT_EVERY steps,
   killed at a random time or while a checkpoint is being written (its temp dir exists). The next start of the same
   run dir must say it resumed from exactly the newest complete checkpoint the kill left (its "resume: continuing
@@ -61,15 +61,20 @@ def writing(root: Path) -> bool:
     return any(root.rglob(".tmp-step-*")) or any(root.rglob("*.json.tmp"))
 
 
-def kill_when(proc: subprocess.Popen[Any], root: Path, mid_write: bool, after_s: float, limit_s: float) -> bool:
-    """SIGKILL the process group at `after_s`, or (mid_write) the first time a write is seen under `root`; True if
-    the kill landed mid-write. False, without a kill, if the process ended first."""
+def kill_when(proc: subprocess.Popen[Any], root: Path, mid_write: bool, after_s: float, limit_s: float,
+              armed: Callable[[], bool] | None = None) -> bool:
+    """SIGKILL the process group `after_s` after it is `armed` (default: at once), or (mid_write) the first time a
+    write is seen under `root` once armed; True if the kill landed mid-write. False, without a kill, if the process
+    ended first."""
     started = time.monotonic()
+    armed_at: float | None = None
     while proc.poll() is None and time.monotonic() - started < limit_s:
-        if mid_write and writing(root):
+        if armed_at is None and (armed is None or armed()):
+            armed_at = time.monotonic()
+        if armed_at is not None and mid_write and writing(root):
             _killpg(proc)
             return True
-        if not mid_write and time.monotonic() - started >= after_s:
+        if armed_at is not None and not mid_write and time.monotonic() - armed_at >= after_s:
             busy = writing(root)
             _killpg(proc)
             return busy
@@ -107,8 +112,11 @@ def kill_cell(scn_file: Path, root: Path, rng: random.Random, mid_write: bool
     from simulations.results import METRICS_CSV, RESULT_FILE, read_rows
     from simulations.snapshots import PROGRESS_FILE
 
-    landed = kill_when(_cell_proc(scn_file, root), root, mid_write, rng.uniform(3.0, 25.0), 120.0)
     done = cell_dir(root, small_cell(load_scenario(scn_file)).variants[0].name, 0)
+    # Once the first snapshot is complete, so that a kill has one to resume from (a kill while the first is
+    # written could only redo the cell: it tests nothing of the resume).
+    landed = kill_when(_cell_proc(scn_file, root), root, mid_write, rng.uniform(0.0, 8.0), 300.0,
+                       armed=lambda: (done / PROGRESS_FILE).exists())
     finished_before, snapshot_before = (done / RESULT_FILE).exists(), (done / PROGRESS_FILE).exists()
     log = root.with_name(root.name + ".log")
     finish = _cell_proc(scn_file, root, log)

@@ -142,3 +142,16 @@ def test_the_attack_row_says_how_the_killed_cells_went_on_where_counted() -> Non
     assert new.endswith("kill -9 at 6 points (3 mid-write, of them 1 workers killed inside a delta's apply; cells: 1 "
                         "resumed, 1 redone from scratch (1 with a snapshot there), 0 finished before the kill): 1 "
                         "unusable runs")
+
+
+def test_a_cell_kill_waits_until_it_is_armed(tmp_path: Path) -> None:
+    from simulations.attack_kill import kill_when
+
+    (tmp_path / "progress.json.tmp").write_text("{")  # a write under way, the first snapshot's
+    snapshot = tmp_path / "progress.json"
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    assert not kill_when(proc, tmp_path, mid_write=True, after_s=0.0, limit_s=0.3, armed=snapshot.exists)
+    assert proc.returncode == -9  # never armed: killed at the limit, not counted mid-write
+    snapshot.write_text("{}")
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    assert kill_when(proc, tmp_path, mid_write=True, after_s=0.0, limit_s=30.0, armed=snapshot.exists)
