@@ -243,12 +243,22 @@ def memory(r: Results) -> str:
     d, soak = r["memory.json"], r["memory_soak.jsonl"]
     segments = " and ".join(f"{s['rss_growth_frac']:+.1%}" for s in d["soak_segments"])
     within = "all within budget" if d["within_budget"] else "not all within budget"
+    ours = [s for s in soak["samples"] if s.get("arm", "ours") == "ours"]  # a baseline node's samples carry its arm
     return (f"budgets {slash(d['budgets_mib'], 'd')} MiB (vLLM sampler, {d['steps']} steps): peaks "
             f"{slash(d['peak_rss_mib'], '.0f')} MiB, {within}. Soak (`--soak-hours {d['soak_target_hours']:g}`, "
             f"{d['soak_hours']:.2f} h of training in {len(d['soak_segments'])} resumed segments, "
-            f"{soak['samples'][-1]['steps']} steps, on a loaded machine): RSS growth {d['soak_rss_growth_frac']:+.1%} "
-            f"(segments {segments}), against +17.9% (an earlier soak, not in a result file) before "
-            "`ONEDNN_PRIMITIVE_CACHE_CAPACITY=0` bounded oneDNN's primitive cache")
+            f"{ours[-1]['steps']} steps, on a loaded machine): RSS growth {d['soak_rss_growth_frac']:+.1%} "
+            f"(segments {segments}), {soak_baseline(d)}")
+
+
+def soak_baseline(d: dict[str, Any]) -> str:
+    """The soak's baseline: measured beside ours where the result has one, else the earlier soak's figure."""
+    base = d.get("soak_baseline")
+    if base is None or base.get("rss_growth_frac") is None:
+        return ("against +17.9% (an earlier soak, not in a result file) before `ONEDNN_PRIMITIVE_CACHE_CAPACITY=0` "
+                "bounded oneDNN's primitive cache")
+    return (f"against {base['rss_growth_frac']:+.1%} for a node beside it in the same soak with oneDNN's default "
+            "primitive cache (`ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024`; ours sets 0)")
 
 
 @row("nat", "python -m bench.nat",

@@ -122,3 +122,41 @@ def test_gossip_and_fuzz_rows_add_the_paired_ratio_only_where_measured() -> None
     assert ROWS["fuzz_wire"].render({"fuzz_wire.json": fuzz}) == "200,000 inputs, 0 crashes, 41,200 inputs/s"
     assert ROWS["fuzz_wire"].render({"fuzz_wire.json": {**fuzz, "paired_ratio_decode_over_unpackb": 0.25}}) == (
         "200,000 inputs, 0 crashes, 41,200 inputs/s (0.25x plain `msgpack.unpackb`, median of paired batches)")
+
+
+def _soak_sample(t: float, rss: float, segment: int = 1, arm: str | None = None) -> dict:
+    sample = {"t": t, "rss_mib": rss, "steps": int(t), "segment": segment, "phase": "train"}
+    return sample if arm is None else {**sample, "arm": arm}
+
+
+def test_the_soak_baseline_is_measured_beside_ours_and_kept_apart() -> None:
+    import os
+
+    from bench.memory import BASELINE, OURS, arm_samples, sample_of, soak_part
+
+    samples = [_soak_sample(0, 100.0), _soak_sample(0, 200.0, arm=BASELINE),
+               _soak_sample(3600, 110.0), _soak_sample(3600, 260.0, arm=BASELINE),
+               _soak_sample(7200, 120.0, segment=2), _soak_sample(7200, 300.0, segment=2, arm=BASELINE)]
+    assert [s["rss_mib"] for s in arm_samples(samples, OURS)] == [100.0, 110.0, 120.0]  # no arm: ours
+    # window = min(600 s, half the soak): first and last samples alone; 120/100 - 1 and 300/200 - 1
+    assert soak_part(samples, OURS) == {"hours": 2.0, "rss_growth_frac": 0.2, "segments": [
+        {"segment": 1, "hours": 1.0, "rss_growth_frac": 0.1}, {"segment": 2, "hours": 0.0, "rss_growth_frac": None}]}
+    assert soak_part(samples, BASELINE)["rss_growth_frac"] == 0.5
+    mine = sample_of(BASELINE, os.getpid(), 12.34, 3, steps_before=0)
+    assert mine is not None and mine["arm"] == BASELINE and mine["t"] == 12.3 and mine["rss_mib"] > 0
+    assert "arm" not in (sample_of(OURS, os.getpid(), 1.0, 1, 0) or {"arm": "missing"})  # as samples were before
+
+
+def test_the_memory_row_reads_the_baseline_where_the_soak_measured_one() -> None:
+    d = {"budgets_mib": [950, 1100, 1400], "peak_rss_mib": [800.0, 900.0, 1000.0], "within_budget": True,
+         "steps": 6, "soak_target_hours": 2, "soak_hours": 2.0, "soak_rss_growth_frac": 0.0116,
+         "soak_segments": [{"segment": 1, "hours": 2.0, "rss_growth_frac": 0.0116}]}
+    soak = {"samples": [_soak_sample(7200, 120.0), _soak_sample(7200, 300.0, arm="onednn_default_cache")]}
+    old = ROWS["memory"].render({"memory.json": d, "memory_soak.jsonl": soak})
+    assert old.endswith("7200 steps, on a loaded machine): RSS growth +1.2% (segments +1.2%), against +17.9% (an "
+                        "earlier soak, not in a result file) before `ONEDNN_PRIMITIVE_CACHE_CAPACITY=0` bounded "
+                        "oneDNN's primitive cache")
+    paired = {**d, "soak_baseline": {"arm": "onednn_default_cache", "rss_growth_frac": 0.179, "segments": []}}
+    assert ROWS["memory"].render({"memory.json": paired, "memory_soak.jsonl": soak}).endswith(
+        "RSS growth +1.2% (segments +1.2%), against +17.9% for a node beside it in the same soak with oneDNN's "
+        "default primitive cache (`ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024`; ours sets 0)")
