@@ -228,8 +228,9 @@ def attack(r: Results) -> str:
 
 def cells_went_on(kill: dict[str, Any]) -> str:
     """How the killed cells went on, where counted (results before the checks were tightened have no `cells`)."""
-    if "cells" not in kill:
-        return ""
+    if "cells" not in kill:  # measured before issue 28 item 4: say what those checks did not look at
+        return (", by checks that did not read the step a `join` resumed from, counted a worker's kill near a "
+                "version change as mid-write, and took a cell redone from scratch as usable")
     c, workers = kill["cells"], kill["by_target"]["worker"]["mid_write"]
     return (f", of them {workers} workers killed inside a delta's apply; cells: {c['resumed']} resumed, "
             f"{c['redone']} redone from scratch ({c['redone_with_snapshot']} with a snapshot there), "

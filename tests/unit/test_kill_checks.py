@@ -136,7 +136,9 @@ def test_the_attack_row_says_how_the_killed_cells_went_on_where_counted() -> Non
                           "join": {"points": 2, "unusable": 0, "mid_write": 1},
                           "worker": {"points": 2, "unusable": 0, "mid_write": 1}}}
     old = ROWS["attack"].render({"attack.json": {**real, "kill_resume": kill}})
-    assert old.endswith("kill -9 at 6 points (3 mid-write): 1 unusable runs")
+    assert old.endswith("kill -9 at 6 points (3 mid-write, by checks that did not read the step a `join` resumed "
+                        "from, counted a worker's kill near a version change as mid-write, and took a cell redone "
+                        "from scratch as usable): 1 unusable runs")
     cells = {"resumed": 1, "redone": 1, "redone_with_snapshot": 1, "finished": 0}
     new = ROWS["attack"].render({"attack.json": {**real, "kill_resume": {**kill, "cells": cells}}})
     assert new.endswith("kill -9 at 6 points (3 mid-write, of them 1 workers killed inside a delta's apply; cells: 1 "
