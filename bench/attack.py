@@ -17,8 +17,9 @@ Parts (--parts, default all; each adds its fields to the results file, keeping t
   including the clean one, in --live-repeats rounds of every fraction: max_rss_mib (worst round) and
   steps_per_min_vs_clean (median of each round's ratio to its own clean run) per fraction, time_to_graylist_s per
   kind.
-- kill: kill -9 at random points of real processes, mid-checkpoint and mid-delta-apply included, then a resume
-  (simulations/attack_kill.py): kill_resume {points, unusable_runs}.
+- kill: kill -9 at random points of real processes (cells mid-snapshot, `join` mid-checkpoint, ECHO-2 workers
+  paused inside a delta's apply), then a resume (simulations/attack_kill.py): kill_resume {points, unusable_runs,
+  by_target, cells: how the killed cells went on (resumed, redone from scratch, ...), failures}.
 
     python -m bench.attack [--parts sim junk live kill] [--rounds N] [--seeds 0 1 2] [--nodes N] [--variants V ...]
                            [--eval-problems N] [--live-seconds S] [--live-repeats R] [--kill-points K]

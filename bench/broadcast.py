@@ -2,7 +2,7 @@
 
 `python -m bench.broadcast` writes bench/results/broadcast.json:
   {"chunk_bytes", "bandwidth_mb_s", "simulated": [{"n", "size_mb", "pipelined_s", "star_s", "bound_s"}],
-   "libp2p": [same fields], plus "schedule", "sim_latency_ms", "runs", "load_avg"}
+   "libp2p": [same fields + paired ones, below], plus "schedule", "sim_latency_ms", "runs", "load_avg"}
 - MB = 2^20 bytes here, so a 64 MB delta is 64 chunks of 1 MiB. B = bandwidth_mb_s is every node's uplink and
   downlink. bound_s = M/B, the physical floor: each receiver must take in M bytes through a downlink of B.
 - pipelined = the relay schedule `--schedule` (default stripe:2, protocol.relay); star = every receiver pulls the
@@ -14,8 +14,11 @@
   on 127.0.0.1, fully connected, running swarm_node.policy_sync.broadcast.PolicyBroadcaster with app-level shaping
   (swarm_node.transport.shaping: B up and B down per node), for the (N, M) pairs of `--libp2p-cases`. Time from the
   learner's publish call (announce on gossip included) to the last receiver's verified payload, by the shared
-  wall clock; medians of `--runs` runs, pipelined and star interleaved. The default B (4 MB/s) is low enough that
+  wall clock; medians of `--runs` runs, pipelined and star interleaved within each run (who goes first
+  alternates). Each libp2p row adds `paired_ratio_pipelined_over_star` (the median of the per-run ratios,
+  `bench/paired.py`) and `runs[j]` {pipelined_s, star_s, ratio}. The default B (4 MB/s) is low enough that
   the processes' CPU does not slow the transfers on a small machine (docs/BENCHMARKS.md).
+It reports times, so it refuses to start when the 1-minute load average is above 0.5 unless --loaded.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any
 from bench import provenance
 from bench.child import emit, mesh_commands, serve
 from bench.load_guard import add_loaded_flag
+from bench.paired import paired_ratio_or_none, ratio_text, round_order
 from bench.procs import JsonProc, event_is
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -91,11 +95,11 @@ def parse_case(text: str) -> tuple[int, float]:
     return int(n), float(size)
 
 
-async def libp2p_part(args: argparse.Namespace, bandwidth: float) -> list[dict[str, float]]:
+async def libp2p_part(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any]]:
     cases = [parse_case(c) for c in args.libp2p_cases]
     receivers_max = max(n for n, _ in cases)
     procs = [await spawn(bandwidth, args.chunk_bytes) for _ in range(receivers_max + 1)]
-    rows: list[dict[str, float]] = []
+    rows: list[dict[str, Any]] = []
     try:
         ready = [await p.expect(event_is("ready"), 120) for p in procs]
         for i, proc in enumerate(procs[1:], start=1):
@@ -109,8 +113,8 @@ async def libp2p_part(args: argparse.Namespace, bandwidth: float) -> list[dict[s
         version = 0
         for n, size_mb in cases:
             times: dict[str, list[float]] = {"pipelined": [], "star": []}
-            for _ in range(args.runs):
-                for kind, schedule in (("pipelined", args.schedule), ("star", "star")):
+            for j in range(args.runs):
+                for kind, schedule in round_order((("pipelined", args.schedule), ("star", "star")), j):
                     version += 1
                     learner.send(cmd="publish", version=version, size=int(size_mb * MB), schedule=schedule,
                                  receivers=[r["peer_id"] for r in ready[1:n + 1]])
@@ -120,8 +124,8 @@ async def libp2p_part(args: argparse.Namespace, bandwidth: float) -> list[dict[s
                     times[kind].append(max(d["t"] for d in done) - t0)
                     print(f"  libp2p n={n} {size_mb:g} MB {kind}: {times[kind][-1]:.2f} s", file=sys.stderr)
                     await asyncio.sleep(0.3)
-            rows.append(row(n, size_mb, statistics.median(times["pipelined"]), statistics.median(times["star"]),
-                            bandwidth))
+            rows.append({**row(n, size_mb, statistics.median(times["pipelined"]), statistics.median(times["star"]),
+                               bandwidth), **paired_star(times["pipelined"], times["star"])})
     finally:
         for proc in procs:
             await proc.close(quit_grace_s=20)
@@ -131,6 +135,15 @@ async def libp2p_part(args: argparse.Namespace, bandwidth: float) -> list[dict[s
 def row(n: int, size_mb: float, pipelined: float, star: float, bandwidth: float) -> dict[str, float]:
     return {"n": n, "size_mb": size_mb, "pipelined_s": round(pipelined, 3), "star_s": round(star, 3),
             "bound_s": round(size_mb * MB / bandwidth, 3)}
+
+
+def paired_star(pipelined: list[float], star: list[float]) -> dict[str, Any]:
+    """A libp2p row's paired fields: the median of the per-run ratios pipelined / star, and each run."""
+    ratio = paired_ratio_or_none(pipelined, star)
+    return {"paired_ratio_pipelined_over_star": None if ratio is None else round(ratio, 4),
+            "runs": [{"pipelined_s": round(p, 3), "star_s": round(s, 3),
+                      "ratio": None if (r := paired_ratio_or_none([p], [s])) is None else round(r, 4)}
+                     for p, s in zip(pipelined, star, strict=True)]}
 
 
 def simulated_part(args: argparse.Namespace, bandwidth: float) -> list[dict[str, float]]:
@@ -157,8 +170,8 @@ async def bench(args: argparse.Namespace, run: provenance.Run) -> None:
               "libp2p": libp2p, "schedule": args.schedule, "sim_latency_ms": args.latency_ms, "runs": args.runs,
               "load_avg": loads}
     result = provenance.stamp(result, run, runs=args.runs)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "broadcast.json").write_text(json.dumps(result, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
     top = next(r for r in simulated if r["n"] == 32 and r["size_mb"] == 64)
     line = (f"broadcast ({args.schedule}, B = {args.bandwidth_mb_s:g} MB/s, 1 MiB chunks): simulated N=32 64 MB: "
             f"pipelined {top['pipelined_s']:.2f} s = {top['pipelined_s'] / top['bound_s']:.2f}x bound "
@@ -166,7 +179,8 @@ async def bench(args: argparse.Namespace, run: provenance.Run) -> None:
     for r in libp2p:
         line += (f" | libp2p N={r['n']} {r['size_mb']:g} MB: pipelined {r['pipelined_s']:.2f} s "
                  f"({r['pipelined_s'] / r['bound_s']:.2f}x), star {r['star_s']:.2f} s "
-                 f"({r['star_s'] / r['bound_s']:.2f}x)")
+                 f"({r['star_s'] / r['bound_s']:.2f}x), pipelined/star "
+                 f"{ratio_text(r['paired_ratio_pipelined_over_star'])} paired")
     print(line + f" (medians of {args.runs}, load avg {statistics.median(loads):.1f} on {os.cpu_count()} cores)")
 
 
@@ -180,6 +194,7 @@ def main() -> None:
     parser.add_argument("--schedule", default=DEFAULT_SCHEDULE)
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=RESULTS / "broadcast.json")
     parser.add_argument("--libp2p-cases", nargs="*", default=["2x8", "4x8", "6x8", "4x16", "6x16"],
                         help="NxMB: N receivers (N + 1 processes, each with a host child), an M MB delta")
     add_loaded_flag(parser)

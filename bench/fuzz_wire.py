@@ -7,7 +7,10 @@ random bytes, byte-level mutations of valid messages (bit flips, interesting byt
 duplicated slices, truncation), splices of two valid messages, schema-level mutations (a field replaced by any
 msgpack value, deleted, or a key added) and random msgpack objects in a valid envelope, plus the valid messages
 themselves. Side by side, the same inputs go through plain `msgpack.unpackb` (no limits, no schema) as a
-baseline for what validation costs.
+baseline for what validation costs: batch by batch, each batch decoded then parsed by the baseline, so
+`paired_ratio_decode_over_unpackb` is the median of the per-batch ratios of the two rates (`bench/paired.py`),
+each batch's in `batch_ratios_decode_over_unpackb`. It reports rates, so it refuses to start when the 1-minute
+load average is above 0.5 unless --loaded.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import msgpack
 
 from bench import provenance
 from bench.load_guard import add_loaded_flag
+from bench.paired import paired_ratio_or_none, per_run_ratios
 from protocol.codec import decode, encode
 from protocol.errors import WireError
 from protocol.limits import Limits
@@ -242,6 +246,7 @@ def run(inputs: int, seed: int) -> dict[str, Any]:
     crashes = hangs = 0
     decode_s = baseline_s = max_input_s = 0.0
     batch_rates: list[float] = []
+    baseline_rates: list[float] = []
     previous = signal.signal(signal.SIGALRM, _on_alarm)
     try:
         done = 0
@@ -273,7 +278,9 @@ def run(inputs: int, seed: int) -> dict[str, Any]:
             start = time.perf_counter()
             for _, data in batch:
                 _baseline(data)
-            baseline_s += time.perf_counter() - start
+            baseline_elapsed = time.perf_counter() - start
+            baseline_s += baseline_elapsed
+            baseline_rates.append(len(batch) / baseline_elapsed)
             done += len(batch)
     finally:
         signal.signal(signal.SIGALRM, previous)
@@ -282,10 +289,16 @@ def run(inputs: int, seed: int) -> dict[str, Any]:
         "hangs": hangs, "exceptions": crashes, "seed": seed, "hang_guard_s": HANG_S,
         "inputs_per_s_median_batch": round(statistics.median(batch_rates), 1),
         "baseline_unpackb_inputs_per_s": round(inputs / baseline_s, 1),
+        "paired_ratio_decode_over_unpackb": _rounded(paired_ratio_or_none(batch_rates, baseline_rates)),
+        "batch_ratios_decode_over_unpackb": [round(r, 4) for r in per_run_ratios(batch_rates, baseline_rates)],
         "max_input_ms": round(max_input_s * 1000, 3),
         "verdicts": dict(outcomes), "reasons": dict(reasons.most_common()), "generators": dict(generators),
         "crash_examples": crash_examples,
     }
+
+
+def _rounded(ratio: float | None) -> float | None:
+    return None if ratio is None else round(ratio, 4)
 
 
 def main(argv: list[str] | None = None, run_fn: Callable[[int, int], dict[str, Any]] = run) -> dict[str, Any]:

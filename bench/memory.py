@@ -15,6 +15,10 @@ appends, with the soak clock running on from the samples already there, until --
 while training (not while a segment loads); the window is 10 minutes, or half the soak when it is shorter.
 Each segment is a new process, so a leak shows best within one: `soak_segments` has each segment's own figure,
 and the full soak is best run as one segment (the default --segment-hours is longer than any soak).
+Baseline, same soak (`--soak-baseline`, from its start): a second solo node with oneDNN's default primitive cache
+(`ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024`, where ours sets 0) runs beside ours in its own run dir, both sampled at the
+same times (samples carry `arm`: "ours" or the baseline's name; samples without one are ours), so the two growths
+come from the same hours of the same machine: `soak_baseline` {arm, rss_growth_frac, segments}.
 Writes bench/results/memory.json (the budgets part and the soak part are merged with what is there) and prints
 one line. `gpu` is null: this benchmark runs on the CPU.
 """
@@ -43,6 +47,12 @@ RUN_ROOT = Path("runs/bench-memory")
 WINDOW_S = 600.0  # the soak's first (and last) 10 minutes
 CLI = [sys.executable, "-m", "cli.main", "solo"]
 SOAK_STEPS = 10_000_000  # the soak stops on time, not on steps
+OURS = "ours"
+SOAK_ARMS = {  # arm -> what its node's environment adds (registered by name; the baseline is chosen by --soak-baseline)
+    OURS: {},
+    "onednn_default_cache": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"},  # oneDNN's own default: an unbounded cache
+}
+BASELINE = "onednn_default_cache"
 GPU_NOTE = ("gpu: null; this benchmark measures CPU RSS. The GPU figures (device, steps/s against the CPU, peak "
             "VRAM) come from a session lent a GPU")
 
@@ -97,54 +107,99 @@ def metrics_steps(run_dir: Path) -> int:
     return sum(1 for line in path.read_text().splitlines() if line.strip())
 
 
-def soak(hours: float, segment_hours: float, sample_s: float, sampler: str, budget_mib: int | None) -> None:
-    """Run (or continue) the soak for one segment, appending samples to SOAK_FILE."""
+def arm_of(sample: dict[str, Any]) -> str:
+    return str(sample.get("arm", OURS))
+
+
+def arm_samples(samples: list[dict[str, Any]], arm: str) -> list[dict[str, Any]]:
+    return [s for s in samples if arm_of(s) == arm]
+
+
+def soak_dir(arm: str) -> Path:
+    return RUN_ROOT / ("soak" if arm == OURS else f"soak-{arm}")
+
+
+def soak_part(samples: list[dict[str, Any]], arm: str) -> dict[str, Any]:
+    """One arm's soak figures: hours and growth over all its samples, and each segment's own."""
+    mine = arm_samples(samples, arm)
+    hours, frac = growth(mine)
+    segments = [dict(zip(("segment", "hours", "rss_growth_frac"),
+                         (k, *growth([s for s in mine if s["segment"] == k])), strict=True))
+                for k in sorted({s["segment"] for s in mine})]
+    return {"hours": hours, "rss_growth_frac": frac, "segments": segments}
+
+
+def soak(hours: float, segment_hours: float, sample_s: float, sampler: str, budget_mib: int | None,
+         arms: tuple[str, ...] = (OURS,)) -> None:
+    """Run (or continue) the soak for one segment, every arm's node side by side, appending samples to SOAK_FILE."""
     samples = read_samples(SOAK_FILE)
-    done_s = samples[-1]["t"] if samples else 0.0
+    ours = arm_samples(samples, OURS)
+    done_s = ours[-1]["t"] if ours else 0.0
     if done_s >= hours * 3600:
         return
-    run_dir = RUN_ROOT / "soak"
-    resume = ["--resume"] if (run_dir / "checkpoints").exists() else []
-    if not samples:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    extra = ["--steps", str(SOAK_STEPS), "--checkpoint-every", "50", *resume]
+    if ours and any(not arm_samples(samples, arm) for arm in arms):
+        raise SystemExit("a baseline arm must run from the soak's start: pass --restart-soak")
+    extra = ["--steps", str(SOAK_STEPS), "--checkpoint-every", "50"]
     if budget_mib:
         extra += ["--memory-budget", str(budget_mib)]
     segment = 1 + max((s["segment"] for s in samples), default=0)
     until = min(hours * 3600, done_s + segment_hours * 3600)
     RUN_ROOT.mkdir(parents=True, exist_ok=True)
-    steps_before = metrics_steps(run_dir)
-    with open(RUN_ROOT / f"soak-{segment}.log", "w") as log, open(SOAK_FILE, "a") as out:
-        proc = subprocess.Popen(solo_args(run_dir, sampler, extra), stdout=log, stderr=subprocess.STDOUT)
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    steps_before: dict[str, int] = {}
+    with open(SOAK_FILE, "a") as out:
+        for arm in arms:
+            run_dir = soak_dir(arm)
+            if not samples:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            resume = ["--resume"] if (run_dir / "checkpoints").exists() else []
+            steps_before[arm] = metrics_steps(run_dir)
+            with open(RUN_ROOT / f"soak-{segment}{'' if arm == OURS else '-' + arm}.log", "w") as log:
+                procs[arm] = subprocess.Popen(solo_args(run_dir, sampler, [*extra, *resume]), stdout=log,
+                                              stderr=subprocess.STDOUT, env={**os.environ, **SOAK_ARMS[arm]})
         started = time.monotonic()
         try:
-            while proc.poll() is None:
+            while all(proc.poll() is None for proc in procs.values()):
                 t = done_s + time.monotonic() - started
-                rss = status_kib(Path(f"/proc/{proc.pid}/status").read_text(), "VmRSS") or 0
-                if not rss:  # the process is starting or gone: nothing to sample yet
+                taken = [sample_of(arm, proc.pid, t, segment, steps_before[arm]) for arm, proc in procs.items()]
+                if None in taken:  # a process is starting or gone: nothing to sample yet
                     time.sleep(1.0)
                     continue
-                steps = metrics_steps(run_dir)
-                phase = "train" if steps > steps_before else "start"
-                out.write(json.dumps({"t": round(t, 1), "rss_mib": round(rss / 1024, 1), "steps": steps,
-                                      "segment": segment, "phase": phase}) + "\n")
+                out.write("".join(json.dumps(x) + "\n" for x in taken))
                 out.flush()
-                if t >= until:  # the last sample of this segment is written first
+                if t >= until:  # the last samples of this segment are written first
                     break
                 time.sleep(sample_s)
-        except FileNotFoundError:  # the node exited between poll() and the read
-            pass
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)  # the node checkpoints, then exits
-                try:
-                    proc.wait(timeout=300)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-    if proc.returncode not in (0, 130, -signal.SIGTERM):
-        raise SystemExit(f"soak segment {segment}: solo exited with {proc.returncode}; see "
-                         f"{RUN_ROOT / f'soak-{segment}.log'}")
+            for proc in procs.values():
+                stop_soak_node(proc)
+    for arm, proc in procs.items():
+        if proc.returncode not in (0, 130, -signal.SIGTERM):
+            raise SystemExit(f"soak segment {segment} ({arm}): solo exited with {proc.returncode}; see {RUN_ROOT}")
+
+
+def sample_of(arm: str, pid: int, t: float, segment: int, steps_before: int) -> dict[str, Any] | None:
+    """One RSS sample of an arm's node (None when its /proc entry is not readable yet, or any more)."""
+    try:
+        rss = status_kib(Path(f"/proc/{pid}/status").read_text(), "VmRSS") or 0
+    except FileNotFoundError:  # the node exited between poll() and the read
+        return None
+    if not rss:
+        return None
+    steps = metrics_steps(soak_dir(arm))
+    sample = {"t": round(t, 1), "rss_mib": round(rss / 1024, 1), "steps": steps, "segment": segment,
+              "phase": "train" if steps > steps_before else "start"}
+    return sample if arm == OURS else {**sample, "arm": arm}  # ours stay as samples were before arms
+
+
+def stop_soak_node(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)  # the node checkpoints, then exits
+        try:
+            proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def main() -> None:
@@ -158,6 +213,8 @@ def main() -> None:
     ap.add_argument("--sample-s", type=float, default=30.0, help="seconds between RSS samples")
     ap.add_argument("--soak-budget", type=int, default=0, help="the soak node's --memory-budget in MiB (0: default)")
     ap.add_argument("--restart-soak", action="store_true", help="discard the soak samples and start over")
+    ap.add_argument("--soak-baseline", action="store_true",
+                    help=f"run a baseline node ({BASELINE}) beside ours for the whole soak (from its start)")
     args = ap.parse_args()
     run = provenance.begin()  # peaks and growth of RSS: no time or rate, no load guard
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -175,26 +232,35 @@ def main() -> None:
                        "within_budget": all(p["within_budget"] for p in by_sampler.values())})
     if args.restart_soak:
         SOAK_FILE.unlink(missing_ok=True)
-        shutil.rmtree(RUN_ROOT / "soak", ignore_errors=True)
+        for arm in SOAK_ARMS:
+            shutil.rmtree(soak_dir(arm), ignore_errors=True)
     if args.soak_hours > 0:
-        soak(args.soak_hours, args.segment_hours, args.sample_s, args.sampler, args.soak_budget or None)
+        arms = (OURS, BASELINE) if args.soak_baseline else (OURS,)
+        soak(args.soak_hours, args.segment_hours, args.sample_s, args.sampler, args.soak_budget or None, arms)
         result.update({"soak_target_hours": args.soak_hours, "soak_sampler": args.sampler})
     samples = read_samples(SOAK_FILE)
-    hours, frac = growth(samples)
+    ours = arm_samples(samples, OURS)
+    hours, frac = growth(ours)
     segments = sorted({s["segment"] for s in samples})
-    result["soak_segments"] = [dict(zip(("segment", "hours", "rss_growth_frac"),
-                                        (k, *growth([s for s in samples if s["segment"] == k])), strict=True))
-                               for k in segments]
-    result.update({"soak_hours": hours, "soak_rss_growth_frac": frac, "soak_samples": len(samples),
-                   "soak_complete": bool(samples) and samples[-1]["t"] >= result.get("soak_target_hours", 0) * 3600,
+    result["soak_segments"] = soak_part(samples, OURS)["segments"]
+    result.update({"soak_hours": hours, "soak_rss_growth_frac": frac, "soak_samples": len(ours),
+                   "soak_complete": bool(ours) and ours[-1]["t"] >= result.get("soak_target_hours", 0) * 3600,
                    "gpu": None, "note": GPU_NOTE})
+    if arm_samples(samples, BASELINE):
+        result["soak_baseline"] = {"arm": BASELINE, **soak_part(samples, BASELINE)}
     OUT.write_text(json.dumps(provenance.stamp(result, run, runs=len(result.get("runs", []))), indent=1) + "\n")
     if args.soak_hours > 0:
         lines = provenance.stamp_lines(samples, run, runs=len(segments))
         SOAK_FILE.write_text("".join(json.dumps(line) + "\n" for line in lines))
     print(f"memory: budgets {result.get('budgets_mib')} MiB -> peaks {result.get('peak_rss_mib')} MiB "
           f"(within budget: {result.get('within_budget')}); soak {hours:.3g} h, RSS growth "
-          f"{'n/a' if frac is None else f'{frac:+.1%}'}; wrote {OUT}")
+          f"{'n/a' if frac is None else f'{frac:+.1%}'}{baseline_text(result.get('soak_baseline'))}; wrote {OUT}")
+
+
+def baseline_text(baseline: dict[str, Any] | None) -> str:
+    if baseline is None or baseline["rss_growth_frac"] is None:
+        return ""
+    return f" (baseline {baseline['arm']} beside it: {baseline['rss_growth_frac']:+.1%})"
 
 
 if __name__ == "__main__":

@@ -84,13 +84,26 @@ def flood_recovery(r: Results) -> str:
 def gossip(r: Results) -> str:
     d = r["gossip.json"]
     return (f"delivered {d['delivered_frac']:.3f} at {d['groups_per_s']:.0f} groups/s; p50 {d['p50_ms']:.0f} ms, "
-            f"p99 {d['p99_ms']:.0f} ms at 100 groups/s; stream {d['stream_mb_s']:.0f} MB/s")
+            f"p99 {d['p99_ms']:.0f} ms at 100 groups/s; stream {d['stream_mb_s']:.0f} MB/s" + vs_thread(d))
+
+
+def vs_thread(d: dict[str, Any]) -> str:
+    """Against the host on a thread, where the paired ratios were measured (older results have none)."""
+    paired = d.get("paired_ratio_vs_thread") or {}
+    if paired.get("groups_per_s") is None or paired.get("p50_ms") is None:
+        return ""
+    return (f" (against the host on a thread: groups/s {paired['groups_per_s']:.2f}x, p50 {paired['p50_ms']:.2f}x, "
+            "medians of paired runs)")
 
 
 @row("fuzz_wire", "python -m bench.fuzz_wire", "random and mutated inputs through the wire decoder", "fuzz_wire.json")
 def fuzz_wire(r: Results) -> str:
     d = r["fuzz_wire.json"]
-    return f"{d['inputs']:,} inputs, {d['crashes']} crashes, {round(d['inputs_per_s'], -2):,.0f} inputs/s"
+    text = f"{d['inputs']:,} inputs, {d['crashes']} crashes, {round(d['inputs_per_s'], -2):,.0f} inputs/s"
+    if d.get("paired_ratio_decode_over_unpackb") is not None:  # older results have none
+        text += (f" ({d['paired_ratio_decode_over_unpackb']:.2f}x plain `msgpack.unpackb`, median of paired "
+                 "batches)")
+    return text
 
 
 def grid(configs: dict[str, Any], decimals: int, spread: bool, gain_decimals: int) -> str:
@@ -210,7 +223,18 @@ def attack(r: Results) -> str:
             f"without; live `join`: max RSS {per_fraction(d['max_rss_mib'], lambda v: f'{v:.0f}')} MiB (worst "
             f"round), steps/min {per_fraction(d['steps_per_min_vs_clean'], lambda v: f'{v:.2f}')} of clean (median "
             f"of {d['scale']['live']['live_repeats']} rounds); kill -9 at {kill['points']} points ({mid_write} "
-            f"mid-write): {kill['unusable_runs']} unusable runs")
+            f"mid-write{cells_went_on(kill)}): {kill['unusable_runs']} unusable runs")
+
+
+def cells_went_on(kill: dict[str, Any]) -> str:
+    """How the killed cells went on, where counted (results before the checks were tightened have no `cells`)."""
+    if "cells" not in kill:  # measured before issue 28 item 4: say what those checks did not look at
+        return (", by checks that did not read the step a `join` resumed from, counted a worker's kill near a "
+                "version change as mid-write, and took a cell redone from scratch as usable")
+    c, workers = kill["cells"], kill["by_target"]["worker"]["mid_write"]
+    return (f", of them {workers} workers killed inside a delta's apply; cells: {c['resumed']} resumed, "
+            f"{c['redone']} redone from scratch ({c['redone_with_snapshot']} with a snapshot there), "
+            f"{c['finished']} finished before the kill")
 
 
 @row("memory", "python -m bench.memory",
@@ -220,12 +244,22 @@ def memory(r: Results) -> str:
     d, soak = r["memory.json"], r["memory_soak.jsonl"]
     segments = " and ".join(f"{s['rss_growth_frac']:+.1%}" for s in d["soak_segments"])
     within = "all within budget" if d["within_budget"] else "not all within budget"
+    ours = [s for s in soak["samples"] if s.get("arm", "ours") == "ours"]  # a baseline node's samples carry its arm
     return (f"budgets {slash(d['budgets_mib'], 'd')} MiB (vLLM sampler, {d['steps']} steps): peaks "
             f"{slash(d['peak_rss_mib'], '.0f')} MiB, {within}. Soak (`--soak-hours {d['soak_target_hours']:g}`, "
             f"{d['soak_hours']:.2f} h of training in {len(d['soak_segments'])} resumed segments, "
-            f"{soak['samples'][-1]['steps']} steps, on a loaded machine): RSS growth {d['soak_rss_growth_frac']:+.1%} "
-            f"(segments {segments}), against +17.9% (an earlier soak, not in a result file) before "
-            "`ONEDNN_PRIMITIVE_CACHE_CAPACITY=0` bounded oneDNN's primitive cache")
+            f"{ours[-1]['steps']} steps, on a loaded machine): RSS growth {d['soak_rss_growth_frac']:+.1%} "
+            f"(segments {segments}), {soak_baseline(d)}")
+
+
+def soak_baseline(d: dict[str, Any]) -> str:
+    """The soak's baseline: measured beside ours where the result has one, else the earlier soak's figure."""
+    base = d.get("soak_baseline")
+    if base is None or base.get("rss_growth_frac") is None:
+        return ("against +17.9% (an earlier soak, not in a result file) before `ONEDNN_PRIMITIVE_CACHE_CAPACITY=0` "
+                "bounded oneDNN's primitive cache")
+    return (f"against {base['rss_growth_frac']:+.1%} for a node beside it in the same soak with oneDNN's default "
+            "primitive cache (`ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024`; ours sets 0)")
 
 
 @row("nat", "python -m bench.nat",
@@ -262,9 +296,16 @@ def shared_engine(r: Results) -> str:
     m = r["shared_engine.json"]["modes"]
     s, v, h = m["shared"], m["vllm_per_node"], m["hf_per_node"]
     return (f"s/round shared {s['round_s_median']:.2f}, vLLM per node {v['round_s_median']:.2f} "
-            f"({v['round_s_vs_shared']:.2f}x), HF per node {h['round_s_median']:.2f} ({h['round_s_vs_shared']:.2f}x); "
+            f"({vs_shared(v)}), HF per node {h['round_s_median']:.2f} ({vs_shared(h)}); "
             f"peak RSS {s['peak_rss_mib_median']:.0f} / {v['peak_rss_mib_median']:.0f} / "
             f"{h['peak_rss_mib_median']:.0f} MiB")
+
+
+def vs_shared(mode: dict[str, Any]) -> str:
+    """A mode's s/round against the shared engine: the paired ratio where measured, else the ratio of medians."""
+    if mode.get("paired_round_s_vs_shared") is not None:
+        return f"{mode['paired_round_s_vs_shared']:.2f}x, median of paired repeats"
+    return f"{mode['round_s_vs_shared']:.2f}x"
 
 
 @row("broadcast", "python -m bench.broadcast",
@@ -278,7 +319,14 @@ def broadcast(r: Results) -> str:
     return (f"simulated N={sim['n']}, {sim['size_mb']:g} MB at {d['bandwidth_mb_s']:g} MB/s: pipelined "
             f"{sim['pipelined_s']:.2f} s = {sim['pipelined_s'] / sim['bound_s']:.2f}x the {sim['bound_s']:.1f} s "
             f"floor, star {sim['star_s']:.0f} s; libp2p N={lib['n']}, {lib['size_mb']:g} MB: pipelined "
-            f"{lib['pipelined_s']:.2f} s ({lib['pipelined_s'] / lib['bound_s']:.2f}x), star {lib['star_s']:.2f} s")
+            f"{lib['pipelined_s']:.2f} s ({lib['pipelined_s'] / lib['bound_s']:.2f}x), star {lib['star_s']:.2f} s"
+            + pipelined_over_star(lib))
+
+
+def pipelined_over_star(libp2p_row: dict[str, Any]) -> str:
+    """The libp2p row's paired ratio, where it was measured (older results have none)."""
+    ratio = libp2p_row.get("paired_ratio_pipelined_over_star")
+    return "" if ratio is None else f" (pipelined/star {ratio:.2f}x, median of paired runs)"
 
 
 @row("delta_bytes", "python -m bench.delta_bytes",

@@ -2,9 +2,10 @@
 part "live", tests/e2e/test_flood_e2e.py).
 
 Contract:
-- `LiveNode.start(run_dir, config, cpu, model, extra)`: one honest `join` process (a SAPO peer on 127.0.0.1 unless
+- `LiveNode.start(run_dir, config, cpu, model, extra, env)`: one honest `join` process (a SAPO peer on 127.0.0.1 unless
   `extra` join arguments say otherwise, its status API on a free loopback port), pinned to CPU `cpu` with
-  taskset when given; `.addr` is the address it printed.
+  taskset when given, with `env` added to its environment; `.addr` is the address it printed, `.lines` the
+  newest LOG_LINES_KEPT lines of its log.
   `.rss_mib()` is the resident memory of its whole process tree (the node and its libp2p host child), from /proc;
   `.status()` its status API's JSON; `.stop()` interrupts it (SIGINT), then kills what is left.
 - `start_peers(addr, roles, ...)`: simulations/attack_peers.py against it, pinned to another CPU.
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ from simulations.scenario import Scenario
 ROOT = Path(__file__).resolve().parents[1]
 ADDR = re.compile(r"join this node with: --bootstrap (/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+)")
 BLOCKED = ("graylisted", "banned")
+LOG_LINES_KEPT = 200
 LIVE_ORDER = ("over_length", "sybil", "forged_reward", "oov_tokens", "junk", "stale", "replay")
 LogFn = Callable[[str], None]
 
@@ -102,12 +105,14 @@ def rss_kib(pid: int) -> int:
 
 
 class LiveNode:
-    def __init__(self, proc: subprocess.Popen[str], addr: str, port: int) -> None:
+    def __init__(self, proc: subprocess.Popen[str], addr: str, port: int, lines: list[str]) -> None:
         self.proc, self.addr, self.port = proc, addr, port
+        self.lines: deque[str] = deque(lines, maxlen=LOG_LINES_KEPT)  # its log (stderr), the newest lines
 
     @classmethod
     def start(cls, run_dir: Path, config: Path, cpu: int | None = None, model: Path | None = None,
-              timeout_s: float = 180.0, extra: list[str] | None = None) -> LiveNode:
+              timeout_s: float = 180.0, extra: list[str] | None = None,
+              env: Mapping[str, str] | None = None) -> LiveNode:
         port = free_port()
         args = [*pinned(cpu), sys.executable, "-m", "cli.main", "join", "--config", str(config), "--run-dir",
                 str(run_dir), "--listen", "/ip4/127.0.0.1/tcp/0", "--status-port", str(port), "--status-host",
@@ -115,33 +120,33 @@ class LiveNode:
         if model is not None:
             args += ["--model", str(model)]
         proc = subprocess.Popen(args + (extra or []), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
+                                text=True, start_new_session=True, env={**os.environ, **(env or {})})
         assert proc.stderr is not None
         sel = selectors.DefaultSelector()
         sel.register(proc.stderr, selectors.EVENT_READ)
         deadline = time.monotonic() + timeout_s
-        tail: list[str] = []
+        lines: list[str] = []
         while time.monotonic() < deadline:
             if sel.select(timeout=1.0):
                 line = proc.stderr.readline()
                 if not line and proc.poll() is not None:
                     break
-                tail = (tail + [line])[-20:]
+                lines = (lines + [line])[-LOG_LINES_KEPT:]
                 if match := ADDR.search(line):
-                    node = cls(proc, match.group(1), port)
+                    node = cls(proc, match.group(1), port, lines)
                     node.drain_stderr()
                     return node
         proc.kill()
-        raise RuntimeError(f"join printed no address in {timeout_s:.0f} s: {''.join(tail)[-2000:]}")
+        raise RuntimeError(f"join printed no address in {timeout_s:.0f} s: {''.join(lines[-20:])[-2000:]}")
 
     def drain_stderr(self) -> None:
-        """Keep reading the node's log so that a full pipe never blocks it (lines are dropped)."""
+        """Keep reading the node's log so that a full pipe never blocks it (the newest lines are kept in `lines`)."""
         import threading
 
         def read() -> None:
             assert self.proc.stderr is not None
-            for _line in self.proc.stderr:
-                pass
+            for line in self.proc.stderr:
+                self.lines.append(line)
         threading.Thread(target=read, daemon=True).start()
 
     def rss_mib(self) -> float:

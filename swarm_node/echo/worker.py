@@ -4,7 +4,8 @@
 model, which is the base at version 0, `load_policy(state, version)` into its sampler, `generate_groups()`; a
 `Node` is one).
 `apply(update)` verifies and applies a learner update (delta or snapshot) and loads the result into the sampler
-(a refused one, e.g. `DeltaTooLarge` past `max_delta_norm` (0: unbounded), raises before the sampler sees it, and
+(`mid_apply(version)`, when given, is called in between: a test hook that pauses there, roles/apply_pause.py; a
+refused one, e.g. `DeltaTooLarge` past `max_delta_norm` (0: unbounded), raises before the sampler sees it, and
 is remembered in `refused` as (version, base_version), which catch-up never fetches again: catch_up.py);
 `may_generate()` says whether a batch generated now can still be trained on within S; `generate()` samples and
 scores one batch, tagged with the published version it used. A worker's base is the model it loaded (version 0).
@@ -12,6 +13,7 @@ scores one batch, tagged with the published version it used. A worker's base is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -35,8 +37,9 @@ class WorkerHost(Protocol):
 
 class Worker:
     def __init__(self, host: WorkerHost, *, kappa: int, max_staleness: int, keep: int = 8,
-                 max_delta_norm: float = 0.0) -> None:
+                 max_delta_norm: float = 0.0, mid_apply: Callable[[int], None] | None = None) -> None:
         self.host = host
+        self.mid_apply = mid_apply
         self.kappa = kappa  # published versions are kappa learner steps apart
         self.max_staleness = max_staleness
         self.follower = PolicyFollower(model_state(host.model), keep=keep, max_delta_norm=max_delta_norm)
@@ -61,6 +64,8 @@ class Worker:
         except DeltaTooLarge:
             self.refused.add((update.version, update.base_version))
             raise
+        if self.mid_apply is not None:
+            self.mid_apply(update.version)
         self.host.load_policy(state, update.version)
         self.known_version = max(self.known_version, update.version)
 

@@ -98,10 +98,10 @@ class Assembly:
                        max_new_tokens=cfg.sampler.max_new_tokens, encoding=cfg.echo.encoding,
                        publish_every=cfg.echo.publish_every, keep=cfg.echo.keep_versions)
 
-    def worker(self) -> Worker:
+    def worker(self, mid_apply: Callable[[int], None] | None = None) -> Worker:
         cfg = self.node.cfg
         return Worker(self.node, kappa=cfg.echo.publish_every, max_staleness=cfg.train.max_staleness,
-                      keep=cfg.echo.keep_versions, max_delta_norm=cfg.echo.max_delta_norm)
+                      keep=cfg.echo.keep_versions, max_delta_norm=cfg.echo.max_delta_norm, mid_apply=mid_apply)
 
     def close(self) -> None:
         self.node.close()

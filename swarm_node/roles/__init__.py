@@ -4,6 +4,7 @@ Map:
 - peer.py     a SAPO peer: the node's own loop, sharing rollouts with the swarm
 - learner.py  an ECHO-2 learner: its workers' rollouts (LearnerSource) drive the node loop; policy broadcast
 - worker.py   an ECHO-2 worker: WorkerSource generates for one learner; each batch is published and recorded
+- apply_pause.py  a test/bench hook (off unless SWARM_NODE_PAUSE_APPLY is set): a worker pausing mid-apply
 - wiring.py   what they share: libp2p start, the joined node, the rollout exchange, inboxes, gossip validation
 Only roles/, simulations/, cli/ and bench/ import the node; components (echo/, sharing/, train/, ...) never do.
 Importing this package is light: each role's module (torch, libp2p) loads when its role runs.

@@ -32,6 +32,7 @@ from swarm_node.node.build import identity_seed
 from swarm_node.node.run_files import METRICS_FILE, NodeEvents, RunSummary, StepLog
 from swarm_node.policy_sync.broadcast import BroadcastError, PolicyBroadcaster
 from swarm_node.policy_sync.delta import DeltaError, DeltaTooLarge, PolicyUpdate
+from swarm_node.roles import apply_pause
 from swarm_node.roles.wiring import BackgroundExchange, joined, start_exchange, start_inbox
 from swarm_node.sharing.exchange import accept_policy_for
 from swarm_node.sharing.wire import GroupSigner
@@ -64,7 +65,7 @@ class WorkerSource:
         self.cfg, self.net, self.me, self.events, self.stats = node.cfg, net, me, events, node.stats
         self.guard = assembly.guard
         self.learner_id = self.cfg.network.learner
-        self.worker = assembly.worker()
+        self.worker = assembly.worker(mid_apply=apply_pause.from_env())  # None: no test hook (the usual case)
         self.limits = node.wire_limits()
         policy = accept_policy_for(node.task_source)
         self.exchange = start_exchange(net, assembly.open_exchange(net.transport, policy))
