@@ -118,28 +118,28 @@ class Runner:
         return args, code
 
     def _start(self, arm: Arm, role: str, run_dir: Path, steps: int, extra: list[str]) -> subprocess.Popen[str]:
+        """The arm's process; its log goes to a file beside the run dir (a pipe nobody reads would block it)."""
         args, code = self._command(arm, role, run_dir, steps, extra)
         env = {**os.environ, "PYTHONPATH": str(code)}
-        return subprocess.Popen(args, cwd=code, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
+        log = open(_log_path(run_dir), "w")  # noqa: SIM115 - the child holds it; closed with the process
+        return subprocess.Popen(args, cwd=code, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True,
+                                start_new_session=True)
 
     def solo(self, arm: Arm, run_dir: Path, steps: int) -> float:
         proc = self._start(arm, "solo", run_dir, steps, [])
-        _, err = proc.communicate(timeout=1800)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{arm.name} solo failed ({proc.returncode}): {err[-2000:]}")
+        if proc.wait(timeout=1800) != 0:
+            raise RuntimeError(f"{arm.name} solo failed ({proc.returncode}): {_tail(run_dir)}")
         return solo_rate(step_times(run_dir), self.skip)
 
     def join(self, arm: Arm, run_dir: Path, steps: int) -> tuple[float, float]:
         first = self._start(arm, "join", run_dir / "a", HUGE, ["--listen", "/ip4/127.0.0.1/tcp/0"])
         second = None
         try:
-            addr = _address(first, time.monotonic() + 300)
+            addr = _address(first, run_dir / "a", time.monotonic() + 300)
             second = self._start(arm, "join", run_dir / "b", steps, ["--listen", "/ip4/127.0.0.1/tcp/0",
                                                                       "--bootstrap", addr])
-            _, err = second.communicate(timeout=1800)
-            if second.returncode != 0:
-                raise RuntimeError(f"{arm.name} join B failed ({second.returncode}): {err[-2000:]}")
+            if second.wait(timeout=1800) != 0:
+                raise RuntimeError(f"{arm.name} join B failed ({second.returncode}): {_tail(run_dir / 'b')}")
         finally:
             for proc in (second, first):
                 if proc is not None and proc.poll() is None:
@@ -156,15 +156,23 @@ class Runner:
         return rate_in(step_times(run_dir / "a"), start, end), rate_in(b_times, start, end)
 
 
-def _address(proc: subprocess.Popen[str], deadline: float) -> str:
-    assert proc.stderr is not None
+def _log_path(run_dir: Path) -> Path:
+    return run_dir.parent / f"{run_dir.name}.log"
+
+
+def _tail(run_dir: Path) -> str:
+    return _log_path(run_dir).read_text()[-2000:]
+
+
+def _address(proc: subprocess.Popen[str], run_dir: Path, deadline: float) -> str:
+    """The bootstrap address the node logs once its host is up."""
     while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        match = ADDR.search(line)
+        match = ADDR.search(_log_path(run_dir).read_text())
         if match:
             return match.group(1)
-        if not line and proc.poll() is not None:
-            raise RuntimeError("the first join exited before printing its address")
+        if proc.poll() is not None:
+            raise RuntimeError(f"the first join exited before printing its address: {_tail(run_dir)}")
+        time.sleep(0.5)
     raise RuntimeError("the first join printed no address")
 
 
