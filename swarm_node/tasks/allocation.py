@@ -1,0 +1,52 @@
+"""Rollout allocations (`ROLLOUT_ALLOCATIONS`): how many completions each prompt of a step gets.
+
+An allocation is `fn(rates, group_size) -> [completions per prompt]`, `rates` the prompts' estimated pass rates
+(`PassRateBook.rate`); the total is always the step's budget `len(rates) * group_size`.
+- `fixed`: every prompt gets `group_size` (GRPO's fixed G; the default).
+- `dars` (DARS, difficulty-adaptive rollout sampling): hard prompts still unsolved get more completions, so that
+  one of them finds a right answer and the group has signal. Each prompt gets `dars_floor(G) = max(2, G // 2)`
+  (a group of 2 can still have signal); the rest of the budget goes one completion at a time (D'Hondt's highest
+  quotient) to the prompt with the largest `(1 - rate) / (extra + 1)`, `extra` the completions it got beyond the
+  floor so far, the first prompt on ties, none past `dars_ceiling(G) = 2 G`. A prompt estimated always solved gets
+  the floor; when every prompt is, the budget is shared as evenly as the quotients allow (G each).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from swarm_node import variants
+
+RolloutAllocation = Callable[[Sequence[float], int], list[int]]
+ROLLOUT_ALLOCATIONS: variants.Registry[RolloutAllocation] = variants.Registry("run.rollout_allocation",
+                                                                             variants.ROLLOUT_ALLOCATIONS)
+
+
+def dars_floor(group_size: int) -> int:
+    return max(2, group_size // 2)
+
+
+def dars_ceiling(group_size: int) -> int:
+    """The largest group `dars` makes: also the largest a node running it takes from peers."""
+    return 2 * group_size
+
+
+@ROLLOUT_ALLOCATIONS.register("fixed")
+def allocate_fixed(rates: Sequence[float], group_size: int) -> list[int]:
+    return [group_size] * len(rates)
+
+
+@ROLLOUT_ALLOCATIONS.register("dars")
+def allocate_dars(rates: Sequence[float], group_size: int) -> list[int]:
+    floor, ceiling = dars_floor(group_size), dars_ceiling(group_size)
+    if floor > group_size:  # G = 1: nothing to move
+        return [group_size] * len(rates)
+    hardness = [1.0 - min(1.0, max(0.0, r)) for r in rates]
+    if not any(hardness):
+        hardness = [1.0] * len(rates)
+    sizes = [floor] * len(rates)
+    for _ in range(len(rates) * (group_size - floor)):
+        open_ = [i for i in range(len(rates)) if sizes[i] < ceiling]
+        best = max(open_, key=lambda i: (hardness[i] / (sizes[i] - floor + 1), -i))
+        sizes[best] += 1
+    return sizes
