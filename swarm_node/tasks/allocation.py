@@ -1,7 +1,8 @@
 """Rollout allocations (`ROLLOUT_ALLOCATIONS`): how many completions each prompt of a step gets.
 
-An allocation is `fn(rates, group_size) -> [completions per prompt]`, `rates` the prompts' estimated pass rates
-(`PassRateBook.rate`); the total is always the step's budget `len(rates) * group_size`.
+An allocation is a `RolloutAllocation`: `allocate(rates, group_size) -> [completions per prompt]`, `rates` the
+prompts' estimated pass rates (`PassRateBook.rate`), the total always the step's budget `len(rates) * group_size`;
+and `largest(group_size)`, the largest group it makes (what a node running it takes from peers by default).
 - `fixed`: every prompt gets `group_size` (GRPO's fixed G; the default).
 - `dars` (DARS, difficulty-adaptive rollout sampling): hard prompts still unsolved get more completions, so that
   one of them finds a right answer and the group has signal. Each prompt gets `dars_floor(G) = max(2, G // 2)`
@@ -14,10 +15,17 @@ An allocation is `fn(rates, group_size) -> [completions per prompt]`, `rates` th
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from swarm_node import variants
 
-RolloutAllocation = Callable[[Sequence[float], int], list[int]]
+
+@dataclass(frozen=True)
+class RolloutAllocation:
+    allocate: Callable[[Sequence[float], int], list[int]]
+    largest: Callable[[int], int]
+
+
 ROLLOUT_ALLOCATIONS: variants.Registry[RolloutAllocation] = variants.Registry("run.rollout_allocation",
                                                                              variants.ROLLOUT_ALLOCATIONS)
 
@@ -31,12 +39,10 @@ def dars_ceiling(group_size: int) -> int:
     return 2 * group_size
 
 
-@ROLLOUT_ALLOCATIONS.register("fixed")
 def allocate_fixed(rates: Sequence[float], group_size: int) -> list[int]:
     return [group_size] * len(rates)
 
 
-@ROLLOUT_ALLOCATIONS.register("dars")
 def allocate_dars(rates: Sequence[float], group_size: int) -> list[int]:
     floor, ceiling = dars_floor(group_size), dars_ceiling(group_size)
     if floor > group_size:  # G = 1: nothing to move
@@ -50,3 +56,8 @@ def allocate_dars(rates: Sequence[float], group_size: int) -> list[int]:
         best = max(open_, key=lambda i: (hardness[i] / (sizes[i] - floor + 1), -i))
         sizes[best] += 1
     return sizes
+
+
+ROLLOUT_ALLOCATIONS.add("fixed", RolloutAllocation(allocate_fixed, lambda group_size: group_size))
+ROLLOUT_ALLOCATIONS.add("dars", RolloutAllocation(allocate_dars, lambda group_size: max(group_size,
+                                                                                        dars_ceiling(group_size))))
