@@ -24,6 +24,7 @@ from swarm_node import variants
 class RolloutAllocation:
     allocate: Callable[[Sequence[float], int], list[int]]
     largest: Callable[[int], int]
+    reads_rates: bool  # whether `allocate` reads the rates (the node then keeps pass-rate estimates)
 
 
 ROLLOUT_ALLOCATIONS: variants.Registry[RolloutAllocation] = variants.Registry("run.rollout_allocation",
@@ -58,6 +59,6 @@ def allocate_dars(rates: Sequence[float], group_size: int) -> list[int]:
     return sizes
 
 
-ROLLOUT_ALLOCATIONS.add("fixed", RolloutAllocation(allocate_fixed, lambda group_size: group_size))
-ROLLOUT_ALLOCATIONS.add("dars", RolloutAllocation(allocate_dars, lambda group_size: max(group_size,
-                                                                                        dars_ceiling(group_size))))
+ROLLOUT_ALLOCATIONS.add("fixed", RolloutAllocation(allocate_fixed, lambda group_size: group_size, False))
+ROLLOUT_ALLOCATIONS.add("dars", RolloutAllocation(
+    allocate_dars, lambda group_size: max(group_size, dars_ceiling(group_size)), True))

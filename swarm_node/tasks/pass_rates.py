@@ -18,11 +18,13 @@ Contract (pure: no clock, no I/O, no randomness):
   says so once per peer until it agrees again (the caller scores it down once per episode).
 - Bounded memory: at most `max_instances` instances (the oldest recorded first forgotten) and `max_sources`
   sources per family or instance (later peers are not recorded there).
-- `state()` / `from_state(state, params)`: a JSON form, so a node's checkpoint resumes its estimates exactly.
+- `state()` / `set_state(state)`: a JSON form, so a node's checkpoint resumes its estimates exactly.
+- Thread-safe: the node records its own groups on its generator thread and peers' on its ingest thread.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,15 +83,23 @@ class PassRateBook:
     families: dict[Family, Counts] = field(default_factory=dict)
     instances: dict[TaskRef, Counts] = field(default_factory=dict)
     _flagged: set[str] = field(default_factory=set)
+    _by_peer: dict[str, dict[TaskRef, None]] = field(default_factory=dict)  # the instances each peer reported on
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def record(self, ref: TaskRef, rewards: Sequence[float], peer: str = OWN) -> None:
         if not rewards:
             return
         passes = sum(min(1.0, max(0.0, float(r))) for r in rewards)
-        self._add(self.families.setdefault((ref.dataset, ref.config), {}), peer, passes, len(rewards))
-        if ref not in self.instances and len(self.instances) >= self.params.max_instances:
-            del self.instances[next(iter(self.instances))]
-        self._add(self.instances.setdefault(ref, {}), peer, passes, len(rewards))
+        with self._lock:
+            self._add(self.families.setdefault((ref.dataset, ref.config), {}), peer, passes, len(rewards))
+            if ref not in self.instances and len(self.instances) >= self.params.max_instances:
+                forgotten = next(iter(self.instances))
+                for seen in self._by_peer.values():
+                    seen.pop(forgotten, None)
+                del self.instances[forgotten]
+            self._add(self.instances.setdefault(ref, {}), peer, passes, len(rewards))
+            if peer != OWN and peer in self.instances[ref]:
+                self._by_peer.setdefault(peer, {})[ref] = None
 
     def _add(self, counts: Counts, source: str, passes: float, trials: int) -> None:
         if source not in counts and len(counts) >= self.params.max_sources:
@@ -107,7 +117,9 @@ class PassRateBook:
 
     def disagreeing(self, peer: str) -> bool:
         gaps = []
-        for counts in self.instances.values():
+        with self._lock:
+            shared = [self.instances[ref] for ref in self._by_peer.get(peer, {})]
+        for counts in shared:
             own, theirs = counts.get(OWN), counts.get(peer)
             if own and theirs and min(own[1], theirs[1]) >= self.params.min_trials:
                 gaps.append(abs(own[0] / own[1] - theirs[0] / theirs[1]))
@@ -123,21 +135,27 @@ class PassRateBook:
         return True
 
     def state(self) -> dict[str, Any]:
-        return {"families": [[d, c, counts] for (d, c), counts in self.families.items()],
-                "instances": [[r.dataset, r.config, r.seed, r.index, counts] for r, counts in self.instances.items()],
-                "flagged": sorted(self._flagged)}
+        with self._lock:
+            return {"families": [[d, c, _copy(counts)] for (d, c), counts in self.families.items()],
+                    "instances": [[r.dataset, r.config, r.seed, r.index, _copy(counts)]
+                                  for r, counts in self.instances.items()],
+                    "flagged": sorted(self._flagged)}
 
-    @classmethod
-    def from_state(cls, state: Mapping[str, Any], params: PassRateParams | None = None) -> PassRateBook:
-        book = cls(params or PassRateParams())
-        book.families = {(d, c): _counts(counts) for d, c, counts in state.get("families", [])}
-        book.instances = {TaskRef(d, c, int(s), int(i)): _counts(counts)
-                          for d, c, s, i, counts in state.get("instances", [])}
-        book._flagged = set(state.get("flagged", []))
-        return book
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Replace the estimates with those of `state` (from `state()`)."""
+        with self._lock:
+            self.families = {(d, c): _copy(counts) for d, c, counts in state.get("families", [])}
+            self.instances = {TaskRef(d, c, int(s), int(i)): _copy(counts)
+                              for d, c, s, i, counts in state.get("instances", [])}
+            self._flagged = set(state.get("flagged", []))
+            self._by_peer = {}
+            for ref, counts in self.instances.items():
+                for source in counts:
+                    if source != OWN:
+                        self._by_peer.setdefault(source, {})[ref] = None
 
 
-def _counts(raw: Mapping[str, Sequence[float]]) -> Counts:
+def _copy(raw: Mapping[str, Sequence[float]]) -> Counts:
     return {str(source): [float(p), float(n)] for source, (p, n) in raw.items()}
 
 

@@ -37,6 +37,16 @@ class PassRates(Protocol):
 
 
 TaskSelection = Callable[..., list[tuple[int, int]]]
+
+
+def reads_rates(selection: TaskSelection) -> bool:
+    """Whether a selection reads the pass rates (the node then keeps them); marked by `@reading_rates`."""
+    return bool(getattr(selection, "reads_rates", False))
+
+
+def reading_rates(selection: TaskSelection) -> TaskSelection:
+    selection.reads_rates = True  # type: ignore[attr-defined]
+    return selection
 TASK_SELECTIONS: variants.Registry[TaskSelection] = variants.Registry("task.selection", variants.TASK_SELECTIONS)
 
 
@@ -76,6 +86,7 @@ def adaptive_probabilities(rates: PassRates | None, n: int) -> list[float]:
 
 
 @TASK_SELECTIONS.register("adaptive")
+@reading_rates
 def select_adaptive(rng: random.Random, weights: Sequence[float], size: int, count: int,
                     turn: int, rates: PassRates | None = None) -> list[tuple[int, int]]:
     """Difficulty-targeted picks (module docstring); weights ignored."""

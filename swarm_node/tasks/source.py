@@ -39,7 +39,7 @@ from swarm_node.tasks.reference import (
     resolve_options,
     score,
 )
-from swarm_node.tasks.selection import TASK_SELECTIONS
+from swarm_node.tasks.selection import TASK_SELECTIONS, reads_rates
 
 # Held-out evaluation draws from a seed the training stream never uses (and only eval-bucket problems).
 EVAL_SEED_OFFSET = 1_000_003
@@ -117,6 +117,7 @@ class TaskSource:
         self.reward_mode = reward
         self.selection = selection
         self.select = TASK_SELECTIONS[selection]
+        self.reads_rates = reads_rates(self.select)  # whether draws read `book`
         self.seed = seed
         self.size = size
         if mix:
