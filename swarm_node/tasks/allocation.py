@@ -8,8 +8,9 @@ and `largest(group_size)`, the largest group it makes (what a node running it ta
   one of them finds a right answer and the group has signal. Each prompt gets `dars_floor(G) = max(2, G // 2)`
   (a group of 2 can still have signal); the rest of the budget goes one completion at a time (D'Hondt's highest
   quotient) to the prompt with the largest `(1 - rate) / (extra + 1)`, `extra` the completions it got beyond the
-  floor so far, the first prompt on ties, none past `dars_ceiling(G) = 2 G`. A prompt estimated always solved gets
-  the floor; when every prompt is, the budget is shared as evenly as the quotients allow (G each).
+  floor so far, on ties the one with fewer extra completions, then the first; none past `dars_ceiling(G) = 2 G`. A
+  prompt estimated always solved gets the floor, unless the budget left once the others reach the ceiling is shared
+  out among them; when every prompt is, they are all alike (G each).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def allocate_dars(rates: Sequence[float], group_size: int) -> list[int]:
     sizes = [floor] * len(rates)
     for _ in range(len(rates) * (group_size - floor)):
         open_ = [i for i in range(len(rates)) if sizes[i] < ceiling]
-        best = max(open_, key=lambda i: (hardness[i] / (sizes[i] - floor + 1), -i))
+        best = max(open_, key=lambda i: (hardness[i] / (sizes[i] - floor + 1), floor - sizes[i], -i))
         sizes[best] += 1
     return sizes
 

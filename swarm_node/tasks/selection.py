@@ -60,7 +60,7 @@ def select_uniform(rng: random.Random, weights: Sequence[float], size: int, coun
 
 @TASK_SELECTIONS.register("weighted")
 def select_weighted(rng: random.Random, weights: Sequence[float], size: int, count: int,
-                    turn: int) -> list[tuple[int, int]]:
+                    turn: int, rates: PassRates | None = None) -> list[tuple[int, int]]:
     """Each prompt's specialty drawn independently with probability proportional to its weight."""
     n = len(weights)
     return [(rng.choices(range(n), weights=weights)[0] if n > 1 else 0, rng.randrange(size)) for _ in range(count)]
@@ -68,7 +68,7 @@ def select_weighted(rng: random.Random, weights: Sequence[float], size: int, cou
 
 @TASK_SELECTIONS.register("balanced")
 def select_balanced(rng: random.Random, weights: Sequence[float], size: int, count: int,
-                    turn: int) -> list[tuple[int, int]]:
+                    turn: int, rates: PassRates | None = None) -> list[tuple[int, int]]:
     """SAPO's balanced mix: specialties take turns in mix order (weights ignored). Prompt number t of the stream
     gets specialty t mod n: a step of n prompts has exactly one of each, a step of fewer continues the rotation
     where the previous one stopped, so over steps every specialty appears equally often."""
