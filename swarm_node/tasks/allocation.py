@@ -7,7 +7,9 @@ and `largest(group_size)`, the largest group it makes (what a node running it ta
 - `dars` (DARS, difficulty-adaptive rollout sampling): hard prompts still unsolved get more completions, so that
   one of them finds a right answer and the group has signal. Each prompt gets `dars_floor(G) = max(2, G // 2)`
   (a group of 2 can still have signal); the rest of the budget goes one completion at a time (D'Hondt's highest
-  quotient) to the prompt with the largest `(1 - rate) / (extra + 1)`, `extra` the completions it got beyond the
+  quotient) to the prompt with the largest `u / (extra + 1)`, `u = (1 - rate) ** G` the chance that G completions
+  all fail (still unsolved: near 1 for a hard prompt, 0 for a solved one; the plain hardness 1 - rate barely tells
+  pass rates of 5% and 20% apart), `extra` the completions it got beyond the
   floor so far, on ties the one with fewer extra completions, then the first; none past `dars_ceiling(G) = 2 G`. A
   prompt estimated always solved gets the floor, unless the budget left once the others reach the ceiling is shared
   out among them; when every prompt is, they are all alike (G each).
@@ -49,7 +51,7 @@ def allocate_dars(rates: Sequence[float], group_size: int) -> list[int]:
     floor, ceiling = dars_floor(group_size), dars_ceiling(group_size)
     if floor > group_size:  # G = 1: nothing to move
         return [group_size] * len(rates)
-    hardness = [1.0 - min(1.0, max(0.0, r)) for r in rates]
+    hardness = [(1.0 - min(1.0, max(0.0, r))) ** group_size for r in rates]
     if not any(hardness):
         hardness = [1.0] * len(rates)
     sizes = [floor] * len(rates)

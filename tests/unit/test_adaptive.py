@@ -164,9 +164,11 @@ CHAIN_SUM_DRAWS = 23
 # -- DARS rollout allocation ----------------------------------------------------------------------------------------
 def test_dars_gives_more_completions_to_hard_unsolved_prompts_within_the_budget() -> None:
     dars = ROLLOUT_ALLOCATIONS["dars"]
-    # 8 extra completions: quotients 1, .5 (p1 first: fewer extra), .5, .33, .25 (p1), .25, .2, .167 (p1)
-    assert dars.allocate([0.0, 0.5, 1.0, 0.9], 4) == [7, 5, 2, 2]
-    assert dars.allocate([0.0, 0.5, 1.0, 0.1], 8) == [11, 7, 4, 10]  # 16 extra in proportion 1 : .5 : 0 : .9
+    # u = (1 - rate) ** G = 1, 1/16, 0, 1e-4: 8 extra completions, 6 to the unsolved one (its ceiling), 2 next
+    assert dars.allocate([0.0, 0.5, 1.0, 0.9], 4) == [8, 4, 2, 2]
+    # u = 1, 1/256, 0, 0.9 ** 8 = 0.43: 16 extra, by D'Hondt's quotients 11 and 5
+    assert dars.allocate([0.0, 0.5, 1.0, 0.1], 8) == [15, 4, 4, 9]
+    assert dars.allocate([0.07, 0.19, 0.07, 0.19], 6) == [7, 5, 7, 5]  # 5% vs 20% told apart
     assert dars.allocate([1.0, 1.0, 1.0, 1.0], 4) == [4, 4, 4, 4]  # all solved: G each
     assert dars.allocate([0.2, 0.2, 0.2], 8) == [8, 8, 8]
     assert dars.allocate([0.0, 1.0, 1.0], 8) == [16, 4, 4]  # the ceiling 2G, the rest stays at the floor
