@@ -22,11 +22,15 @@ completion tokens (simulations/selection_cell.py), in the regime --set gives (th
 measurement). Cells are kept and reused like staleness cells (<run-dir>/selection/<arm>/seed<seed>). Writes
 "selection": {"<arm>": {"signal_frac", "gen_tokens", "cum_reward", "heldout_acc", "heldout_ci95", "seeds_done"}},
 every arm but uniform with "heldout_vs_uniform_paired": {"diff", "ci95"} (swarm_node/train/eval_stats.py:
-seeds, then questions, resampled; the pairs are the same held-out questions). The 4-node swarm arm
-(adaptive_swarm) is not built yet.
+seeds, then questions, resampled; the pairs are the same held-out questions). The swarm arm (adaptive_swarm):
+SWARM_NODES SAPO nodes in one process (simulations/runner.py, sync mode over the memory transport), each with the
+adaptive selection fed by its peers' re-scored groups (`task.adaptive_from_peers`) and --swarm-external external
+groups per update, for as many rounds as the uniform cell of the same seed took steps (each node generates about
+the uniform cell's tokens); its numbers are the means over nodes, its held-out outcomes per question the mean over
+nodes (the nodes share the task seed, so the questions are uniform's).
 
-    python -m bench.rollout_methods --part selection [--arms uniform adaptive adaptive_dars] [--tokens 200000]
-                                    [--seeds 0 1 2] [--set task.mix=... ...]
+    python -m bench.rollout_methods --part selection [--arms uniform adaptive adaptive_dars adaptive_swarm]
+                                    [--tokens 200000] [--seeds 0 1 2] [--swarm-external 4] [--set task.mix=... ...]
 
 To use several cores, run one process per seed (or per lag) with the same --run-dir, then once more with
 --finished-only to gather every cell. Run a long sweep from a pinned worktree (bench/README.md).
@@ -45,11 +49,17 @@ from typing import Any
 
 from bench import provenance
 from bench.solo_learning import parse_set
+from simulations.cells import cell_dir as sim_cell_dir
 from simulations.code_version import code_version
 from simulations.fixed_lag import run_fixed_lag_cell
+from simulations.results import METRICS_CSV, read_rows
+from simulations.runner import finished_result
+from simulations.runner import run_cell as run_swarm_cell
+from simulations.scenario import parse_scenario
 from simulations.selection_cell import run_selection_cell
 from swarm_node import variants
 from swarm_node.config import load_config
+from swarm_node.config.loading import nest
 from swarm_node.model.default_model import DefaultModelRecipe
 from swarm_node.train import eval_stats
 
@@ -66,6 +76,10 @@ SELECTION_ARMS: dict[str, dict[str, Any]] = {
     "adaptive_dars": {"task.selection": "adaptive", "run.rollout_allocation": "dars"},
 }
 BASELINE = "uniform"
+SWARM_ARM = "adaptive_swarm"
+SWARM_NODES = 4
+SWARM_CONFIG: dict[str, Any] = {"task.selection": "adaptive", "task.adaptive_from_peers": True}
+ARMS = (*SELECTION_ARMS, SWARM_ARM)
 
 
 def cell_overrides(correction: str, seed: int, steps: int, extra: dict[str, Any]) -> dict[str, Any]:
@@ -167,6 +181,42 @@ def run_selection(run_dir: Path, arm: str, seed: int, tokens: int, extra: dict[s
     return result
 
 
+def run_swarm(run_dir: Path, seed: int, rounds: int, external: int, extra: dict[str, Any],
+              finished_only: bool) -> dict[str, Any] | None:
+    """The swarm arm's cell for one seed, in a selection cell's terms (module docstring); None: not finished and
+    `finished_only`. simulations/runner.py keeps, reuses and resumes it."""
+    overrides = {**extra, **SWARM_CONFIG, "share.external_groups": external}
+    eval_problems = load_config(None, overrides).run.eval_problems
+    scn = parse_scenario({"simulation": {"nodes": SWARM_NODES, "rounds": rounds, "eval_problems": eval_problems,
+                                         "seeds": [seed], "mode": "sync"},
+                          "config": nest(overrides)}, SWARM_ARM)
+    root = run_dir / "selection" / SWARM_ARM
+    variant = scn.variants[0]
+    if finished_only and finished_result(scn, variant, seed, root) is None:
+        return None
+    print(f"{SWARM_ARM} seed {seed}: {SWARM_NODES} nodes, {rounds} rounds", flush=True)
+    result = run_swarm_cell(scn, variant, seed, root, log=lambda line: print(f"  [{SWARM_ARM}] {line}", flush=True))
+    rows = read_rows(sim_cell_dir(root, variant.name, seed) / METRICS_CSV)
+    per_node = result.get("final_eval_outcomes_per_node") or []
+    return swarm_summary(seed, rows, result, per_node)
+
+
+def swarm_summary(seed: int, rows: list[dict[str, Any]], result: dict[str, Any],
+                  per_node: list[dict[str, float]]) -> dict[str, Any]:
+    """A swarm cell as a selection cell: means over nodes; held-out outcomes the mean over nodes per question."""
+    def total(key: str) -> float:
+        return sum(float(r[key]) for r in rows if r.get(key) not in (None, ""))
+
+    nodes = max(1, len({r["node"] for r in rows}))
+    groups, with_signal = total("groups_total"), total("groups_used")
+    common = set.intersection(*(set(o) for o in per_node)) if per_node else set()
+    outcomes = {q: statistics.fmean(o[q] for o in per_node) for q in sorted(common)}
+    return {"arm": SWARM_ARM, "seed": seed, "steps": result["rounds"], "gen_tokens": total("gen_tokens") / nodes,
+            "groups": groups / nodes, "groups_with_signal": with_signal / nodes,
+            "signal_frac": with_signal / groups if groups else None, "cum_reward": result["cum_reward"],
+            "heldout_acc": result.get("final_eval_acc"), "heldout_outcomes": outcomes}
+
+
 def summarise_arm(cells: list[dict[str, Any]], baseline: list[dict[str, Any]] | None) -> dict[str, Any]:
     """An arm over its seeds; with `baseline` (uniform's cells), the paired held-out difference on common seeds."""
     def mean(key: str) -> float | None:
@@ -193,7 +243,11 @@ def selection(args: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]
     arms = [BASELINE] + [a for a in args.arms if a != BASELINE]  # the baseline's cells pair with every arm
     cells = {arm: [c for seed in args.seeds
                    if (c := run_selection(args.run_dir, arm, seed, args.tokens, extra, args.finished_only))]
-             for arm in arms}
+             for arm in arms if arm in SELECTION_ARMS}
+    if SWARM_ARM in arms:  # as many rounds as the uniform cell of its seed took steps
+        cells[SWARM_ARM] = [c for base in cells[BASELINE]
+                            if (c := run_swarm(args.run_dir, base["seed"], base["steps"], args.swarm_external, extra,
+                                               args.finished_only))]
     return {arm: summarise_arm(cells[arm], None if arm == BASELINE else cells[BASELINE]) for arm in arms}
 
 
@@ -220,7 +274,8 @@ def main() -> None:
                     default=list(variants.STALE_CORRECTIONS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=STEPS)
-    ap.add_argument("--arms", nargs="+", choices=list(SELECTION_ARMS), default=list(SELECTION_ARMS))
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    ap.add_argument("--swarm-external", type=int, default=4, help="selection: external groups per swarm update")
     ap.add_argument("--tokens", type=int, default=TOKENS, help="selection: generated tokens per cell")
     ap.add_argument("--run-dir", type=Path, default=Path("runs/rollout_methods"))
     ap.add_argument("--set", nargs="*", default=[], help="config overrides for every cell, e.g. train.lr=1e-4")

@@ -3,8 +3,8 @@
 `run_selection_cell(cfg, token_budget)` sets up a node from `cfg` (its run dir fresh), then drafts and trains step
 by step until the completions it generated hold at least `token_budget` tokens (or run.steps steps pass), and
 returns: the steps, generated tokens, groups generated and those with signal (`signal_frac`, the share of groups
-whose rewards are not all equal), the cumulative reward (the sum of the steps' mean rewards times their groups'
-completions: every generated completion's reward), and the final policy's held-out greedy accuracy with its
+whose rewards are not all equal), the cumulative reward (the sum over steps of the mean reward per local completion,
+as simulations/runner.py counts a swarm node's), and the final policy's held-out greedy accuracy with its
 per-question outcomes (`heldout_outcomes`, {dataset NUL question: 0/1}), for paired intervals across arms.
 """
 
@@ -32,8 +32,8 @@ def run_selection_cell(cfg: NodeConfig, token_budget: int, log: Callable[[str], 
                 tokens += item.gen_tokens
                 groups += len(item.groups)
                 with_signal += sum(g.has_signal for g in item.groups)
-                cumulative_reward += sum(sum(g.rewards) for g in item.groups)
-            node.mix_and_train(item)
+            metrics = node.mix_and_train(item)
+            cumulative_reward += metrics.get("reward_mean") or 0.0
             steps += 1
             if steps % 16 == 0:
                 log(f"step {steps}: {tokens}/{token_budget} tokens, signal {with_signal}/{groups}")

@@ -111,7 +111,7 @@ def test_a_selection_cell_trains_up_to_its_token_budget(warm_tiny_model_dir: Pat
     assert result["groups"] == 4 * result["steps"]
     assert result["signal_frac"] == result["groups_with_signal"] / result["groups"]
     assert 0 < len(result["heldout_outcomes"]) <= 8 and result["heldout_acc"] is not None
-    assert 0.0 <= result["cum_reward"] <= 16 * result["steps"]
+    assert 0.0 <= result["cum_reward"] <= result["steps"]  # a mean reward in [0, 1] per step
 
 
 def _fake_selection_cell(calls: list[tuple[str, str, int]]) -> Any:
@@ -148,3 +148,25 @@ def test_the_selection_part_pairs_every_arm_with_uniform(monkeypatch: pytest.Mon
     stored = json.loads((tmp_path / "selection" / "adaptive_dars" / "seed1" / "result.json").read_text())
     assert (stored["arm"], stored["seed"]) == ("adaptive_dars", 1)
     assert stored["overrides"]["run.rollout_allocation"] == "dars"
+
+
+def test_a_swarm_cell_reads_as_a_selection_cell() -> None:
+    rows = [{"node": "0", "gen_tokens": "100", "groups_total": "4", "groups_used": "1"},
+            {"node": "1", "gen_tokens": "60", "groups_total": "4", "groups_used": "3"},
+            {"node": "0", "gen_tokens": "40", "groups_total": "4", "groups_used": ""}]
+    per_node = [{"q1": 1.0, "q2": 0.0, "q3": 1.0}, {"q1": 0.0, "q2": 0.0}]
+    out = rollout_methods.swarm_summary(2, rows, {"rounds": 2, "cum_reward": 0.5, "final_eval_acc": 0.25}, per_node)
+    assert out == {"arm": "adaptive_swarm", "seed": 2, "steps": 2, "gen_tokens": 100.0, "groups": 6.0,
+                   "groups_with_signal": 2.0, "signal_frac": 4 / 12, "cum_reward": 0.5, "heldout_acc": 0.25,
+                   "heldout_outcomes": {"q1": 0.5, "q2": 0.0}}
+
+
+def test_the_swarm_arm_runs_four_adaptive_nodes_for_the_uniform_cells_steps(warm_tiny_model_dir: Path,
+                                                                             tmp_path: Path) -> None:
+    extra = {"model.path": str(warm_tiny_model_dir), "sampler.kind": "hf", "run.prompts_per_step": 2,
+             "run.group_size": 4, "run.eval_problems": 4, "train.threads": 1}
+    out = rollout_methods.run_swarm(tmp_path, 0, 2, 2, extra, finished_only=False)
+    assert out is not None and (out["steps"], out["groups"]) == (2, 4.0)
+    assert out["signal_frac"] == out["groups_with_signal"] / out["groups"] and out["gen_tokens"] > 0
+    assert 0 < len(out["heldout_outcomes"]) <= 4 and out["heldout_acc"] is not None
+    assert rollout_methods.run_swarm(tmp_path, 0, 2, 2, extra, finished_only=True) == out  # reused
