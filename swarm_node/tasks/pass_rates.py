@@ -14,10 +14,12 @@ Contract (pure: no clock, no I/O, no randomness):
   its own the node still lets each peer move an estimate by at most that share of the prior.
 - `disagreeing(peer)`: whether a peer's re-scored groups imply pass rates far from the node's own on the same
   instances: over the instances where both have at least `min_trials` trials (at least `disagree_instances` of
-  them), the mean absolute difference of the two pass rates exceeds `disagree_gap`. `newly_disagreeing(peer)`
+  them) among the last `judged_instances` the peer reported on, the mean absolute difference of the two pass
+  rates exceeds `disagree_gap`. `newly_disagreeing(peer)`
   says so once per peer until it agrees again (the caller scores it down once per episode).
-- Bounded memory: at most `max_instances` instances (the oldest recorded first forgotten) and `max_sources`
-  sources per family or instance (later peers are not recorded there).
+- Bounded memory and work: at most `max_instances` instances (the oldest recorded first forgotten), `max_sources`
+  sources per family or instance (later peers are not recorded there), and the last `judged_instances` instances
+  of at most `max_judged_peers` peers (the least recently heard forgotten) for `disagreeing`, whose cost is that.
 - `state()` / `set_state(state)`: a JSON form, so a node's checkpoint resumes its estimates exactly.
 - Thread-safe: the node records its own groups on its generator thread and peers' on its ingest thread.
 """
@@ -47,6 +49,8 @@ class PassRateParams:
     min_trials: int = 2  # trials each side needs on an instance for it to count as shared
     max_instances: int = 100_000
     max_sources: int = 64
+    judged_instances: int = 256
+    max_judged_peers: int = 4096
 
     def __post_init__(self) -> None:
         if not 0.0 < self.prior_pass < 1.0:
@@ -55,7 +59,8 @@ class PassRateParams:
             raise ValueError(f"PassRateParams.prior_strength must be > 0, got {self.prior_strength!r}")
         if not 0.0 <= self.peer_share < 1.0:
             raise ValueError(f"PassRateParams.peer_share must be in [0, 1), got {self.peer_share!r}")
-        for name in ("disagree_instances", "min_trials", "max_instances", "max_sources"):
+        for name in ("disagree_instances", "min_trials", "max_instances", "max_sources", "judged_instances",
+                     "max_judged_peers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"PassRateParams.{name} must be >= 1, got {getattr(self, name)!r}")
 
@@ -99,7 +104,19 @@ class PassRateBook:
                 del self.instances[forgotten]
             self._add(self.instances.setdefault(ref, {}), peer, passes, len(rewards))
             if peer != OWN and peer in self.instances[ref]:
-                self._by_peer.setdefault(peer, {})[ref] = None
+                self._judge(peer, ref)
+
+    def _judge(self, peer: str, ref: TaskRef) -> None:
+        """Keep `ref` among the peer's last judged instances (the peer becomes the most recently heard)."""
+        seen = self._by_peer.pop(peer, None)
+        if seen is None and len(self._by_peer) >= self.params.max_judged_peers:
+            del self._by_peer[next(iter(self._by_peer))]
+        seen = seen if seen is not None else {}
+        seen.pop(ref, None)
+        seen[ref] = None
+        if len(seen) > self.params.judged_instances:
+            del seen[next(iter(seen))]
+        self._by_peer[peer] = seen
 
     def _add(self, counts: Counts, source: str, passes: float, trials: int) -> None:
         if source not in counts and len(counts) >= self.params.max_sources:
@@ -109,20 +126,21 @@ class PassRateBook:
         entry[1] += trials
 
     def family_rate(self, dataset: str, config: str) -> float:
-        return _posterior(self.families.get((dataset, config), {}), self.params.prior_pass, self.params)
+        with self._lock:
+            return _posterior(self.families.get((dataset, config), {}), self.params.prior_pass, self.params)
 
     def rate(self, ref: TaskRef) -> float:
         family = self.family_rate(ref.dataset, ref.config)
-        return _posterior(self.instances.get(ref, {}), family, self.params)
+        with self._lock:
+            return _posterior(self.instances.get(ref, {}), family, self.params)
 
     def disagreeing(self, peer: str) -> bool:
         gaps = []
         with self._lock:
-            shared = [self.instances[ref] for ref in self._by_peer.get(peer, {})]
-        for counts in shared:
-            own, theirs = counts.get(OWN), counts.get(peer)
-            if own and theirs and min(own[1], theirs[1]) >= self.params.min_trials:
-                gaps.append(abs(own[0] / own[1] - theirs[0] / theirs[1]))
+            for ref in self._by_peer.get(peer, {}):
+                own, theirs = self.instances[ref].get(OWN), self.instances[ref].get(peer)
+                if own and theirs and min(own[1], theirs[1]) >= self.params.min_trials:
+                    gaps.append(abs(own[0] / own[1] - theirs[0] / theirs[1]))
         return len(gaps) >= self.params.disagree_instances and sum(gaps) / len(gaps) > self.params.disagree_gap
 
     def newly_disagreeing(self, peer: str) -> bool:
@@ -152,7 +170,7 @@ class PassRateBook:
             for ref, counts in self.instances.items():
                 for source in counts:
                     if source != OWN:
-                        self._by_peer.setdefault(source, {})[ref] = None
+                        self._judge(source, ref)
 
 
 def _copy(raw: Mapping[str, Sequence[float]]) -> Counts:

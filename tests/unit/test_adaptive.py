@@ -231,3 +231,17 @@ def test_ingest_scores_down_a_peer_whose_pass_rates_disagree_with_ours() -> None
     assert ingest.peer_drops[("liar", "pass_rate_disagreement")] == 1
     assert guard.reputation.score("liar", NOW) == pytest.approx(5 * 0.05 - 2.0)
     assert book.instances[refs[0]]["liar"] == [2.0, 2.0]  # our re-scored rewards, under the sender's name
+
+
+def test_a_peer_is_judged_on_its_last_instances_only() -> None:
+    book = PassRateBook(PassRateParams(disagree_instances=2, min_trials=1, judged_instances=2, max_judged_peers=1))
+    refs = [tasks.TaskRef("chain_sum", "{}", 0, i) for i in range(3)]
+    for ref in refs:
+        book.record(ref, [0.0])
+    book.record(refs[0], [1.0], peer="p")
+    book.record(refs[1], [1.0], peer="p")
+    assert book.disagreeing("p")
+    book.record(refs[2], [0.0], peer="p")  # the last two: gaps 1 and 0, mean 0.5, not over the gap
+    assert not book.disagreeing("p")
+    book.record(refs[2], [0.0], peer="q")  # one judged peer at most: p is forgotten
+    assert list(book._by_peer) == ["q"] and not book.disagreeing("p")
