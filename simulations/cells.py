@@ -121,7 +121,8 @@ def row(variant: str, seed: int, n: SimNode, rnd: int, t: float, m: dict[str, An
             "reward_mean": m.get("reward_mean"), "accuracy": m.get("accuracy"), "groups_used": m.get("groups_used"),
             "external_used": m.get("external_used"), "external_reward_mean": m.get("external_reward_mean"),
             "pool_size": m.get("pool_size"), "received": m.get("received"), "dropped": sum(dropped.values()),
-            "loss": m.get("loss"), "step_s": m.get("step_s"), "gen_tokens": m.get("gen_tokens")}
+            "loss": m.get("loss"), "step_s": m.get("step_s"), "gen_tokens": m.get("gen_tokens"),
+            "groups_total": m.get("groups_total")}
 
 
 def train_round(active: list[SimNode], drafts: dict[int, Any], variant: str, seed: int, rnd: int, t: float,

@@ -95,6 +95,8 @@ def swarm_cell(scn: Scenario, variant: Variant, seed: int, root: Path, on_round:
               "cum_reward_per_node": cum, "cum_reward": statistics.fmean(cum),
               "final_eval_acc_per_node": evals, "final_eval_acc": statistics.fmean(evals) if evals else None,
               "final_eval_per_task_per_node": [e.per_task for e in finals],
+              # {dataset NUL question: 0/1} per node: paired intervals against another cell on the same questions
+              "final_eval_outcomes_per_node": [e.by_question() for e in finals],
               "external_drops": drops, "wall_s": time.monotonic() - started}
     return rows, result
 

@@ -119,9 +119,13 @@ class ScoredGroup:
     def has_signal(self) -> bool:
         return any(a != 0.0 for a in self.advantages)
 
+    def correctness(self) -> tuple[float, ...]:
+        """1.0 for each completion that was right, else 0.0 (whatever reward terms added to its reward)."""
+        return tuple(float(c) for c in (self.correct or tuple(r >= 1.0 for r in self.rewards)))
+
     @property
     def accuracy(self) -> float:
-        right = self.correct or tuple(r >= 1.0 for r in self.rewards)
+        right = self.correctness()
         return sum(right) / len(right)
 
 

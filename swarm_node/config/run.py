@@ -19,6 +19,8 @@ class RunConfig:
     steps: int = 200
     prompts_per_step: int = 16  # B: prompts drawn per step
     group_size: int = 8  # G: completions per prompt
+    # variants.ROLLOUT_ALLOCATIONS: fixed (G each) | dars (more completions for hard unsolved prompts, same total)
+    rollout_allocation: str = "fixed"
     # None: 0, except for `join`, which derives it from the node's identity (node/assembly.seeded), so that two
     # peers left at the defaults draw different tasks and samples; a seed given reproduces a run exactly.
     seed: int | None = None
@@ -41,6 +43,7 @@ class RunConfig:
 
     def validate(self) -> None:
         positive(self, "steps", "prompts_per_step", "group_size", "checkpoint_every", "keep_checkpoints")
+        one_of(self, "rollout_allocation", variants.ROLLOUT_ALLOCATIONS)
         non_negative(self, "eval_every", "eval_problems", "memory_budget_mib", "checkpoint_every_s")
         if self.seed is not None and self.seed < 0:
             raise ConfigError(f"run.seed must be >= 0, got {self.seed}")
@@ -72,7 +75,10 @@ class TaskConfig:
     options: dict[str, Any] = field(default_factory=dict)  # empty: the task's defaults (see tasks/reference.py)
     seed: int = 0
     reward: str = "exact"  # variants.REWARD_MODES: exact | score (reasoning-gym's partial credit)
-    selection: str = "balanced"  # variants.TASK_SELECTIONS: uniform | weighted | balanced (each prompt's specialty)
+    # variants.TASK_SELECTIONS: uniform | weighted | balanced | adaptive (each prompt's specialty and index)
+    selection: str = "balanced"
+    # adaptive: peers' groups, once we re-scored them, feed the pass-rate estimates too (each peer a bounded share)
+    adaptive_from_peers: bool = False
     mix: list[dict[str, Any]] = field(default_factory=list)  # empty: `name`, or else tasks.DEFAULT_MIX
     accept: list[dict[str, Any]] = field(default_factory=list)  # empty: our own mix
     # variants.PROMPT_FORMATS; empty: the model's own (answer-line for the embedded model, think-answer for a model

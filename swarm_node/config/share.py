@@ -123,9 +123,15 @@ class ShareConfig:
     # A peer's completion that is not well-formed (tasks.well_formed: the answer alone, then EOS) is re-scored 0.
     # false only to measure what the defence is worth (bench/attack.py): peers' verifier-passing junk then counts.
     require_well_formed: bool = True
+    # A peer's group costs us at most this many completions and completion ids (sharing/rescore.py): 0 means our
+    # own largest group (run.group_size, or the dars allocation's 2 x group_size) and that many x
+    # sampler.max_new_tokens ids. Groups of other sizes within the bounds are taken (G + 1, DARS).
+    max_group_completions: int = 0
+    max_group_tokens: int = 0
 
     def validate(self) -> None:
-        non_negative(self, "local_groups", "external_groups", "max_external_age", "per_peer_batch_cap")
+        non_negative(self, "local_groups", "external_groups", "max_external_age", "per_peer_batch_cap",
+                     "max_group_completions", "max_group_tokens")
         positive(self, "pool_size", "per_peer_pool_cap")
         self.correction.validate()
         one_of(self, "selection", variants.SELECTIONS)

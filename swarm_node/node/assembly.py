@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.validation import AcceptPolicy
+from swarm_node import tasks
 from swarm_node.config import NodeConfig
 from swarm_node.echo.learner import Learner
 from swarm_node.echo.worker import Worker
@@ -117,11 +118,14 @@ def exchange_for(node: Node, transport: Transport, guard: PeerGuard | None, poli
 
 def share_context(node: Node) -> ShareContext:
     """How this node re-scores a received group: our tokenizer and tasks, and our own bounds (a peer's group may
-    cost us only what one of ours does: our group size, generation budget, context, vocabulary)."""
+    cost us only what one of ours does: our largest group, generation budget, context, vocabulary)."""
     cfg = node.cfg
+    largest = tasks.ROLLOUT_ALLOCATIONS[cfg.run.rollout_allocation].largest(cfg.run.group_size)
     bounds = CompletionBounds(max_completion_tokens=cfg.sampler.max_new_tokens,
                               max_context=int(node.model.config.max_position_embeddings),
-                              vocab_size=int(node.model.config.vocab_size), group_size=cfg.run.group_size)
+                              vocab_size=int(node.model.config.vocab_size), group_size=cfg.run.group_size,
+                              max_group_completions=cfg.share.max_group_completions or largest,
+                              max_group_tokens=cfg.share.max_group_tokens)
     return ShareContext(node.tokenizer, node.tokenizer_hash, node.task_source, bounds, cfg.train.advantage,
                         require_well_formed=cfg.share.require_well_formed, eos_ids=node.eos_ids,
                         prompter=node.prompter, terms=node.reward_terms)
@@ -150,7 +154,8 @@ def assemble(cfg: NodeConfig, sharing: Sharing = Sharing.NONE, *, transport: Tra
         sh = cfg.share
         peer = SapoPeer(outbox(rollouts) if outbox is not None else rollouts,
                         # Groups without signal reach the pool too: it tells their copies apart, then drops them.
-                        Ingest(context, node.stats, guard=guard, keep_no_signal=True),
+                        Ingest(context, node.stats, guard=guard, keep_no_signal=True,
+                               pass_rates=node.task_source.book if cfg.task.adaptive_from_peers else None),
                         pool(sh.pool_size, sh.per_peer_pool_cap, sh.max_external_age), sh, node.streams.share, signer,
                         lambda: node.step)
         return Assembly(node, guard, context, signer, rollouts, peer)

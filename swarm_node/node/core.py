@@ -114,6 +114,9 @@ class Node:
         prepare_run_dir(self.run_dir)
         torch.set_num_threads(cfg.train.threads or os.cpu_count() or 1)
         self.task_source = cfg.task.build_source()
+        self._allocation = tasks.ROLLOUT_ALLOCATIONS[cfg.run.rollout_allocation]
+        # Pass rates are kept only where something reads them: the adaptive selection, an allocation that needs them.
+        self._track_rates = self.task_source.reads_rates or self._allocation.reads_rates
         self.stats.set_phase("building-model")
         self.model_dir = model_dir_for(cfg, self._model_dir_override, self.events.build_progress)
         # Device, precision and memory sizing (node/hardware.py), before any weights load.
@@ -126,7 +129,7 @@ class Node:
                                autocast=self.hardware.autocast, vocab=len(self.tokenizer))
         # The node's random streams: task draws, the minibatch shuffle, and a SAPO peer's external selection.
         self.streams = RandomStreams(random.Random(cfg.run.seed), self.trainer.rng,
-                                     random.Random(cfg.run.seed * 7919 + 17))
+                                     random.Random(cfg.run.seed * 7919 + 17), self.task_source.book)
         # Every id that ends a completion: the tokenizer's EOS and those of the model's generation config.
         self.eos_ids = eos_ids(self.tokenizer, getattr(self.model.generation_config, "eos_token_id", None))
         # How prompts ask and answers are read (the model's own format unless --prompt-format), and the reward terms.
@@ -241,9 +244,11 @@ class Node:
         params = SamplingParams(cfg.sampler.temperature, cfg.sampler.top_p, cfg.sampler.max_new_tokens,
                                 seed=cfg.run.seed * 1_000_003 + self._draws)
         self._draws += 1
+        # Completions per prompt: G each, or (run.rollout_allocation = dars) more for hard unsolved ones, same total.
+        sizes = self._allocation.allocate([source.rate(i.ref) for i in insts], cfg.run.group_size)
         started = time.monotonic()
         try:
-            outputs = self._sampler.generate(prompts, cfg.run.group_size, params)
+            outputs = self._generate(prompts, sizes, params)
         except PromptTooLongError as exc:
             # vLLM's context is the prompt budget measured at start + max_new_tokens (docs/SIZING.md).
             raise UserError(f"task {', '.join(source.names)}: {exc} (vLLM: --max-model-len sets it)") from exc
@@ -252,8 +257,21 @@ class Node:
         groups = [score_group(i, p, out, source.reward, cfg.train.advantage, eos_id=self.eos_ids, special_ids=special,
                               fmt=self.prompter.fmt, terms=self.reward_terms)
                   for i, p, out in zip(insts, prompts, outputs, strict=True)]
+        if self._track_rates:  # the adaptive selection's and the allocation's estimates (checkpointed)
+            for inst, group in zip(insts, groups, strict=True):
+                source.book.record(inst.ref, group.correctness())
         tokens = sum(len(c.token_ids) for out in outputs for c in out)
         return groups, seconds, tokens
+
+    def _generate(self, prompts: list[list[int]], sizes: list[int], params: SamplingParams) -> list[list[Any]]:
+        """`sizes[i]` completions for prompt i: one sampler call per distinct size (one call when all are G)."""
+        assert self._sampler is not None
+        outputs: list[list[Any]] = [[] for _ in prompts]
+        for size in sorted(set(sizes)):
+            rows = [i for i, n in enumerate(sizes) if n == size]
+            for i, out in zip(rows, self._sampler.generate([prompts[i] for i in rows], size, params), strict=True):
+                outputs[i] = out
+        return outputs
 
     def _sync_sampler(self) -> None:
         assert self._sampler is not None

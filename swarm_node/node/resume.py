@@ -1,8 +1,9 @@
 """A node's checkpoints: what a step's checkpoint holds besides the weights, and resuming from the newest one.
 
 Contract:
-- `RandomStreams(task, trainer, share)`: the node's random streams (task draws, the minibatch shuffle, a SAPO peer's
-  external selection); all three are checkpointed so that a resumed run continues exactly. `state()` /
+- `RandomStreams(task, trainer, share, book)`: the node's random streams (task draws, the minibatch shuffle, a SAPO
+  peer's external selection) and the task source's pass-rate estimates (`tasks.PassRateBook`, which the adaptive
+  selection's draws read); all are checkpointed so that a resumed run continues exactly. `state()` /
   `set_state(state)` are their JSON form (a simulation's cell snapshots keep the trainer and share streams).
 - `save(...)` writes one checkpoint atomically (model/checkpoint.py); a failure is counted and logged, never raised
   (training goes on and the next checkpoint tries again).
@@ -30,6 +31,7 @@ from swarm_node.errors import UserError
 from swarm_node.model import checkpoint
 from swarm_node.node.run_files import METRICS_FILE, truncate_metrics
 from swarm_node.status.stats import NodeStats
+from swarm_node.tasks import PassRateBook
 from swarm_node.train.trainer import Trainer
 
 
@@ -38,18 +40,24 @@ class RandomStreams:
     task: random.Random
     trainer: random.Random
     share: random.Random
+    book: PassRateBook | None = None
 
     def state(self) -> dict[str, Any]:
-        return {"task_rng": checkpoint.state_to_json(self.task.getstate()),
-                # The minibatch shuffle and the external selection too, so that a resumed run continues exactly.
-                "trainer_rng": checkpoint.state_to_json(self.trainer.getstate()),
-                "share_rng": checkpoint.state_to_json(self.share.getstate())}
+        state = {"task_rng": checkpoint.state_to_json(self.task.getstate()),
+                 # The minibatch shuffle and the external selection too, so that a resumed run continues exactly.
+                 "trainer_rng": checkpoint.state_to_json(self.trainer.getstate()),
+                 "share_rng": checkpoint.state_to_json(self.share.getstate())}
+        if self.book is not None and (self.book.families or self.book.instances):
+            state["pass_rates"] = self.book.state()
+        return state
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore the streams `state` holds (checkpoints written before a stream was saved lack it)."""
         for name, rng in (("task_rng", self.task), ("trainer_rng", self.trainer), ("share_rng", self.share)):
             if name in state:
                 rng.setstate(checkpoint.state_from_json(state[name]))
+        if self.book is not None and "pass_rates" in state:
+            self.book.set_state(state["pass_rates"])
 
 
 @dataclass

@@ -10,6 +10,10 @@ drops per reason, accepted/rejected messages per peer, forged rewards, and `peer
 `sink(external, sender)` returns the drops that putting the group caused (e.g. pool evictions, a learner refusing
 a version it never published), counted the same way. Every drop, forged reward and accepted group is also an event
 for the sender's reputation. Returns this call's drop counts by reason. The caller drains and passes the time.
+With `pass_rates` (a `tasks.PassRateBook`: `[task] adaptive_from_peers`), every group accepted and not forged feeds
+the book with OUR re-scored rewards under the sender's name (the book bounds each peer's share), and a sender whose
+groups imply pass rates far from ours on the same instances (`PassRateBook.newly_disagreeing`) is recorded once per
+episode as "pass_rate_disagreement" against its reputation (counted in `errors`).
 
 `PeerGuard` holds one node's `PeerBudget` (sharing/budget.py) and `Reputation` (sharing/reputation.py). Its
 `settle(now)` (after each ingest call) keeps the ban file `RUN_DIR/peers.json` in step: an edit on disk (`swarm-node
@@ -47,6 +51,7 @@ from swarm_node.sharing.reputation import (
 )
 from swarm_node.sharing.rescore import External, ShareContext, accept_external
 from swarm_node.status.stats import NodeStats
+from swarm_node.tasks import PassRateBook
 from swarm_node.transport.shaping import RequestBudget
 
 Sink = Callable[[External, str], Iterable[tuple[str, str]]]  # (group, sender) -> drops it caused: (sender, reason)
@@ -190,13 +195,14 @@ def _signature(path: Path) -> tuple[int, int, int] | None:
 class Ingest:
     def __init__(self, ctx: ShareContext, stats: NodeStats, delegates: Mapping[str, frozenset[str]] | None = None,
                  keep_no_signal: bool = False, guard: PeerGuard | None = None,
-                 cost_clock: Callable[[], float] = time.perf_counter) -> None:
+                 cost_clock: Callable[[], float] = time.perf_counter, pass_rates: PassRateBook | None = None) -> None:
         self.ctx = ctx
         self.stats = stats
         self.delegates = delegates  # read at each call: a learner admits workers as they join
         self.keep_no_signal = keep_no_signal
         self.guard = guard
         self.cost_clock = cost_clock  # measures the re-scoring work charged to a sender's budget
+        self.pass_rates = pass_rates  # fed with accepted groups' re-scored rewards (the adaptive selection's)
         self.peer_drops: Counter[tuple[str, str]] = Counter()  # (sender, reason), incl. forged_reward
         self._now = 0.0  # time of the current (or last) call, for drops counted from outside (pool expiry)
 
@@ -207,6 +213,15 @@ class Ingest:
         self.peer_drops[(sender, reason)] += 1
         if self.guard is not None:
             self.guard.record(sender, reason, self._now)
+
+    def _learn_pass_rates(self, external: External, sender: str, now: float) -> None:
+        assert self.pass_rates is not None
+        self.pass_rates.record(external.group.inst.ref, external.group.correctness(), peer=sender)
+        if self.pass_rates.newly_disagreeing(sender):
+            self.stats.count("errors", "pass_rate_disagreement")
+            self.peer_drops[(sender, "pass_rate_disagreement")] += 1
+            if self.guard is not None:
+                self.guard.record(sender, "pass_rate_disagreement", now)
 
     def __call__(self, received: list[Received], now: float, sink: Sink) -> dict[str, int]:
         self._now = now
@@ -242,6 +257,8 @@ class Ingest:
                 continue
             if guard is not None and not outcome.forged_reward:
                 guard.record(item.sender, "accepted", now)
+            if self.pass_rates is not None and not outcome.forged_reward:
+                self._learn_pass_rates(outcome.external, item.sender, now)
             for sender, reason in sink(outcome.external, item.sender):
                 self.drop(sender, reason, dropped)
         if guard is not None:

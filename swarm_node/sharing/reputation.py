@@ -55,8 +55,11 @@ DEFAULT_WEIGHTS: Mapping[str, float] = MappingProxyType({
     "duplicate": 0.0, "copied": 0.0, "copycat": -5.0,
     "peer_budget": -0.1,  # a flood: its groups were refused before any work
     "flood": 0.0,  # past its message rate: ignored unread (ingest.PeerGuard); a fast honest peer may be, too
-    "group_size": -0.2, "over_length": -0.2, "task_not_allowed": -0.2, "task_index_out_of_range": -0.2,
-    "future": -0.2, "replay": -0.2,
+    "group_size": -0.2, "group_tokens": -0.2, "over_length": -0.2, "task_not_allowed": -0.2,
+    "task_index_out_of_range": -0.2, "future": -0.2, "replay": -0.2,
+    # Its re-scored groups imply pass rates far from ours on the same instances (tasks/pass_rates.py): cherry-picked
+    # completions steering our difficulty estimates, or a very different policy. Once per episode.
+    "pass_rate_disagreement": -2.0,
     "stale": 0.0, "zero_advantage": 0.0, "heldout": 0.0, "tokenizer_mismatch": 0.0, "unknown_version": 0.0,
     "prompt_format_mismatch": 0.0,
     "too_old": 0.0, "pool_full": 0.0, "peer_cap": 0.0, "node_budget": 0.0,

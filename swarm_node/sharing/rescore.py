@@ -20,10 +20,15 @@ against the sender even when the group is usable. Pure: no I/O.
 Bounds (`ctx.bounds`, a `CompletionBounds` built from our own configuration): whatever a peer sends may cost us
 only what one of our own groups costs. They are checked before any id is decoded, any completion re-scored or
 anything reaches the trainer; one completion over a bound drops the whole group with a counted reason:
-- "group_size": the group must hold exactly our run.group_size completions. Policy: a peer running another group
-  size is another configuration (GRPO normalises advantages within the group, and the trainer's memory and the
-  re-scoring work are sized for our G), so all its groups are dropped, counted; smaller groups are not padded
-  and larger ones are not truncated.
+- "group_size": the group holds at least MIN_GROUP (2: one completion has no advantage) and at most
+  `max_group_completions` completions (our own largest group: run.group_size, or 2 x G under the dars allocation,
+  unless `[share] max_group_completions` says otherwise). Policy: groups of another size within the bounds (G + 1
+  for a median baseline, DARS's varying sizes) are taken: GRPO normalises advantages within each group, so a
+  group's size is its own business; a larger group is dropped whole, never truncated.
+- "group_tokens": the completions' ids together are at most `max_group_tokens` (default max_group_completions x
+  max_completion_tokens; a re-tokenized group is counted after re-tokenization): what one group may cost us in
+  re-scoring and training, whatever its size. Over a window, the re-scoring work budget (sharing/budget.py)
+  bounds a peer's cost by the measured work of the groups it sent, each bounded here.
 - "over_length": a completion has at most `max_completion_tokens` ids, EOS included; our samplers (HF generate,
   vLLM) count the EOS among the sampler.max_new_tokens new tokens, so this is exactly what we sample ourselves.
   A re-tokenized text is checked after re-tokenization, with the EOS we append, against the same bound. Policy: a
@@ -34,7 +39,7 @@ anything reaches the trainer; one completion over a bound drops the whole group 
 - "token_out_of_vocab": every id < `vocab_size` (and < len(tokenizer)), for the sender's ids and for re-tokenized
   ones alike.
 The cost of re-tokenizing (another tokenizer's group) is bounded by the wire decoder's text limit per completion
-times group_size.
+times max_group_completions.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from swarm_node.train.scoring import score_group
 from swarm_node.types import Completion, Origin, ScoredGroup
 
 REWARD_TOLERANCE = 1e-6  # a claimed reward further than this from ours counts as forged
+MIN_GROUP = 2  # completions a group needs for any advantage
 
 
 @dataclass(frozen=True)
@@ -62,13 +68,29 @@ class CompletionBounds:
     max_completion_tokens: int  # ids per completion, EOS included: our sampler.max_new_tokens
     max_context: int  # prompt + completion ids: the model's max_position_embeddings
     vocab_size: int  # every id below this: the model's vocab_size (embedding rows)
-    group_size: int  # completions per group, exactly: our run.group_size
+    group_size: int  # our run.group_size: the default of max_group_completions
+    max_group_completions: int = 0  # completions per group at most; 0: group_size
+    max_group_tokens: int = 0  # completion ids per group at most; 0: max_group_completions x max_completion_tokens
 
     def __post_init__(self) -> None:
         for name in ("max_completion_tokens", "max_context", "vocab_size", "group_size"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"CompletionBounds.{name} must be a positive int, got {value!r}")
+        for name in ("max_group_completions", "max_group_tokens"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise ValueError(f"CompletionBounds.{name} must be an int >= 0 (0: the default), got {value!r}")
+
+    @property
+    def group_completions(self) -> int:
+        """The most completions a group may hold."""
+        return self.max_group_completions or self.group_size
+
+    @property
+    def group_tokens(self) -> int:
+        """The most completion ids a group may hold, all completions together."""
+        return self.max_group_tokens or self.group_completions * self.max_completion_tokens
 
 
 @dataclass(frozen=True)
@@ -140,7 +162,7 @@ def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: flo
     if not wire.completions:
         return Outcome(None, "empty_group")
     bounds = ctx.bounds
-    if len(wire.completions) != bounds.group_size:
+    if not MIN_GROUP <= len(wire.completions) <= bounds.group_completions:
         return Outcome(None, "group_size")
     tok = ctx.tokenizer
     vocab = min(len(tok), bounds.vocab_size)
@@ -149,6 +171,7 @@ def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: flo
     ends = ctx.eos_ids or (eos,)  # any of the model's EOS ids ends one of ours
     # Every bound is checked before anything is decoded or scored: first the ids alone...
     token_ids: list[list[int]] = []
+    group_tokens = 0
     for c in wire.completions:
         # Re-tokenized as a continuation: no special tokens (a Llama-3 tokenizer would prepend its BOS to every
         # completion, which then is not well-formed).
@@ -156,6 +179,9 @@ def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: flo
         reason = _ids_reason(ids, vocab, bounds)
         if reason:
             return Outcome(None, reason)
+        group_tokens += len(ids)
+        if group_tokens > bounds.group_tokens:
+            return Outcome(None, "group_tokens")
         if same_tokenizer and not _valid_logprobs(c.logprobs, len(ids)):
             return Outcome(None, "bad_logprob")
         token_ids.append(ids)

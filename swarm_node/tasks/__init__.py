@@ -12,7 +12,10 @@ Files:
   (`RewardTerms`).
 - `source.py`: `TaskSource` over a mix of specialties (`Specialty`, `parse_specialties`): training draws, the
   held-out eval stream, what peers may send (`allows`), the training reward (`REWARD_MODES`).
-- `selection.py`: `TASK_SELECTIONS` (uniform, weighted, balanced): which specialty and index each prompt gets.
+- `selection.py`: `TASK_SELECTIONS` (uniform, weighted, balanced, adaptive): which specialty and index each prompt
+  gets.
+- `pass_rates.py`: `PassRateBook`: pass-rate estimates per family and instance, a peer's share bounded.
+- `allocation.py`: `ROLLOUT_ALLOCATIONS` (fixed, dars): how many completions each prompt of a step gets.
 - `heldout.py`: the train/eval partition by a hash of the question text (`EVAL_PERCENT` held out).
 
 Everything public is re-exported here: `from swarm_node import tasks; tasks.TaskSource(...)`.
@@ -20,6 +23,7 @@ Everything public is re-exported here: `from swarm_node import tasks; tasks.Task
 
 from __future__ import annotations
 
+from swarm_node.tasks.allocation import ROLLOUT_ALLOCATIONS, RolloutAllocation
 from swarm_node.tasks.formats import (
     ANSWER_LINE,
     ANSWER_PREFIX,
@@ -29,6 +33,7 @@ from swarm_node.tasks.formats import (
     PromptFormat,
 )
 from swarm_node.tasks.heldout import EVAL_PERCENT, bucket, is_heldout, is_heldout_question
+from swarm_node.tasks.pass_rates import OWN, PassRateBook, PassRateParams
 from swarm_node.tasks.reference import (
     DATASET_SIZE,
     DEFAULT_MIX,
@@ -54,8 +59,8 @@ __all__ = [
     "ANSWER_LINE", "BOXED_SYSTEM", "NO_TERMS", "PROMPT_FORMATS", "REWARD_TERMS", "THINK_ANSWER_SYSTEM", "PromptFormat",
     "RewardTerms",
     "ANSWER_PREFIX", "DATASET_SIZE", "DEFAULT_MIX", "DEFAULT_TASK", "DEFAULT_TASK_OPTIONS", "EVAL_PERCENT",
-    "EVAL_SEED_OFFSET", "REWARD_MODES", "TASK_SELECTIONS", "Specialty", "TaskInstance", "TaskRef", "TaskSelection",
-    "TaskSource",
+    "EVAL_SEED_OFFSET", "OWN", "REWARD_MODES", "ROLLOUT_ALLOCATIONS", "TASK_SELECTIONS", "PassRateBook",
+    "PassRateParams", "RolloutAllocation", "Specialty", "TaskInstance", "TaskRef", "TaskSelection", "TaskSource",
     "available_tasks", "bucket", "canonical_config", "dataset", "format_prompt", "instance", "is_heldout",
     "is_heldout_question", "parse_answer", "parse_specialties", "resolve_options", "score", "well_formed",
 ]

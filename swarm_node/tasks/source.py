@@ -5,9 +5,10 @@ Contract:
 - A mix is a sequence of specialties (dataset name, canonical options, weight > 0), names unique; a single task
   (`name`, `options`) is a mix of one. `parse_specialties` checks the structure of config entries (no dataset is
   built); `TaskSource` builds every dataset once, so an unknown dataset or bad options fail at construction.
-- `draw(rng, count, turn)`: training references, in the order the selection (`TASK_SELECTIONS`) picks; a pick on a
-  held-out problem (`heldout.py`) is replaced by a deterministic redraw that does not touch `rng`, so the stream is
-  the selection's stream wherever it picks a training problem.
+- `draw(rng, count, turn)`: training references, in the order the selection (`TASK_SELECTIONS`) picks (`adaptive`
+  reads the source's `book`, a `PassRateBook` the node feeds with scored groups); a pick on a held-out problem
+  (`heldout.py`) is replaced by a deterministic redraw that does not touch `rng`, so the stream is the selection's
+  stream wherever it picks a training problem.
 - `eval_refs(count)`: held-out problems only, spread evenly over the specialties, each from its own stream
   (seed + EVAL_SEED_OFFSET, indices 0, 1, 2, ... that fall in the eval bucket); deterministic.
 - `allows(ref)`: a peer's reference names an accepted (dataset, options) pair (`accept`, by default the mix, may
@@ -27,6 +28,7 @@ from swarm_node import variants
 from swarm_node.errors import ConfigError, UserError
 from swarm_node.tasks import heldout
 from swarm_node.tasks.formats import ANSWER_LINE, PromptFormat
+from swarm_node.tasks.pass_rates import PassRateBook
 from swarm_node.tasks.reference import (
     DATASET_SIZE,
     DEFAULT_TASK,
@@ -38,7 +40,7 @@ from swarm_node.tasks.reference import (
     resolve_options,
     score,
 )
-from swarm_node.tasks.selection import TASK_SELECTIONS
+from swarm_node.tasks.selection import TASK_SELECTIONS, reads_rates
 
 # Held-out evaluation draws from a seed the training stream never uses (and only eval-bucket problems).
 EVAL_SEED_OFFSET = 1_000_003
@@ -116,6 +118,7 @@ class TaskSource:
         self.reward_mode = reward
         self.selection = selection
         self.select = TASK_SELECTIONS[selection]
+        self.reads_rates = reads_rates(self.select)  # whether draws read `book`
         self.seed = seed
         self.size = size
         if mix:
@@ -136,14 +139,19 @@ class TaskSource:
         self.names = tuple(s.name for s in self.mix)
         self.weights = tuple(s.weight for s in self.mix)
         self.turn = 0  # prompts drawn so far (a rotating selection's position when the caller gives none)
+        self.book = PassRateBook()  # pass-rate estimates (the adaptive selection's; checkpointed with the streams)
         self._eval: dict[str, list[TaskRef]] = {}
 
     def draw(self, rng: random.Random, count: int, turn: int | None = None) -> list[TaskRef]:
         """`count` training references; `turn` (default: this source's own count) positions a rotating selection."""
         start = self.turn if turn is None else turn
-        picks = self.select(rng, self.weights, self.size, count, start)
+        picks = self.select(rng, self.weights, self.size, count, start, _BookRates(self))
         self.turn = start + count
         return [self._training_ref(self.mix[s], i) for s, i in picks]
+
+    def rate(self, ref: TaskRef) -> float:
+        """The estimated pass rate of a training reference (its instance's, else its family's)."""
+        return self.book.rate(ref)
 
     def _training_ref(self, spec: Specialty, index: int) -> TaskRef:
         ref = TaskRef(spec.name, spec.config, self.seed, index)
@@ -192,3 +200,18 @@ class TaskSource:
         """Whether a peer's reference names an accepted dataset and options with an index in bounds."""
         return ((ref.dataset, ref.config) in self.accepted and 0 <= ref.index < self.size
                 and 0 <= ref.seed < 2**63)
+
+
+class _BookRates:
+    """A source's `PassRateBook` read by position in its mix (`selection.PassRates`)."""
+
+    def __init__(self, source: TaskSource) -> None:
+        self.source = source
+
+    def family(self, specialty: int) -> float:
+        spec = self.source.mix[specialty]
+        return self.source.book.family_rate(spec.name, spec.config)
+
+    def instance(self, specialty: int, index: int) -> float:
+        spec = self.source.mix[specialty]
+        return self.source.book.rate(TaskRef(spec.name, spec.config, self.source.seed, index))

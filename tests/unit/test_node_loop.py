@@ -64,11 +64,13 @@ def test_a_source_of_one_skipped_step_and_drafts(tiny_model_dir: Path, tmp_path:
     assert (tmp_path / "run" / "checkpoints").is_dir()  # the last step checkpoints
 
 
-def run_node(model_dir: Path, run_dir: Path, steps: int, resume: bool) -> tuple[list[dict[str, Any]], object]:
+def run_node(model_dir: Path, run_dir: Path, steps: int, resume: bool,
+             extra: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], object]:
     cfg = load_config(None, {"model.path": str(model_dir), "sampler.kind": "hf", "run.steps": steps,
                              "run.prompts_per_step": 12, "run.group_size": 6, "run.eval_problems": 0,
                              "run.checkpoint_every": 2, "run.run_dir": str(run_dir), "run.resume": resume,
-                             "train.threads": 1, "train.minibatches": 2, "status.port": -1, "task.reward": "score"})
+                             "train.threads": 1, "train.minibatches": 2, "status.port": -1, "task.reward": "score",
+                             **(extra or {})})
     node = Node(cfg, events=NodeEvents(log=lambda _m: None))
     node.setup()
     try:
@@ -76,7 +78,8 @@ def run_node(model_dir: Path, run_dir: Path, steps: int, resume: bool) -> tuple[
     finally:
         node.close()
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return rows, (node.streams.task.getstate(), node.trainer.rng.getstate(), node.streams.share.getstate())
+    return rows, (node.streams.task.getstate(), node.trainer.rng.getstate(), node.streams.share.getstate(),
+                  node.task_source.book.state())
 
 
 def test_a_resumed_run_continues_exactly_as_an_uninterrupted_one(warm_tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -87,6 +90,23 @@ def test_a_resumed_run_continues_exactly_as_an_uninterrupted_one(warm_tiny_model
     keys = ("step", "policy_version", "reward_mean", "loss", "grad_norm")
     assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in whole]
     assert resumed_rngs == whole_rngs
+
+
+def test_adaptive_selection_and_dars_resume_exactly_within_the_budget(warm_tiny_model_dir: Path,
+                                                                       tmp_path: Path) -> None:
+    """The pass-rate estimates the draws and the allocation read are checkpointed with the streams; the groups vary
+    in size, and every step generates exactly prompts_per_step x group_size completions."""
+    extra = {"task.selection": "adaptive", "run.rollout_allocation": "dars"}
+    whole, whole_state = run_node(warm_tiny_model_dir, tmp_path / "whole", 4, False, extra)
+    run_node(warm_tiny_model_dir, tmp_path / "cut", 2, False, extra)
+    resumed, resumed_state = run_node(warm_tiny_model_dir, tmp_path / "cut", 4, True, extra)
+    keys = ("step", "policy_version", "reward_mean", "loss", "grad_norm", "gen_tokens")
+    assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in whole]
+    assert resumed_state == whole_state
+    book = whole_state[3]  # type: ignore[index]
+    assert sum(counts[""][1] for _d, _c, counts in book["families"]) == 4 * 12 * 6
+    sizes = {int(counts[""][1]) for *_ref, counts in book["instances"]}
+    assert len(sizes) > 1 and max(sizes) <= 12 and min(sizes) >= 3
 
 
 def test_an_assembled_node_refuses_attribute_assignment(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -96,3 +96,77 @@ def test_cells_are_reused_on_their_fingerprint_and_gathered(monkeypatch: pytest.
     gathered = rollout_methods.staleness(argparse.Namespace(**{**vars(args), "finished_only": True,
                                                                "seeds": [0, 1, 2]}), {"train.lr": 1e-3})
     assert len(calls) == 16 and gathered["1"]["none"]["seeds_done"] == [0, 2]  # nothing run; seed 1 never was
+
+
+def test_a_selection_cell_trains_up_to_its_token_budget(warm_tiny_model_dir: Path, tmp_path: Path) -> None:
+    from simulations.selection_cell import run_selection_cell
+
+    cfg = load_config(None, {"model.path": str(warm_tiny_model_dir), "sampler.kind": "hf", "run.steps": 50,
+                             "run.prompts_per_step": 4, "run.group_size": 4, "run.eval_problems": 8,
+                             "run.checkpoint_every": 100, "run.run_dir": str(tmp_path / "run"), "train.threads": 1,
+                             "status.port": -1, "task.selection": "adaptive", "run.rollout_allocation": "dars"})
+    result = run_selection_cell(cfg, 100, log=lambda _m: None)
+    per_step = 4 * 4 * cfg.sampler.max_new_tokens  # the most one step can generate
+    assert 100 <= result["gen_tokens"] < 100 + per_step and result["steps"] < 50
+    assert result["groups"] == 4 * result["steps"]
+    assert result["signal_frac"] == result["groups_with_signal"] / result["groups"]
+    assert 0 < len(result["heldout_outcomes"]) <= 8 and result["heldout_acc"] is not None
+    assert 0.0 <= result["cum_reward"] <= result["steps"]  # a mean reward in [0, 1] per step
+
+
+def _fake_selection_cell(calls: list[tuple[str, str, int]]) -> Any:
+    def run(cfg: Any, tokens: int, log: Any = print) -> dict[str, Any]:
+        calls.append((cfg.task.selection, cfg.run.rollout_allocation, cfg.run.seed))
+        adaptive = cfg.task.selection == "adaptive"
+        right = {"q1": 1.0, "q2": float(adaptive), "q3": float(cfg.run.seed == 1), "q4": 0.0}
+        return {"steps": 3, "gen_tokens": tokens + cfg.run.seed, "groups": 10, "groups_with_signal": 5 + 3 * adaptive,
+                "signal_frac": (5 + 3 * adaptive) / 10, "cum_reward": 4.0, "heldout_acc": sum(right.values()) / 4,
+                "heldout_outcomes": right, "wall_s": 0.0}
+    return run
+
+
+def test_the_selection_part_pairs_every_arm_with_uniform(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls: list[tuple[str, str, int]] = []
+    monkeypatch.setattr(rollout_methods, "run_selection_cell", _fake_selection_cell(calls))
+    args = argparse.Namespace(arms=["adaptive", "adaptive_dars"], seeds=[0, 1], tokens=1000, run_dir=tmp_path,
+                              finished_only=False)
+    part = rollout_methods.selection(args, {})
+    assert calls == [("uniform", "fixed", 0), ("uniform", "fixed", 1), ("adaptive", "fixed", 0),
+                     ("adaptive", "fixed", 1), ("adaptive", "dars", 0), ("adaptive", "dars", 1)]
+    assert list(part) == ["uniform", "adaptive", "adaptive_dars"]
+    uniform, adaptive = part["uniform"], part["adaptive"]
+    assert (uniform["signal_frac"], adaptive["signal_frac"]) == (0.5, 0.8)
+    assert (uniform["gen_tokens"], uniform["cum_reward"], uniform["seeds_done"]) == (1000.5, 4.0, [0, 1])
+    assert uniform["heldout_acc"] == pytest.approx(0.375) and adaptive["heldout_acc"] == pytest.approx(0.625)
+    assert "heldout_vs_uniform_paired" not in uniform
+    assert adaptive["heldout_vs_uniform_paired"]["diff"] == pytest.approx(0.25)  # q2 right in every seed
+    low, high = adaptive["heldout_vs_uniform_paired"]["ci95"]
+    assert 0.0 <= low <= 0.25 <= high <= 1.0
+    low, high = uniform["heldout_ci95"]
+    assert 0.0 <= low <= 0.375 <= high <= 1.0
+    assert rollout_methods.selection(args, {}) == part and len(calls) == 6  # every cell reused
+    stored = json.loads((tmp_path / "selection" / "adaptive_dars" / "seed1" / "result.json").read_text())
+    assert (stored["arm"], stored["seed"]) == ("adaptive_dars", 1)
+    assert stored["overrides"]["run.rollout_allocation"] == "dars"
+
+
+def test_a_swarm_cell_reads_as_a_selection_cell() -> None:
+    rows = [{"node": "0", "gen_tokens": "100", "groups_total": "4", "groups_used": "1"},
+            {"node": "1", "gen_tokens": "60", "groups_total": "4", "groups_used": "3"},
+            {"node": "0", "gen_tokens": "40", "groups_total": "4", "groups_used": ""}]
+    per_node = [{"q1": 1.0, "q2": 0.0, "q3": 1.0}, {"q1": 0.0, "q2": 0.0}]
+    out = rollout_methods.swarm_summary(2, rows, {"rounds": 2, "cum_reward": 0.5, "final_eval_acc": 0.25}, per_node)
+    assert out == {"arm": "adaptive_swarm", "seed": 2, "steps": 2, "gen_tokens": 100.0, "groups": 6.0,
+                   "groups_with_signal": 2.0, "signal_frac": 4 / 12, "cum_reward": 0.5, "heldout_acc": 0.25,
+                   "heldout_outcomes": {"q1": 0.5, "q2": 0.0}}
+
+
+def test_the_swarm_arm_runs_four_adaptive_nodes_for_the_uniform_cells_steps(warm_tiny_model_dir: Path,
+                                                                             tmp_path: Path) -> None:
+    extra = {"model.path": str(warm_tiny_model_dir), "sampler.kind": "hf", "run.prompts_per_step": 2,
+             "run.group_size": 4, "run.eval_problems": 4, "train.threads": 1}
+    out = rollout_methods.run_swarm(tmp_path, 0, 2, 2, extra, finished_only=False)
+    assert out is not None and (out["steps"], out["groups"]) == (2, 4.0)
+    assert out["signal_frac"] == out["groups_with_signal"] / out["groups"] and out["gen_tokens"] > 0
+    assert 0 < len(out["heldout_outcomes"]) <= 4 and out["heldout_acc"] is not None
+    assert rollout_methods.run_swarm(tmp_path, 0, 2, 2, extra, finished_only=True) == out  # reused
