@@ -58,6 +58,7 @@ from swarm_node.sharing.corrections import CorrectionParams, external_samples
 from swarm_node.status.stats import NodeStats
 from swarm_node.train.evaluate import EvalResult, evaluate, per_task_metrics
 from swarm_node.train.overlap import LatestWeights
+from swarm_node.train.partial import ROLLOUT_MODES, RolloutRequest
 from swarm_node.train.scoring import score_group, to_samples
 from swarm_node.train.signal import AFTER_STEPS as SIGNAL_AFTER_STEPS
 from swarm_node.train.signal import SignalWatch
@@ -87,6 +88,8 @@ class Node:
         self._step_log = StepLog(None, self.stats, self.events)  # records steps trained outside run() (simulations)
         self._last_step_end: float | None = None
         self._clock = clock  # what the time-based checkpoint schedule reads
+        self._rollouts = ROLLOUT_MODES[self.cfg.run.rollout.kind](self.cfg.run.rollout)  # carries APRIL's partials
+        self._rollout_counts: tuple[tuple[str, int], ...] = ()  # the last generation's (train/partial.Rollouts)
         self._sealed = False
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -231,29 +234,38 @@ class Node:
                     self.events.log(f"eval at step {self._step}: {self.evaluate()}")
 
     def generate_groups(self) -> tuple[list[ScoredGroup], float, int]:
-        """Sample and score this step's local groups: (groups, seconds, generated tokens)."""
+        """Sample and score this step's local groups: (groups, seconds, generated tokens), as the rollout mode
+        (`[run.rollout] kind`, train/partial.py) makes them; its counters go to `self.rollout_counts`."""
         cfg = self.cfg
         assert self._sampler is not None, "generate_groups() is called once setup() has built the sampler"
         count = self.hardware.sizes.prompts_per_step
         source = self.task_source
-        insts = [tasks.instance(r) for r in source.draw(self.streams.task, count, turn=self._draws * count)]
-        prompts = [self.prompter.ids(i) for i in insts]
+        turn = self._draws * count
+
+        def draw(n: int) -> list[tuple[tasks.TaskInstance, list[int]]]:
+            insts = [tasks.instance(r) for r in source.draw(self.streams.task, n, turn=turn)]
+            return [(i, self.prompter.ids(i)) for i in insts]
+
         params = SamplingParams(cfg.sampler.temperature, cfg.sampler.top_p, cfg.sampler.max_new_tokens,
                                 seed=cfg.run.seed * 1_000_003 + self._draws)
         self._draws += 1
         started = time.monotonic()
         try:
-            outputs = self._sampler.generate(prompts, cfg.run.group_size, params)
+            rollouts = self._rollouts.step(RolloutRequest(self._sampler, draw, count, cfg.run.group_size, params,
+                                                          frozenset(self.eos_ids)))
         except PromptTooLongError as exc:
             # vLLM's context is the prompt budget measured at start + max_new_tokens (docs/SIZING.md).
             raise UserError(f"task {', '.join(source.names)}: {exc} (vLLM: --max-model-len sets it)") from exc
         seconds = time.monotonic() - started
+        self._rollout_counts = rollouts.counts
+        for reason, n in rollouts.counts:
+            if reason in ("stale", "resume_failed") and n:
+                self.stats.count("dropped", f"partial_{reason}", n)
         special = frozenset(self.tokenizer.all_special_ids)  # a completion must be in the format, then EOS
-        groups = [score_group(i, p, out, source.reward, cfg.train.advantage, eos_id=self.eos_ids, special_ids=special,
-                              fmt=self.prompter.fmt, terms=self.reward_terms)
-                  for i, p, out in zip(insts, prompts, outputs, strict=True)]
-        tokens = sum(len(c.token_ids) for out in outputs for c in out)
-        return groups, seconds, tokens
+        groups = [score_group(g.inst, g.prompt_ids, g.completions, source.reward, cfg.train.advantage,
+                              eos_id=self.eos_ids, special_ids=special, fmt=self.prompter.fmt, terms=self.reward_terms)
+                  for g in rollouts.groups]
+        return groups, seconds, rollouts.gen_tokens
 
     def _sync_sampler(self) -> None:
         assert self._sampler is not None
@@ -271,7 +283,8 @@ class Node:
         except FloatingPointError as exc:
             return SkippedStep(f"non-finite reward ({exc})")
         self.stats.count("groups", "produced", len(groups))
-        return Draft(groups, gen_s, gen_tokens, step_started, version, draw=self._draws)
+        return Draft(groups, gen_s, gen_tokens, step_started, version, draw=self._draws,
+                     rollout=self._rollout_counts)
 
     def mix_and_train(self, item: Item) -> dict[str, Any]:
         """The second half of a step outside `run()` (a lockstep simulation): train on it, record the step."""
@@ -294,15 +307,16 @@ class Node:
         self.stats.count("groups", "used", len(used) + len(externals))
         # Version lag of each group (0 in the sequential loop, <= max_staleness when generation overlaps or the
         # groups come from workers): lag > 0 trains with the truncated importance weight.
-        lags = [self._version - g.version for g in groups]
+        # A completion resumed under newer policies (APRIL) is as old as its oldest span.
+        lags = [self._version - g.oldest_version for g in groups]
         for g, lag in zip(groups, lags, strict=True):
             if g.has_signal:
                 self.stats.count("staleness", lag, len(g.completions))
         # Other processes' log-probs (a learner's workers) are never the ratio's reference: untrusted, and from the
         # published policy, not ours; they only enter the truncated weight min(pi/mu, is_cap).
-        off_policy = [self._version - g.version > 0 or not g.origin.is_local for g in used]
+        off_policy = [self._version - g.oldest_version > 0 or not g.origin.is_local for g in used]
         train_started = time.monotonic()
-        samples = to_samples(used, off_policy) + external_samples(
+        samples = to_samples(used, off_policy, self._version) + external_samples(
             self.trainer, list(externals), cfg.share.correction.kind, CorrectionParams(**cfg.share.correction.knobs()))
         result = self.trainer.train_step(samples)
         train_s = time.monotonic() - train_started
@@ -331,6 +345,7 @@ class Node:
         # the stale correction's statistics (train.stale_correction: m2po's masked_frac, vcpo's ess)
         metrics.update({f"stale_{name}": value for name, value in result.correction.items()})
         metrics.update(self.hardware.after_step(self._step, self.trainer, self._sampler))  # the memory guard
+        metrics.update({f"rollout_{name}": value for name, value in draft.rollout})  # APRIL's counters
         if draft.share is not None:
             metrics.update(draft.share.metrics(externals))
         return metrics
