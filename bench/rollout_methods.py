@@ -1,4 +1,5 @@
-"""Rollout methods measured by the final policy's held-out accuracy. Part "staleness": corrections of stale rollouts.
+"""Rollout methods measured by the final policy's held-out accuracy. Part "staleness": corrections of stale rollouts;
+part "april": partial rollouts against the synchronous step (bench/april_arms.py says what it measures).
 
 Part "staleness" (issue 31, item 2): one node alone trains at a fixed lag S, the batch trained at version v sampled
 by version max(0, v - S) (simulations/fixed_lag.py), for every S in --lags, every correction in --corrections
@@ -15,6 +16,13 @@ other parts and the lags not given this time: "staleness": {"<S>": {"<correction
                                     [--seeds 0 1 2] [--steps 256] [--run-dir runs/rollout_methods]
                                     [--set train.lr=1e-4 ...] [--finished-only] [--out PATH]
 
+    python -m bench.rollout_methods --part april [--wall-s 1800] [--max-steps 100000] [--seeds 0]
+                                    [--long-tail-set sampler.max_new_tokens=1024 ...] [--set ...] [--loaded]
+
+Part "april" writes "april": {"throughput_ratio_vs_sync", "throughput_ratio_long_tail", "heldout_at_equal_wall_time":
+{"sync", "april", "paired_diff_ci95"}, "arms"} from the first seed given; it reports rates, so it refuses a loaded
+machine (bench/load_guard.py) unless --loaded (recorded).
+
 To use several cores, run one process per seed (or per lag) with the same --run-dir, then once more with
 --finished-only to gather every cell. Run a long sweep from a pinned worktree (bench/README.md).
 """
@@ -30,7 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import provenance
+from bench import april_arms, provenance
+from bench.load_guard import add_loaded_flag
 from bench.solo_learning import parse_set
 from simulations.code_version import code_version
 from simulations.fixed_lag import run_fixed_lag_cell
@@ -39,7 +48,9 @@ from swarm_node.config import load_config
 from swarm_node.model.default_model import DefaultModelRecipe
 
 RESULTS = Path(__file__).parent / "results"
-PARTS = ("staleness",)
+PARTS = ("staleness", "april")
+WALL_S = 1800.0  # april: each arm's wall-time budget
+LONG_TAIL = ("sampler.max_new_tokens=1024",)  # april: a budget where the 95th percentile is >= 4x the median
 LAGS = (1, 4, 16, 64)
 STEPS = 256  # 4 x the largest default lag
 RESULT_FILE = "result.json"
@@ -115,6 +126,26 @@ def staleness(args: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+def april(args: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]:
+    """Both arms on the base setting and on the long-tail one, from the first seed; each arm in its own run dir."""
+    long_tail = {**extra, **parse_set(args.long_tail_set)}
+    settings: dict[str, dict[str, Any]] = {}
+    for setting, overrides in (("base", extra), ("long_tail", long_tail)):
+        settings[setting] = {}
+        for mode in april_arms.MODES:
+            root = args.run_dir / "april" / setting / mode / f"seed{args.seeds[0]}"
+            shutil.rmtree(root, ignore_errors=True)
+            cfg = load_config(None, {**overrides, "run.seed": args.seeds[0], "run.steps": args.max_steps,
+                                     "run.checkpoint_every": args.max_steps, "status.port": -1,
+                                     "run.rollout.kind": mode, "run.run_dir": str(root)})
+            arm = april_arms.run_arm(cfg, args.wall_s, args.max_steps,
+                                     log=lambda line, s=setting, m=mode: print(f"  [{s} {m}] {line}", flush=True))
+            print(f"{setting} {mode}: {arm['steps']} steps, {arm['throughput']:.1f} tokens/s to training, "
+                  f"held-out {arm['heldout_acc']}", flush=True)
+            settings[setting][mode] = arm
+    return april_arms.summarise(settings["base"], settings["long_tail"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=PARTS, default="staleness")
@@ -127,12 +158,29 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[], help="config overrides for every cell, e.g. train.lr=1e-4")
     ap.add_argument("--finished-only", action="store_true", help="run nothing: gather the cells that completed")
     ap.add_argument("--out", type=Path, default=RESULTS / "rollout_methods.json")
+    ap.add_argument("--wall-s", type=float, default=WALL_S, help="april: each arm's wall-time budget")
+    ap.add_argument("--max-steps", type=int, default=100_000, help="april: each arm's step cap")
+    ap.add_argument("--long-tail-set", nargs="*", default=list(LONG_TAIL),
+                    help="april: the long-tail setting's overrides, on top of --set")
+    add_loaded_flag(ap)
     args = ap.parse_args()
-    run = provenance.begin()  # accuracies: no time or rate, no load guard
+    # staleness reports accuracies (no load guard); april reports rates
+    run = provenance.begin(timed=args.part == "april", loaded=args.loaded)
     extra = parse_set(args.set)
     started = time.monotonic()
     result: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
     result.pop("provenance", None)
+    if args.part == "april":
+        result["april"] = april(args, extra)
+        result["april_setup"] = {"wall_s": args.wall_s, "max_steps": args.max_steps, "seed": args.seeds[0],
+                                 "overrides": extra, "long_tail": parse_set(args.long_tail_set)}
+        result["wall_s_this_run"] = time.monotonic() - started
+        write(args.out, provenance.stamp(result, run, runs=1))
+        april_part = result["april"]
+        print(f"rollout_methods: april throughput x{april_part['throughput_ratio_vs_sync']} "
+              f"(long tail x{april_part['throughput_ratio_long_tail']}), held-out "
+              f"{april_part['heldout_at_equal_wall_time']}")
+        return
     # lags not given this time keep what the file has (raising S adds to the part instead of replacing it)
     result[args.part] = {**result.get(args.part, {}), **staleness(args, extra)}
     result[f"{args.part}_setup"] = {"steps": args.steps, "seeds": args.seeds, "overrides": extra,
@@ -140,9 +188,13 @@ def main() -> None:
                                                     for per_lag in result[args.part].values()
                                                     for c in per_lag.values())}
     result["wall_s_this_run"] = time.monotonic() - started
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(provenance.stamp(result, run, runs=len(args.seeds)), indent=1) + "\n")
+    write(args.out, provenance.stamp(result, run, runs=len(args.seeds)))
     print("rollout_methods: " + summary_line(result[args.part]))
+
+
+def write(out: Path, result: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 def summary_line(part: dict[str, Any]) -> str:
