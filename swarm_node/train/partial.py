@@ -5,7 +5,7 @@ Contract:
 - A mode's `step(request)` returns `Rollouts`: groups of G finished completions each (ending with EOS, or at the
   generation budget), the tokens generated for them and any other work (`gen_tokens`), and counters.
 - "sync" (the default): draw B prompts, generate G completions each to the end, in one sampler call: today's step.
-- "april" (APRIL, Zhou et al. 2025, "Active Partial Rollouts in Reinforcement Learning to Tame Long-tail
+- "april" (APRIL, 2025, "Active Partial Rollouts in Reinforcement Learning to Tame Long-tail
   Generation"): B x (1 + over) groups are in flight (the carried ones first, then new prompts drawn to fill the
   rest); generation runs in rounds of at most `chunk_tokens` new tokens per unfinished completion (a batch engine
   cannot be stopped mid-call, so a round is the granularity of "stop once B groups are complete"); after each round
