@@ -1,17 +1,17 @@
 """GRPO trainer: turns scored rollout groups into optimizer steps on an HF causal LM.
 
-Contract: `train_step(samples)` splits the samples into `minibatches` optimizer steps. The ratio's old log-probs
-are the sampler's behaviour log-probs (so the clip acts on real policy change). An off-policy sample with its own
+Contract: `train_step(samples)` splits the samples into `minibatches` optimizer steps. The ratio's old log-probs are
+the sampler's behaviour log-probs (so the clip acts on real policy change). An off-policy sample with its own
 `TrainSample.is_cap` (an external completion, share.correction.cap <= 1) takes the ratio against the proximal policy
-and carries the weight min(pi_proximal/mu, is_cap). The other off-policy samples (our stale rollouts, lag > 0, and
-a learner's workers' rows) train as `train.stale_correction` says, on the tokens an older policy sampled
-(`TrainSample.stale_tokens`: a completion resumed under a newer policy, APRIL, trains its fresh tokens as on-policy)
-(rl/stale.py, registry `STALE_CORRECTIONS`; its
-default "tis" is the decoupled objective with the cap train.is_cap); a correction that needs the whole minibatch
-(m2po, vcpo) gets its proximal log-probs from a forward pass without gradients first when the minibatch is more
-than one micro-batch. Its per-step statistics are `StepStats.correction` (mean over the minibatches that report
-them). A sample's `token_weights` (fixed per-token weights, 0 drops a token; set by an external correction) multiply
-its per-token loss terms, after any IS weight; a dropped token still counts in the token mean's denominator.
+and carries the weight min(pi_proximal/mu, is_cap). The other off-policy samples (our stale rollouts, lag > 0, and a
+learner's workers' rows) train as `train.stale_correction` says (rl/stale.py, registry `STALE_CORRECTIONS`; its
+default "tis" is the decoupled objective with the cap train.is_cap), on the tokens an older policy sampled: a row
+resumed under a newer policy (APRIL, `TrainSample.stale_tokens`) trains its newer tokens as on-policy; a correction
+that needs the whole minibatch (m2po, vcpo) gets its proximal log-probs from a forward pass without gradients first
+when the minibatch is more than one micro-batch. Its per-step statistics are `StepStats.correction` (mean over the
+minibatches that report them). A sample's `token_weights` (fixed per-token weights, 0 drops a token; set by an
+external correction) multiply its per-token loss terms, after any IS weight; a dropped token still counts in the
+token mean's denominator.
 Without these optional fields the computation is exactly the one without them.
 A minibatch whose loss or gradient is non-finite is skipped (counted) and never reaches the parameters.
 Memory is bounded by construction: each minibatch runs forward/backward in micro-batches (`microbatch_plan`) of at
