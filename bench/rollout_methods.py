@@ -1,5 +1,6 @@
 """Rollout methods measured by the final policy's held-out accuracy. Part "staleness": corrections of stale rollouts;
-part "selection": difficulty-targeted prompts against uniform selection at equal generated tokens.
+part "selection": difficulty-targeted prompts against uniform selection at equal generated tokens; part "april":
+partial rollouts against the synchronous step (bench/april_arms.py says what it measures).
 
 Part "staleness" (issue 31, item 2): one node alone trains at a fixed lag S, the batch trained at version v sampled
 by version max(0, v - S) (simulations/fixed_lag.py), for every S in --lags, every correction in --corrections
@@ -32,6 +33,13 @@ nodes (the nodes share the task seed, so the questions are uniform's).
     python -m bench.rollout_methods --part selection [--arms uniform adaptive adaptive_dars adaptive_swarm]
                                     [--tokens 200000] [--seeds 0 1 2] [--swarm-external 4] [--set task.mix=... ...]
 
+    python -m bench.rollout_methods --part april [--wall-s 1800] [--max-steps 100000] [--seeds 0]
+                                    [--long-tail-set sampler.max_new_tokens=1024 ...] [--set ...] [--loaded]
+
+Part "april" writes "april": {"throughput_ratio_vs_sync", "throughput_ratio_long_tail", "heldout_at_equal_wall_time":
+{"sync", "april", "paired_diff_ci95"}, "arms"} from the first seed given; it reports rates, so it refuses a loaded
+machine (bench/load_guard.py) unless --loaded (recorded).
+
 To use several cores, run one process per seed (or per lag) with the same --run-dir, then once more with
 --finished-only to gather every cell. Run a long sweep from a pinned worktree (bench/README.md).
 """
@@ -47,7 +55,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import provenance
+from bench import april_arms, provenance
+from bench.load_guard import add_loaded_flag
 from bench.solo_learning import parse_set
 from simulations.cells import cell_dir as sim_cell_dir
 from simulations.code_version import code_version
@@ -64,7 +73,9 @@ from swarm_node.model.default_model import DefaultModelRecipe
 from swarm_node.train import eval_stats
 
 RESULTS = Path(__file__).parent / "results"
-PARTS = ("staleness", "selection")
+PARTS = ("staleness", "selection", "april")
+WALL_S = 1800.0  # april: each arm's wall-time budget
+LONG_TAIL = ("sampler.max_new_tokens=1024",)  # april: a budget where the 95th percentile is >= 4x the median
 LAGS = (1, 4, 16, 64)
 STEPS = 256  # 4 x the largest default lag
 RESULT_FILE = "result.json"
@@ -262,8 +273,34 @@ def selection_setup(args: argparse.Namespace, extra: dict[str, Any], part: dict[
             "complete": all(len(arm["seeds_done"]) == len(args.seeds) for arm in part.values())}
 
 
+def april(args: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]:
+    """Both arms on the base setting and on the long-tail one, from the first seed; each arm in its own run dir."""
+    long_tail = {**extra, **parse_set(args.long_tail_set)}
+    settings: dict[str, dict[str, Any]] = {}
+    for setting, overrides in (("base", extra), ("long_tail", long_tail)):
+        settings[setting] = {}
+        for mode in april_arms.MODES:
+            root = args.run_dir / "april" / setting / mode / f"seed{args.seeds[0]}"
+            shutil.rmtree(root, ignore_errors=True)
+            cfg = load_config(None, {**overrides, "run.seed": args.seeds[0], "run.steps": args.max_steps,
+                                     "run.checkpoint_every": args.max_steps, "status.port": -1,
+                                     "run.rollout.kind": mode, "run.run_dir": str(root)})
+            arm = april_arms.run_arm(cfg, args.wall_s, args.max_steps,
+                                     log=lambda line, s=setting, m=mode: print(f"  [{s} {m}] {line}", flush=True))
+            print(f"{setting} {mode}: {arm['steps']} steps, {arm['throughput']:.1f} tokens/s to training, "
+                  f"held-out {arm['heldout_acc']}", flush=True)
+            settings[setting][mode] = arm
+    return april_arms.summarise(settings["base"], settings["long_tail"])
+
+
+def april_setup(args: argparse.Namespace, extra: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+    return {"wall_s": args.wall_s, "max_steps": args.max_steps, "seed": args.seeds[0], "overrides": extra,
+            "long_tail": parse_set(args.long_tail_set)}
+
+
 # part -> (run it, its setup record)
-PART_RUNNERS = {"staleness": (staleness, staleness_setup), "selection": (selection, selection_setup)}
+PART_RUNNERS = {"staleness": (staleness, staleness_setup), "selection": (selection, selection_setup),
+                "april": (april, april_setup)}
 
 
 def main() -> None:
@@ -277,12 +314,18 @@ def main() -> None:
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     ap.add_argument("--swarm-external", type=int, default=4, help="selection: external groups per swarm update")
     ap.add_argument("--tokens", type=int, default=TOKENS, help="selection: generated tokens per cell")
+    ap.add_argument("--wall-s", type=float, default=WALL_S, help="april: each arm's wall-time budget")
+    ap.add_argument("--max-steps", type=int, default=100_000, help="april: each arm's step cap")
+    ap.add_argument("--long-tail-set", nargs="*", default=list(LONG_TAIL),
+                    help="april: the long-tail setting's overrides, on top of --set")
+    add_loaded_flag(ap)
     ap.add_argument("--run-dir", type=Path, default=Path("runs/rollout_methods"))
     ap.add_argument("--set", nargs="*", default=[], help="config overrides for every cell, e.g. train.lr=1e-4")
     ap.add_argument("--finished-only", action="store_true", help="run nothing: gather the cells that completed")
     ap.add_argument("--out", type=Path, default=RESULTS / "rollout_methods.json")
     args = ap.parse_args()
-    run = provenance.begin()  # accuracies: no time or rate, no load guard
+    # staleness and selection report accuracies (no load guard); april reports rates
+    run = provenance.begin(timed=args.part == "april", loaded=args.loaded)
     extra = parse_set(args.set)
     started = time.monotonic()
     result: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
@@ -313,7 +356,12 @@ def summary_line(part: dict[str, Any]) -> str:
     return "; ".join(cells)
 
 
-SUMMARY_LINES = {"staleness": summary_line, "selection": selection_line}
+def april_line(part: dict[str, Any]) -> str:
+    return (f"april throughput x{part['throughput_ratio_vs_sync']} (long tail x{part['throughput_ratio_long_tail']}), "
+            f"held-out {part['heldout_at_equal_wall_time']}")
+
+
+SUMMARY_LINES = {"staleness": summary_line, "selection": selection_line, "april": april_line}
 
 
 if __name__ == "__main__":

@@ -57,15 +57,41 @@ WORKER = Origin(OriginKind.WORKER)
 @dataclass(frozen=True)
 class Completion:
     """One sampled completion: token ids (ending with EOS when the model stopped), decoded text (without EOS),
-    the processed log-prob of each sampled token, and the policy version that produced it."""
+    the processed log-prob of each sampled token, and the policy version that produced it.
+
+    A completion resumed under newer policies (APRIL, train/partial.py) carries `spans`: (first token index, policy
+    version) of each token span, in token order, the first at index 0; `version` is then the newest span's (the
+    policy that finished it). Empty `spans`: one span, (0, version)."""
 
     token_ids: tuple[int, ...]
     text: str
     logprobs: tuple[float, ...]
     version: int
+    spans: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
-        _tuples(self, "token_ids", "logprobs")
+        _tuples(self, "token_ids", "logprobs", "spans")
+        if self.spans and not isinstance(self.spans[0], tuple):
+            raise TypeError("Completion.spans holds (start, version) tuples")
+        object.__setattr__(self, "spans", tuple(tuple(s) for s in self.spans))
+
+    def version_spans(self) -> tuple[tuple[int, int], ...]:
+        """(first token index, policy version) of each span: `spans`, or the one span (0, version)."""
+        return self.spans or ((0, self.version),)
+
+    @property
+    def oldest_version(self) -> int:
+        """The oldest policy that sampled any of its tokens (what the staleness bound reads)."""
+        return min(v for _, v in self.version_spans())
+
+    def token_versions(self) -> tuple[int, ...]:
+        """The policy version that sampled each token."""
+        spans = self.version_spans()
+        out: list[int] = []
+        for k, (start, version) in enumerate(spans):
+            end = spans[k + 1][0] if k + 1 < len(spans) else len(self.token_ids)
+            out.extend([version] * (end - start))
+        return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -74,7 +100,9 @@ class TrainSample:
 
     The two optional fields serve external completions (sharing/corrections.py); absent, training is unchanged.
     `token_weights`: a fixed weight per completion token multiplying its loss term (0 drops the token).
-    `is_cap`: for an off-policy row, its own cap on min(pi_proximal / mu, cap) instead of `train.is_cap`."""
+    `is_cap`: for an off-policy row, its own cap on min(pi_proximal / mu, cap) instead of `train.is_cap`.
+    `stale_tokens`: for an off-policy row of our own, which completion tokens an older policy sampled (a completion
+    resumed under a newer policy, APRIL); the stale correction applies to those alone. None: all of them."""
 
     prompt_ids: tuple[int, ...]
     completion_ids: tuple[int, ...]
@@ -83,9 +111,10 @@ class TrainSample:
     off_policy: bool = False  # behaviour policy is older than the trained one: apply the IS weight
     token_weights: tuple[float, ...] | None = None  # one per completion token, or None (all 1)
     is_cap: float | None = None  # None: the trainer's train.is_cap
+    stale_tokens: tuple[bool, ...] | None = None  # one per completion token, or None (all, when off_policy)
 
     def __post_init__(self) -> None:
-        _tuples(self, "prompt_ids", "completion_ids", "behaviour_logprobs", "token_weights")
+        _tuples(self, "prompt_ids", "completion_ids", "behaviour_logprobs", "token_weights", "stale_tokens")
 
 
 @dataclass(frozen=True)
@@ -114,6 +143,11 @@ class ScoredGroup:
     def version(self) -> int:
         """The policy version that generated the completions (within one lineage; see train/staleness.py)."""
         return self.completions[0].version if self.completions else 0
+
+    @property
+    def oldest_version(self) -> int:
+        """The oldest policy that sampled any token of the group (a resumed completion's first span: APRIL)."""
+        return min((c.oldest_version for c in self.completions), default=0)
 
     @property
     def has_signal(self) -> bool:
@@ -172,9 +206,11 @@ class Draft:
     draw: int = 0  # the node's batch number of this draw (a published group's id derives from it)
     externals: tuple[PoolEntry, ...] = ()
     share: ShareReport | None = None  # None: a node that does not share
+    # the rollout mode's counters for this draft (train/partial.py), e.g. ("resume_failed", 2); empty for sync
+    rollout: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
-        _tuples(self, "groups", "externals")
+        _tuples(self, "groups", "externals", "rollout")
 
 
 @dataclass(frozen=True)

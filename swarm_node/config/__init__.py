@@ -3,7 +3,7 @@ TOML file < CLI overrides and validated (`load_config`); nothing changes it afte
 
 - `schema.py`   mapping -> frozen config: key and type checks, variants chosen by `kind`, dotted replacement
 - `checks.py`   the one-line value checks the sections share
-- `run.py`      [run], [model], [task]
+- `run.py`      [run], [model], [task]; [run.rollout]: one class per rollout mode (`ROLLOUT_CONFIGS`)
 - `sampler.py`  [sampler]: one class per sampler kind (`SAMPLER_CONFIGS`)
 - `train.py`    [train] and [train.stale_correction]: one class per stale-rollout correction
                 (`STALE_CORRECTION_CONFIGS`)
@@ -18,7 +18,14 @@ from swarm_node.config.loading import RENAMED, build_config, load_config, nest, 
 from swarm_node.config.network import EchoConfig, NetworkConfig, StatusConfig
 from swarm_node.config.node import NodeConfig
 from swarm_node.config.peers import PeersConfig
-from swarm_node.config.run import ModelConfig, RunConfig, TaskConfig
+from swarm_node.config.run import (
+    ROLLOUT_CONFIGS,
+    AprilRolloutConfig,
+    ModelConfig,
+    RolloutConfig,
+    RunConfig,
+    TaskConfig,
+)
 from swarm_node.config.sampler import (
     SAMPLER_CONFIGS,
     AutoSamplerConfig,
@@ -45,7 +52,8 @@ from swarm_node.config.train import (
 )
 
 __all__ = [
-    "CORRECTION_CONFIGS", "RENAMED", "SAMPLER_CONFIGS", "STALE_CORRECTION_CONFIGS", "M2POStaleConfig",
+    "CORRECTION_CONFIGS", "RENAMED", "ROLLOUT_CONFIGS", "AprilRolloutConfig", "RolloutConfig",
+    "SAMPLER_CONFIGS", "STALE_CORRECTION_CONFIGS", "M2POStaleConfig",
     "StaleCorrectionConfig", "TISStaleConfig", "VCPOStaleConfig", "AutoSamplerConfig", "CappedCorrectionConfig",
     "CorrectionConfig", "DecoupledCorrectionConfig", "EchoConfig", "FTISCorrectionConfig", "HFSamplerConfig",
     "ISCorrectionConfig", "ModelConfig", "NetworkConfig", "NodeConfig", "PeersConfig", "RunConfig", "SamplerConfig",

@@ -1,4 +1,6 @@
-"""`[run]`, `[model]` and `[task]`: what a node runs, on which model and task, where it keeps its files."""
+"""`[run]`, `[model]` and `[task]`: what a node runs, on which model and task, where it keeps its files; and
+`[run.rollout]`: how a step's rollouts are generated, one class per mode chosen by `kind` (registry
+`ROLLOUT_CONFIGS`, names `variants.ROLLOUT_MODES`, the bookkeeping in train/partial.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,43 @@ from swarm_node import variants
 from swarm_node.config.checks import non_negative, one_of, positive
 from swarm_node.errors import ConfigError
 from swarm_node.tasks import DATASET_SIZE, DEFAULT_MIX, RewardTerms, TaskSource, parse_specialties
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How a step's rollouts are generated. Built alone it is "sync": B prompts, G completions each, to the end."""
+
+    section: ClassVar[str] = "run.rollout"
+    by_kind: ClassVar[variants.Registry[type[RolloutConfig]]]
+
+    kind: str = "sync"
+
+    def validate(self) -> None:
+        one_of(self, "kind", variants.ROLLOUT_MODES)
+
+
+ROLLOUT_CONFIGS: variants.Registry[type[RolloutConfig]] = variants.Registry("run.rollout config",
+                                                                            variants.ROLLOUT_MODES)
+RolloutConfig.by_kind = ROLLOUT_CONFIGS
+ROLLOUT_CONFIGS.add("sync", RolloutConfig)
+
+
+@ROLLOUT_CONFIGS.register("april")
+@dataclass(frozen=True)
+class AprilRolloutConfig(RolloutConfig):
+    """APRIL: request B x (1 + over) prompts, generate in rounds of `chunk_tokens` new tokens, stop once B groups
+    are complete and carry the unfinished completions into later steps; a carried completion whose oldest token
+    span lags the policy by more than `max_lag` versions is discarded."""
+
+    kind: str = "april"
+    over: float = 0.5
+    chunk_tokens: int = 32
+    max_lag: int = 2
+
+    def validate(self) -> None:
+        super().validate()
+        positive(self, "chunk_tokens")
+        non_negative(self, "over", "max_lag")
 
 
 @dataclass(frozen=True)
@@ -40,10 +79,16 @@ class RunConfig:
     device: str = "auto"
     memory_budget_mib: int = 0
     memory_guard: bool = True
+    # `[run.rollout] kind`: variants.ROLLOUT_MODES; "april" carries partial rollouts across steps (train/partial.py)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
     def validate(self) -> None:
+        self.rollout.validate()
         positive(self, "steps", "prompts_per_step", "group_size", "checkpoint_every", "keep_checkpoints")
         one_of(self, "rollout_allocation", variants.ROLLOUT_ALLOCATIONS)
+        if self.rollout_allocation != "fixed" and self.rollout.kind != "sync":
+            raise ConfigError(f"run.rollout_allocation {self.rollout_allocation!r} needs run.rollout.kind 'sync' "
+                              f"(APRIL carries groups of G), got {self.rollout.kind!r}")
         non_negative(self, "eval_every", "eval_problems", "memory_budget_mib", "checkpoint_every_s")
         if self.seed is not None and self.seed < 0:
             raise ConfigError(f"run.seed must be >= 0, got {self.seed}")

@@ -43,14 +43,7 @@ from swarm_node.model.tokenizer import eos_ids, tokenizer_hash
 from swarm_node.node.build import model_dir_for, sampler_settings, seeded
 from swarm_node.node.hardware import Hardware
 from swarm_node.node.resume import CheckpointSchedule, RandomStreams, restore_latest, save
-from swarm_node.node.run_files import (
-    METRICS_FILE,
-    NodeEvents,
-    RunSummary,
-    StepLog,
-    prepare_run_dir,
-    reward_window,
-)
+from swarm_node.node.run_files import METRICS_FILE, NodeEvents, RunSummary, StepLog, prepare_run_dir, reward_window
 from swarm_node.node.sources import Item, OverlappedSource, RolloutSource, SequentialSource
 from swarm_node.sampler.base import PromptTooLongError, Sampler, SamplingParams
 from swarm_node.sampler.factory import make_sampler
@@ -58,6 +51,7 @@ from swarm_node.sharing.corrections import CorrectionParams, external_samples
 from swarm_node.status.stats import NodeStats
 from swarm_node.train.evaluate import EvalResult, evaluate, per_task_metrics
 from swarm_node.train.overlap import LatestWeights
+from swarm_node.train.partial import ROLLOUT_MODES, RolloutRequest
 from swarm_node.train.scoring import score_group, to_samples
 from swarm_node.train.signal import AFTER_STEPS as SIGNAL_AFTER_STEPS
 from swarm_node.train.signal import SignalWatch
@@ -87,6 +81,8 @@ class Node:
         self._step_log = StepLog(None, self.stats, self.events)  # records steps trained outside run() (simulations)
         self._last_step_end: float | None = None
         self._clock = clock  # what the time-based checkpoint schedule reads
+        self._rollouts = ROLLOUT_MODES[self.cfg.run.rollout.kind](self.cfg.run.rollout)  # carries APRIL's partials
+        self._rollout_counts: tuple[tuple[str, int], ...] = ()  # the last generation's (train/partial.Rollouts)
         self._sealed = False
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -234,44 +230,45 @@ class Node:
                     self.events.log(f"eval at step {self._step}: {self.evaluate()}")
 
     def generate_groups(self) -> tuple[list[ScoredGroup], float, int]:
-        """Sample and score this step's local groups: (groups, seconds, generated tokens)."""
+        """Sample and score this step's local groups: (groups, seconds, generated tokens), as the rollout mode
+        (`[run.rollout] kind`, train/partial.py) makes them; its counters go to `self.rollout_counts`."""
         cfg = self.cfg
         assert self._sampler is not None, "generate_groups() is called once setup() has built the sampler"
         count = self.hardware.sizes.prompts_per_step
         source = self.task_source
-        insts = [tasks.instance(r) for r in source.draw(self.streams.task, count, turn=self._draws * count)]
-        prompts = [self.prompter.ids(i) for i in insts]
+        turn = self._draws * count
+
+        def draw(n: int) -> list[tuple[tasks.TaskInstance, list[int]]]:
+            insts = [tasks.instance(r) for r in source.draw(self.streams.task, n, turn=turn)]
+            return [(i, self.prompter.ids(i)) for i in insts]
+
         params = SamplingParams(cfg.sampler.temperature, cfg.sampler.top_p, cfg.sampler.max_new_tokens,
                                 seed=cfg.run.seed * 1_000_003 + self._draws)
         self._draws += 1
         # Completions per prompt: G each, or (run.rollout_allocation = dars) more for hard unsolved ones, same total.
-        sizes = self._allocation.allocate([source.rate(i.ref) for i in insts], cfg.run.group_size)
+        def sizes(insts: list[tasks.TaskInstance]) -> list[int]:
+            return self._allocation.allocate([source.rate(i.ref) for i in insts], cfg.run.group_size)
+
         started = time.monotonic()
         try:
-            outputs = self._generate(prompts, sizes, params)
+            rollouts = self._rollouts.step(RolloutRequest(self._sampler, draw, count, cfg.run.group_size, params,
+                                                          frozenset(self.eos_ids), sizes))
         except PromptTooLongError as exc:
             # vLLM's context is the prompt budget measured at start + max_new_tokens (docs/SIZING.md).
             raise UserError(f"task {', '.join(source.names)}: {exc} (vLLM: --max-model-len sets it)") from exc
         seconds = time.monotonic() - started
+        self._rollout_counts = rollouts.counts
+        for reason, n in rollouts.counts:
+            if reason in ("stale", "resume_failed") and n:
+                self.stats.count("dropped", f"partial_{reason}", n)
         special = frozenset(self.tokenizer.all_special_ids)  # a completion must be in the format, then EOS
-        groups = [score_group(i, p, out, source.reward, cfg.train.advantage, eos_id=self.eos_ids, special_ids=special,
-                              fmt=self.prompter.fmt, terms=self.reward_terms)
-                  for i, p, out in zip(insts, prompts, outputs, strict=True)]
+        groups = [score_group(g.inst, g.prompt_ids, g.completions, source.reward, cfg.train.advantage,
+                              eos_id=self.eos_ids, special_ids=special, fmt=self.prompter.fmt, terms=self.reward_terms)
+                  for g in rollouts.groups]
         if self._track_rates:  # the adaptive selection's and the allocation's estimates (checkpointed)
-            for inst, group in zip(insts, groups, strict=True):
-                source.book.record(inst.ref, group.correctness())
-        tokens = sum(len(c.token_ids) for out in outputs for c in out)
-        return groups, seconds, tokens
-
-    def _generate(self, prompts: list[list[int]], sizes: list[int], params: SamplingParams) -> list[list[Any]]:
-        """`sizes[i]` completions for prompt i: one sampler call per distinct size (one call when all are G)."""
-        assert self._sampler is not None
-        outputs: list[list[Any]] = [[] for _ in prompts]
-        for size in sorted(set(sizes)):
-            rows = [i for i, n in enumerate(sizes) if n == size]
-            for i, out in zip(rows, self._sampler.generate([prompts[i] for i in rows], size, params), strict=True):
-                outputs[i] = out
-        return outputs
+            for group in groups:
+                source.book.record(group.inst.ref, group.correctness())
+        return groups, seconds, rollouts.gen_tokens
 
     def _sync_sampler(self) -> None:
         assert self._sampler is not None
@@ -289,7 +286,8 @@ class Node:
         except FloatingPointError as exc:
             return SkippedStep(f"non-finite reward ({exc})")
         self.stats.count("groups", "produced", len(groups))
-        return Draft(groups, gen_s, gen_tokens, step_started, version, draw=self._draws)
+        return Draft(groups, gen_s, gen_tokens, step_started, version, draw=self._draws,
+                     rollout=self._rollout_counts)
 
     def mix_and_train(self, item: Item) -> dict[str, Any]:
         """The second half of a step outside `run()` (a lockstep simulation): train on it, record the step."""
@@ -312,15 +310,16 @@ class Node:
         self.stats.count("groups", "used", len(used) + len(externals))
         # Version lag of each group (0 in the sequential loop, <= max_staleness when generation overlaps or the
         # groups come from workers): lag > 0 trains with the truncated importance weight.
-        lags = [self._version - g.version for g in groups]
+        # A completion resumed under newer policies (APRIL) is as old as its oldest span.
+        lags = [self._version - g.oldest_version for g in groups]
         for g, lag in zip(groups, lags, strict=True):
             if g.has_signal:
                 self.stats.count("staleness", lag, len(g.completions))
         # Other processes' log-probs (a learner's workers) are never the ratio's reference: untrusted, and from the
         # published policy, not ours; they only enter the truncated weight min(pi/mu, is_cap).
-        off_policy = [self._version - g.version > 0 or not g.origin.is_local for g in used]
+        off_policy = [self._version - g.oldest_version > 0 or not g.origin.is_local for g in used]
         train_started = time.monotonic()
-        samples = to_samples(used, off_policy) + external_samples(
+        samples = to_samples(used, off_policy, self._version) + external_samples(
             self.trainer, list(externals), cfg.share.correction.kind, CorrectionParams(**cfg.share.correction.knobs()))
         result = self.trainer.train_step(samples)
         train_s = time.monotonic() - train_started
@@ -349,6 +348,7 @@ class Node:
         # the stale correction's statistics (train.stale_correction: m2po's masked_frac, vcpo's ess)
         metrics.update({f"stale_{name}": value for name, value in result.correction.items()})
         metrics.update(self.hardware.after_step(self._step, self.trainer, self._sampler))  # the memory guard
+        metrics.update({f"rollout_{name}": value for name, value in draft.rollout})  # APRIL's counters
         if draft.share is not None:
             metrics.update(draft.share.metrics(externals))
         return metrics

@@ -14,6 +14,9 @@ model's config are named in one line at start (`unreproduced_processors`).
 Memory: `max_rows` (0: no limit; `limit_rows`, from the node's memory sizing, train/sizing.py) caps the rows of one
 `generate()` pass; a larger request runs in consecutive passes of whole prompts, the seeded RNG running on from
 one pass to the next. With no cap (the default) a call is one pass, as before.
+Resume (APRIL, `Sampler.resume`): prompt + the tokens so far as one left-padded row each, no KV cache kept between
+calls, so under greedy decoding and unchanged weights a completion resumed in chunks is token-identical to one
+generated at once. A token id past the vocabulary fails the embedding (IndexError): `ResumeError`.
 """
 
 from __future__ import annotations
@@ -87,6 +90,9 @@ class HFSampler(Sampler):
             return [group for part in self.passes(len(prompts), n)
                     for group in self._generate([prompts[i] for i in part], n, params)]
 
+    def decode(self, token_ids: tuple[int, ...] | list[int]) -> str:
+        return self.tokenizer.decode([t for t in token_ids if t not in self.eos_ids], skip_special_tokens=True)
+
     def _generate(self, prompts: list[list[int]], n: int, params: SamplingParams) -> list[list[Completion]]:
         eos = self.eos_ids
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
@@ -119,7 +125,7 @@ class HFSampler(Sampler):
             if end is not None:
                 ids = ids[: end + 1]
             lps = token_logps[i, : len(ids)].tolist()
-            text = self.tokenizer.decode([t for t in ids if t not in eos], skip_special_tokens=True)
+            text = self.decode(ids)
             if i % n == 0:
                 results.append([])
             results[-1].append(Completion(ids, text, lps, self.version))

@@ -10,7 +10,8 @@ module sets VLLM_ENABLE_V1_MULTIPROCESSING=0 (and VLLM_LOGGING_LEVEL=ERROR by de
 anything else imports vllm. On a GPU the engine shares the card with the trainer in this process: its
 `gpu_memory_utilization` is derived from its weights, its KV cache and an activation reserve
 (`gpu_memory_fraction`), not left at vLLM's 0.9, which would claim the trainer's memory. Design notes (log-probs,
-process model, environment, threads, memory): docs/vllm_sampler.md.
+process model, environment, threads, memory): docs/vllm_sampler.md. Resume (APRIL, `Sampler.resume`): prompt + the
+tokens so far re-prefilled (the prefix cache is reset at every weight load); out-of-vocabulary ids: `ResumeError`.
 """
 
 from __future__ import annotations
@@ -346,8 +347,10 @@ class VLLMSampler(Sampler):
         logprobs = list(out.logprobs.logprobs) if out.logprobs is not None else []
         if len(logprobs) != len(ids):
             raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(ids)} tokens")
-        text = self.tokenizer.decode([t for t in ids if t not in self.eos_ids], skip_special_tokens=True)
-        return Completion(ids, text, logprobs, self.version)
+        return Completion(ids, self.decode(ids), logprobs, self.version)
+
+    def decode(self, token_ids: tuple[int, ...] | list[int]) -> str:
+        return self.tokenizer.decode([t for t in token_ids if t not in self.eos_ids], skip_special_tokens=True)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         # reload_weights runs the model's own load_weights (checkpoint names) and then its post-load processing,

@@ -7,7 +7,8 @@ row to more than twice its length, so one long row is padded alone instead of mu
 compute) of the whole minibatch. A row longer than the budget is a micro-batch of its own (the share bounds cap a
 row at the model's context).
 A batch carries per-token weights and per-row IS caps only when some sample sets them (external completions,
-sharing/corrections.py); otherwise those fields are None and the trainer computes exactly as without them.
+sharing/corrections.py), and per-token stale flags only when some sample sets them (a completion resumed under a
+newer policy, APRIL); otherwise those fields are None and the trainer computes exactly as without them.
 Shapes: N sequences, L positions. Pure tensor code: no model, no optimizer.
 """
 
@@ -38,6 +39,9 @@ class Batch:
     # [N] per-row cap on an off-policy row's truncated IS weight (NaN: the trainer's train.is_cap), or None when
     # no sample sets one.
     is_cap: torch.Tensor | None = None
+    # [N, L-1] bool: the completion tokens an older policy sampled (True at every position of a sample without
+    # `stale_tokens`), or None when no sample sets it: then every token of an off-policy row is stale.
+    stale_tokens: torch.Tensor | None = None
 
 
 def collate(samples: list[TrainSample], pad_id: int) -> Batch:
@@ -59,7 +63,20 @@ def collate(samples: list[TrainSample], pad_id: int) -> Batch:
     return Batch(ids, attention, ids[:, 1:], mask, behaviour,
                  torch.tensor([s.advantage for s in samples], dtype=torch.float32),
                  torch.tensor([s.off_policy for s in samples]),
-                 _token_weights(samples, mask), _row_caps(samples))
+                 _token_weights(samples, mask), _row_caps(samples), _stale_tokens(samples, width))
+
+
+def _stale_tokens(samples: list[TrainSample], width: int) -> torch.Tensor | None:
+    if all(s.stale_tokens is None for s in samples):
+        return None
+    stale = torch.ones((len(samples), width - 1), dtype=torch.bool)
+    for i, s in enumerate(samples):
+        if s.stale_tokens is not None:
+            p, c = len(s.prompt_ids), len(s.completion_ids)
+            if len(s.stale_tokens) != c:
+                raise ValueError(f"sample {i}: {c} completion tokens but {len(s.stale_tokens)} stale flags")
+            stale[i, p - 1 : p + c - 1] = torch.tensor(s.stale_tokens, dtype=torch.bool)
+    return stale
 
 
 def _token_weights(samples: list[TrainSample], mask: torch.Tensor) -> torch.Tensor | None:

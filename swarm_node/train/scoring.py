@@ -47,10 +47,26 @@ def score_group(inst: tasks.TaskInstance, prompt_ids: Sequence[int], completions
                        estimator.pivot(values), correct)
 
 
-def to_samples(groups: Sequence[ScoredGroup], off_policy: Sequence[bool] | None = None) -> list[TrainSample]:
+def to_samples(groups: Sequence[ScoredGroup], off_policy: Sequence[bool] | None = None,
+               current_version: int | None = None) -> list[TrainSample]:
     """The training rows of `groups` (a group's pivot trains none); `off_policy[i]` marks group i's rows for the
-    stale correction (default: none is)."""
+    stale correction (default: none is). With `current_version`, a completion resumed under several policies
+    (APRIL) marks the tokens an older policy sampled (`TrainSample.stale_tokens`), so the correction applies to
+    those alone; a row whose tokens are all stale, or all fresh, keeps `stale_tokens` None."""
     flags = off_policy if off_policy is not None else [False] * len(groups)
-    return [TrainSample(g.prompt_ids, c.token_ids, c.logprobs, a, off)
+    return [_sample(g, c, a, off, current_version)
             for g, off in zip(groups, flags, strict=True)
             for c, a in g.trained() if c.token_ids]
+
+
+def _sample(group: ScoredGroup, c: Completion, advantage: float, off_policy: bool,
+            current_version: int | None) -> TrainSample:
+    stale: tuple[bool, ...] | None = None
+    # only our own sampler's log-probs can be fresh: another process's rows stay off-policy whole
+    if current_version is not None and group.origin.is_local and len(c.version_spans()) > 1:
+        marks = tuple(v < current_version for v in c.token_versions())
+        if any(marks) and not all(marks):
+            stale = marks
+        off_policy = off_policy or any(marks)
+    return TrainSample(group.prompt_ids, c.token_ids, c.logprobs, advantage, off_policy,
+                       stale_tokens=stale if off_policy else None)

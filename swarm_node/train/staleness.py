@@ -6,6 +6,8 @@ Contract (pure, no I/O, no torch):
 - `--max-staleness S`: a rollout with lag > S never reaches the loss (dropped, counted as "stale"); a rollout that
   claims a version newer than the current one cannot be from this lineage and is dropped as "future_version".
   Within S, lag > 0 marks the rollout off-policy: the trainer weighs it by a truncated importance ratio.
+- A completion resumed under newer policies (APRIL) has one version per token span: the bound reads its oldest
+  span (`span_drop_reason`), and the correction applies to the stale spans' tokens alone (train/scoring.py).
 - `RolloutBuffer` holds (item, version) pairs first in, first out, bounded: when full, the oldest entry goes first
   (counted as "overflow"), since it is the one closest to the bound.
 """
@@ -13,6 +15,7 @@ Contract (pure, no I/O, no torch):
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -31,6 +34,15 @@ def drop_reason(current_version: int, rollout_version: int, max_staleness: int) 
     if d > max_staleness:
         return "stale"
     return None
+
+
+def span_drop_reason(current_version: int, span_versions: Iterable[int], max_staleness: int) -> str | None:
+    """`drop_reason` per token span of a completion resumed under several policies (APRIL): stale when its oldest
+    span is, a future version when any span claims one."""
+    versions = list(span_versions)
+    if any(v > current_version for v in versions):
+        return "future_version"
+    return drop_reason(current_version, min(versions, default=current_version), max_staleness)
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,17 @@
 """GRPO trainer: turns scored rollout groups into optimizer steps on an HF causal LM.
 
-Contract: `train_step(samples)` splits the samples into `minibatches` optimizer steps. The ratio's old log-probs
-are the sampler's behaviour log-probs (so the clip acts on real policy change). An off-policy sample with its own
+Contract: `train_step(samples)` splits the samples into `minibatches` optimizer steps. The ratio's old log-probs are
+the sampler's behaviour log-probs (so the clip acts on real policy change). An off-policy sample with its own
 `TrainSample.is_cap` (an external completion, share.correction.cap <= 1) takes the ratio against the proximal policy
-and carries the weight min(pi_proximal/mu, is_cap). The other off-policy samples (our stale rollouts, lag > 0, and
-a learner's workers' rows) train as `train.stale_correction` says (rl/stale.py, registry `STALE_CORRECTIONS`; its
-default "tis" is the decoupled objective with the cap train.is_cap); a correction that needs the whole minibatch
-(m2po, vcpo) gets its proximal log-probs from a forward pass without gradients first when the minibatch is more
-than one micro-batch. Its per-step statistics are `StepStats.correction` (mean over the minibatches that report
-them). A sample's `token_weights` (fixed per-token weights, 0 drops a token; set by an external correction) multiply
-its per-token loss terms, after any IS weight; a dropped token still counts in the token mean's denominator.
+and carries the weight min(pi_proximal/mu, is_cap). The other off-policy samples (our stale rollouts, lag > 0, and a
+learner's workers' rows) train as `train.stale_correction` says (rl/stale.py, registry `STALE_CORRECTIONS`; its
+default "tis" is the decoupled objective with the cap train.is_cap), on the tokens an older policy sampled: a row
+resumed under a newer policy (APRIL, `TrainSample.stale_tokens`) trains its newer tokens as on-policy; a correction
+that needs the whole minibatch (m2po, vcpo) gets its proximal log-probs from a forward pass without gradients first
+when the minibatch is more than one micro-batch. Its per-step statistics are `StepStats.correction` (mean over the
+minibatches that report them). A sample's `token_weights` (fixed per-token weights, 0 drops a token; set by an
+external correction) multiply its per-token loss terms, after any IS weight; a dropped token still counts in the
+token mean's denominator.
 Without these optional fields the computation is exactly the one without them.
 A minibatch whose loss or gradient is non-finite is skipped (counted) and never reaches the parameters.
 Memory is bounded by construction: each minibatch runs forward/backward in micro-batches (`microbatch_plan`) of at
@@ -235,21 +237,22 @@ class Trainer:
             capped = self._capped_rows(batch)
             stale_rows = batch.off_policy & ~capped
             is_weights = torch.ones_like(proximal)
-            against_proximal = capped
+            # per token: against the proximal policy; a resumed completion's fresh tokens keep their own ratio
+            against_proximal = capped.unsqueeze(-1).expand_as(proximal)
             if bool(stale_rows.any()):
                 stale = fixed if fixed is not None else self.stale_correction.apply(
                     self._stale_batch(batch, proximal, stale_rows), self.stale_params)
+                stale_tokens = self._stale_tokens(batch, stale_rows)
                 if stale.token_weights is not None:
-                    is_weights = torch.where(stale_rows.unsqueeze(-1), stale.token_weights.to(proximal.dtype),
-                                             is_weights)
+                    is_weights = torch.where(stale_tokens, stale.token_weights.to(proximal.dtype), is_weights)
                 if stale.proximal_ratio:
-                    against_proximal = capped | stale_rows
+                    against_proximal = against_proximal | stale_tokens
                 advantages = torch.where(stale_rows, stale.advantages.to(advantages.dtype), advantages)
             if batch.is_cap is not None:  # rows with their own cap (external completions: share.correction.cap <= 1)
                 cap = torch.nan_to_num(batch.is_cap, nan=self.cfg.is_cap).to(proximal.dtype).unsqueeze(-1)
                 w = truncated_is_weights(proximal, batch.behaviour, cap)
                 is_weights = torch.where(capped.unsqueeze(-1), w, is_weights)
-            old_logp = torch.where(against_proximal.unsqueeze(-1), proximal, batch.behaviour)
+            old_logp = torch.where(against_proximal, proximal, batch.behaviour)
         if batch.token_weights is not None:
             tw = batch.token_weights.to(logp.dtype)
             is_weights = tw if is_weights is None else is_weights * tw
@@ -271,8 +274,15 @@ class Trainer:
         return batch.off_policy & ~torch.isnan(batch.is_cap)
 
     @staticmethod
+    def _stale_tokens(batch: Batch, stale_rows: torch.Tensor) -> torch.Tensor:
+        """[N, L-1] bool: the positions the stale correction acts on: every position of a stale row, or, where the
+        batch marks tokens (`Batch.stale_tokens`, APRIL), the stale tokens of stale rows alone."""
+        rows = stale_rows.unsqueeze(-1).expand(batch.mask.shape)
+        return rows if batch.stale_tokens is None else rows & batch.stale_tokens
+
+    @staticmethod
     def _stale_batch(batch: Batch, proximal: torch.Tensor, stale_rows: torch.Tensor) -> StaleBatch:
-        mask = batch.mask * stale_rows.unsqueeze(-1)
+        mask = batch.mask * Trainer._stale_tokens(batch, stale_rows)
         return StaleBatch((proximal - batch.behaviour) * mask, mask, stale_rows, batch.advantages,
                           prompt_keys(batch).to(batch.advantages.device))
 

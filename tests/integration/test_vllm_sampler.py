@@ -21,7 +21,7 @@ from swarm_node.errors import UserError  # noqa: E402
 from swarm_node.model.default_model import DefaultModelRecipe, random_qwen2  # noqa: E402
 from swarm_node.model.tokenizer import build_char_tokenizer  # noqa: E402
 from swarm_node.rl.logprobs import processed_log_softmax  # noqa: E402
-from swarm_node.sampler.base import PromptTooLongError, SamplerSettings, SamplingParams  # noqa: E402
+from swarm_node.sampler.base import PromptTooLongError, ResumeError, SamplerSettings, SamplingParams  # noqa: E402
 from swarm_node.sampler.factory import make_sampler  # noqa: E402
 from swarm_node.sampler.hf import HFSampler  # noqa: E402
 from swarm_node.sampler.vllm_sampler import EngineSizes, ModelShape, VLLMSampler, derive_engine_sizes  # noqa: E402
@@ -153,6 +153,34 @@ def test_weight_update_changes_output_and_keeps_parity(sampler: VLLMSampler, pro
     restored = sampler.generate(prompts, 1, GREEDY)
     assert [g[0].token_ids for g in restored] == before
     assert restored[0][0].version == 2
+
+
+def test_resume_continues_partial_completions_as_one_greedy_generation(sampler: VLLMSampler,
+                                                                        prompts: list[list[int]]) -> None:
+    """APRIL: prompt + tokens so far re-prefilled; with the weights unchanged (a new version after a load that reset
+    the prefix cache), the resumed completions are the uninterrupted ones token for token."""
+    weights = scaled_model(0).state_dict()
+    sampler.load_weights(weights, version=5)
+    whole = [g[0] for g in sampler.generate(prompts, 1, GREEDY)]
+    chunk = SamplingParams(temperature=0.0, max_new_tokens=8)
+    parts = [g[0] for g in sampler.generate(prompts, 1, chunk)]
+    resumed_at: dict[int, int] = {}
+    for round_ in range(3):
+        if round_ == 1:
+            sampler.load_weights(weights, version=6)
+        todo = [i for i, c in enumerate(parts) if c.token_ids[-1] != EOS and len(c.token_ids) < 32]
+        if round_ == 1:
+            resumed_at = {i: len(parts[i].token_ids) for i in todo}
+        for i, c in zip(todo, sampler.resume([prompts[i] for i in todo], [parts[i] for i in todo], chunk),
+                        strict=True):
+            parts[i] = c
+    assert [c.token_ids for c in parts] == [c.token_ids for c in whole]
+    assert [c.text for c in parts] == [c.text for c in whole]
+    assert resumed_at  # some completion ran past the first chunk and crossed the version change
+    for i, start in resumed_at.items():
+        assert parts[i].spans == ((0, 5), (start, 6))
+    with pytest.raises(ResumeError):
+        sampler.resume([prompts[0]], [parts[0].__class__((10**6,), "", (-1.0,), 5)], chunk)
 
 
 def test_prompt_too_long_is_rejected_before_the_engine(sampler: VLLMSampler, prompts: list[list[int]]) -> None:

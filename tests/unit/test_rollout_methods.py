@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from bench import rollout_methods
+from bench import april_arms, rollout_methods
 from simulations.fixed_lag import FixedLagSource
 from swarm_node.config import load_config
 from swarm_node.node.core import Node, NodeEvents
@@ -170,3 +170,33 @@ def test_the_swarm_arm_runs_four_adaptive_nodes_for_the_uniform_cells_steps(warm
     assert out["signal_frac"] == out["groups_with_signal"] / out["groups"] and out["gen_tokens"] > 0
     assert 0 < len(out["heldout_outcomes"]) <= 4 and out["heldout_acc"] is not None
     assert rollout_methods.run_swarm(tmp_path, 0, 2, 2, extra, finished_only=True) == out  # reused
+
+
+def test_april_throughput_counts_trained_tokens_over_all_generation_time() -> None:
+    assert april_arms.throughput([(100, 2.0), (50, 1.0)]) == 50.0
+    assert april_arms.throughput([]) == 0.0
+
+
+def test_the_april_part_writes_its_keys(monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path,
+                                        tmp_path: Path) -> None:
+    out = tmp_path / "rollout_methods.json"
+    out.write_text(json.dumps({"staleness": {"1": {}}}))
+    monkeypatch.setattr("sys.argv", [
+        "rollout_methods", "--part", "april", "--max-steps", "1", "--wall-s", "600", "--run-dir",
+        str(tmp_path / "runs"), "--out", str(out), "--loaded", "--long-tail-set", "sampler.max_new_tokens=12",
+        "--set", f"model.path={tiny_model_dir}", "sampler.kind=hf", "run.prompts_per_step=2", "run.group_size=2",
+        "run.eval_problems=3", "train.threads=1", "sampler.max_new_tokens=8"])
+    rollout_methods.main()
+    result = json.loads(out.read_text())
+    assert result["staleness"] == {"1": {}}  # the other part is kept
+    april = result["april"]
+    assert isinstance(april["throughput_ratio_vs_sync"], float)
+    assert isinstance(april["throughput_ratio_long_tail"], float)
+    equal_wall = april["heldout_at_equal_wall_time"]
+    assert set(equal_wall) == {"sync", "april", "paired_diff_ci95"} and len(equal_wall["paired_diff_ci95"]) == 2
+    arms = april["arms"]
+    assert {(s, m, arms[s][m]["mode"], arms[s][m]["steps"]) for s in arms for m in arms[s]} == {
+        ("base", "sync", "sync", 1), ("base", "april", "april", 1), ("long_tail", "sync", "sync", 1),
+        ("long_tail", "april", "april", 1)}
+    assert arms["base"]["april"]["rollout_counts"]["carried_out"] >= 0
+    assert result["provenance"]["loaded"] is True

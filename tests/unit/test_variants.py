@@ -15,7 +15,7 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
     from simulations.byzantine import ATTACKS
     from simulations.runner import CELL_RUNNERS
     from swarm_node import tasks
-    from swarm_node.config import CORRECTION_CONFIGS, SAMPLER_CONFIGS, STALE_CORRECTION_CONFIGS
+    from swarm_node.config import CORRECTION_CONFIGS, ROLLOUT_CONFIGS, SAMPLER_CONFIGS, STALE_CORRECTION_CONFIGS
     from swarm_node.model.lora import WEIGHT_FORMS
     from swarm_node.policy_sync.codecs import CODECS
     from swarm_node.rl.advantages import ADVANTAGE_ESTIMATORS
@@ -26,6 +26,7 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
     from swarm_node.sampler.kinds import SAMPLER_PLANS
     from swarm_node.sharing.corrections import CORRECTIONS
     from swarm_node.sharing.selection import SELECTIONS
+    from swarm_node.train.partial import ROLLOUT_MODES
 
     return [(ADVANTAGE_ESTIMATORS, variants.ADVANTAGES), (LOSSES, variants.LOSSES), (SELECTIONS, variants.SELECTIONS),
             (CODECS, variants.CODECS), (SAMPLERS, variants.SAMPLER_KINDS), (tasks.REWARD_MODES, variants.REWARD_MODES),
@@ -35,7 +36,8 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
             (CORRECTIONS, variants.CORRECTIONS), (CORRECTION_CONFIGS, variants.CORRECTIONS),
             (SAMPLER_CONFIGS, variants.SAMPLER_KINDS), (SAMPLER_PLANS, variants.SAMPLER_KINDS),
             (STALE_CORRECTIONS, variants.STALE_CORRECTIONS), (STALE_CORRECTION_CONFIGS, variants.STALE_CORRECTIONS),
-            (tasks.PROMPT_FORMATS, variants.PROMPT_FORMATS), (tasks.REWARD_TERMS, variants.REWARD_TERMS)]
+            (tasks.PROMPT_FORMATS, variants.PROMPT_FORMATS), (tasks.REWARD_TERMS, variants.REWARD_TERMS),
+            (ROLLOUT_MODES, variants.ROLLOUT_MODES), (ROLLOUT_CONFIGS, variants.ROLLOUT_MODES)]
 
 
 def test_every_declared_name_is_registered() -> None:
