@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
@@ -55,6 +56,17 @@ def training_corpus(problems: int, seed: int) -> Iterator[str]:
 
 
 def build_bpe_tokenizer(spec: BpeSpec) -> PreTrainedTokenizerFast:
+    """A new tokenizer object for `spec` (the trained core is cached per process: building is deterministic)."""
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(trained_core(spec)),
+                                        bos_token=spec.bos_token, eos_token=spec.eos_token, pad_token=spec.pad_token,
+                                        model_max_length=spec.model_max_length)
+    tokenizer.chat_template = spec.chat_template
+    return tokenizer
+
+
+@lru_cache(maxsize=8)
+def trained_core(spec: BpeSpec) -> str:
+    """The trained `tokenizers` core for `spec`, serialized."""
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
@@ -70,7 +82,4 @@ def build_bpe_tokenizer(spec: BpeSpec) -> PreTrainedTokenizerFast:
         core.post_processor = processors.TemplateProcessing(
             single=f"{spec.bos_token} $A", pair=f"{spec.bos_token} $A {spec.bos_token} $B:1",
             special_tokens=[(spec.bos_token, bos_id)])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token=spec.bos_token, eos_token=spec.eos_token,
-                                        pad_token=spec.pad_token, model_max_length=spec.model_max_length)
-    tokenizer.chat_template = spec.chat_template
-    return tokenizer
+    return core.to_str()
