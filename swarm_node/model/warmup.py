@@ -6,15 +6,16 @@ micro-batch, and the loss is summed over every completion token of the step and 
 batches that still pad little (the default model's warm-up measured that batches of one specialty at a time
 collapse to one answer). Deterministic from `settings.seed` on one device.
 
-`think_answer_draw(tokenizer, source, prompt)` draws such examples from a `TaskSource`'s training problems (never a
-held-out one: `TraceError` if one appears): the prompt is `prompt(inst)` encoded as the tokenizer encodes (BOS
-included where it adds one), the completion the verified think-answer trace then the tokenizer's EOS.
+`think_answer_draw(tokenizer, source, prompt_ids)` draws such examples from a `TaskSource`'s training problems (never
+a held-out one: `TraceError` if one appears): the prompt is `prompt_ids(inst)` (the caller's: a chat template that
+writes BOS itself is encoded without the tokenizer's own), the completion the verified think-answer trace, then the
+tokenizer's EOS.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -90,21 +91,22 @@ def supervised_warm_up(model: PreTrainedModel, draw: DrawFn, settings: WarmupSet
     return losses
 
 
-def think_answer_example(tokenizer: PreTrainedTokenizerBase, inst: tasks.TaskInstance, prompt: str) -> WarmupExample:
-    """One training problem as a supervised example: `prompt` -> its verified think-answer trace, then EOS."""
+def think_answer_example(tokenizer: PreTrainedTokenizerBase, inst: tasks.TaskInstance,
+                         prompt_ids: Sequence[int]) -> WarmupExample:
+    """One training problem as a supervised example: `prompt_ids` -> its verified think-answer trace, then EOS."""
     if tasks.is_heldout(inst):
         raise TraceError(f"{inst.ref.dataset} index {inst.ref.index} is held out: never a training example")
     completion = tokenizer.encode(think_answer_completion(inst), add_special_tokens=False)
-    return WarmupExample(tuple(tokenizer.encode(prompt)), tuple(completion + [int(tokenizer.eos_token_id)]),
+    return WarmupExample(tuple(prompt_ids), tuple(completion + [int(tokenizer.eos_token_id)]),
                          inst.ref.dataset)
 
 
 def think_answer_draw(tokenizer: PreTrainedTokenizerBase, source: tasks.TaskSource,
-                      prompt: Callable[[tasks.TaskInstance], str]) -> DrawFn:
-    """A `DrawFn` over `source`'s training draws (which skip held-out problems), prompts rendered by `prompt`."""
+                      prompt_ids: Callable[[tasks.TaskInstance], Sequence[int]]) -> DrawFn:
+    """A `DrawFn` over `source`'s training draws (which skip held-out problems), prompts from `prompt_ids`."""
 
     def draw(rng: random.Random, count: int) -> list[WarmupExample]:
-        return [think_answer_example(tokenizer, inst, prompt(inst))
+        return [think_answer_example(tokenizer, inst, prompt_ids(inst))
                 for inst in (tasks.instance(ref) for ref in source.draw(rng, count))]
 
     return draw

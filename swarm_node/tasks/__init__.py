@@ -8,6 +8,7 @@ Files:
 - `source.py`: `TaskSource` over a mix of specialties (`Specialty`, `parse_specialties`): training draws, the
   held-out eval stream, what peers may send (`allows`), the training reward (`REWARD_MODES`).
 - `selection.py`: `TASK_SELECTIONS` (uniform, weighted, balanced): which specialty and index each prompt gets.
+- `traces.py`: verified step-by-step traces per specialty (`TRACE_GENERATORS`), the think-answer completion.
 - `heldout.py`: the train/eval partition by a hash of the question text (`EVAL_PERCENT` held out).
 
 Everything public is re-exported here: `from swarm_node import tasks; tasks.TaskSource(...)`.

@@ -66,10 +66,10 @@ def test_warm_up_is_deterministic_and_learns() -> None:
 def test_think_answer_examples() -> None:
     _, llama = build_shaped_model("llama-3-instruct", MICRO)
     source = tasks.TaskSource(seed=5, selection="balanced", mix=tasks.DEFAULT_MIX)
-    examples = think_answer_draw(llama, source, lambda inst: inst.question)(random.Random(0), 40)
+    examples = think_answer_draw(llama, source, lambda inst: llama.encode(inst.question))(random.Random(0), 40)
     assert len(examples) == 40 and {ex.group for ex in examples} == {spec["name"] for spec in tasks.DEFAULT_MIX}
     for ex in examples:
-        assert ex.prompt_ids[0] == llama.bos_token_id  # the tokenizer's own BOS
+        assert ex.prompt_ids[0] == llama.bos_token_id  # the caller's encoding, BOS included
         assert ex.completion_ids[-1] == llama.eos_token_id
         assert llama.bos_token_id not in ex.completion_ids
         text = llama.decode(list(ex.completion_ids[:-1]))
@@ -77,7 +77,8 @@ def test_think_answer_examples() -> None:
 
     inst = tasks.instance(source.eval_refs(1)[0])
     with pytest.raises(TraceError, match="is held out: never a training example"):
-        think_answer_example(llama, inst, inst.question)
+        think_answer_example(llama, inst, llama.encode(inst.question))
     training = tasks.instance(source.draw(random.Random(1), 1)[0])
-    example = think_answer_example(llama, training, "Q")
+    example = think_answer_example(llama, training, [7, 8])
+    assert example.prompt_ids == (7, 8)
     assert llama.decode(list(example.completion_ids[:-1])) == think_answer_completion(training)
