@@ -16,6 +16,7 @@ Files:
   gets.
 - `pass_rates.py`: `PassRateBook`: pass-rate estimates per family and instance, a peer's share bounded.
 - `allocation.py`: `ROLLOUT_ALLOCATIONS` (fixed, dars): how many completions each prompt of a step gets.
+- `traces.py`: verified step-by-step traces per specialty (`TRACE_GENERATORS`), the think-answer completion.
 - `heldout.py`: the train/eval partition by a hash of the question text (`EVAL_PERCENT` held out).
 
 Everything public is re-exported here: `from swarm_node import tasks; tasks.TaskSource(...)`.
