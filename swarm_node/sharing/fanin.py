@@ -39,7 +39,7 @@ class FanInParams:
     recent_rounds: int = 3  # senders heard from within this many rounds rank after the others
     serve_per_round: int = 16  # a node serves at most this many pulls per round, refusing the rest
     serve_per_requester: int = 1  # ... and at most this many to one requester (it asked for more: over-pull)
-    push_after_s: float = 6.0  # a group still unpulled this long after its digest is pushed to one neighbour
+    push_after_s: float = 4.0  # a group still unpulled this long after its digest is pushed to one neighbour
     pushes_accepted_per_round: int = 8  # unsolicited groups a receiver takes per round ...
     pushes_accepted_per_sender: int = 4  # ... and per sender (I: a sender has no more groups than that)
     pull_timeout_s: float = 2.0  # a pull with no answer by then is given up (its slot is free again)

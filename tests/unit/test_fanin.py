@@ -84,6 +84,7 @@ def test_choose_pulls_breaks_ties_by_the_receivers_own_order() -> None:
 
 def test_unpulled_lists_groups_due_for_the_push_fallback() -> None:
     params = FanInParams(push_after_s=6.0)
+    assert FanInParams().push_after_s == 4.0  # a digest published 5 s into a 10 s round is still pushed in it
     published = {"g1": 0.0, "g2": 1.0, "g3": 0.5}
     assert unpulled(published, {"g3"}, 6.5, params) == ("g1",)
     assert unpulled(published, set(), 7.0, params) == ("g1", "g2", "g3")
