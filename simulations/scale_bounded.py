@@ -64,6 +64,7 @@ class _Bounded:
         self.group_bytes = setup.group_bytes + STREAM_OVERHEAD
         self.digest_msg = GOSSIP_OVERHEAD + setup.groups_per_node * DIGEST_BYTES
         self.hop_s = setup.link.latency_s + 2 * self.digest_msg * 8 / max(setup.link.uplink_bps, 1.0)
+        self.leaving: set[int] = set()  # slots whose node leaves during this round
         self._reset_round_state()
 
     # -- round state ----------------------------------------------------------------------------------------
@@ -128,6 +129,7 @@ class _Bounded:
             self.record.inbound(b, t, DIAL_BYTES, msgs=DIAL_MSGS)
 
     def churn(self, r: int, t: float) -> None:
+        self.leaving = set()
         for v in range(self.s.n):
             if not self.alive[v]:  # left last round: a fresh node takes the slot
                 self.identity[v] = self.next_identity
@@ -145,6 +147,7 @@ class _Bounded:
                         self._dial(a, b, t)
             elif self.s.churn_per_min and self.rng.random() < self.s.leave_p():
                 self.record.alive[r, v] = False
+                self.leaving.add(v)
                 self.links.at(t + self.rng.uniform(0, self.s.round_s), self.depart, v)
 
     def depart(self, t: float, v: int) -> None:
@@ -184,10 +187,11 @@ class _Bounded:
             if not pubs:
                 continue
             got = shard.deliver(pubs, np.array([offsets[v] for v in pubs]), self.digest_msg, self.hop_s, s)
-            cols = np.array(shard.members)
-            self.record.in_msgs[r, cols] += got.in_msgs
-            self.record.in_bytes[r, cols] += got.in_bytes
-            self.record.out_bytes[r, cols] += got.out_bytes
+            rec, base = self.record, r * s.n
+            for j, v in enumerate(shard.members):
+                rec.in_msgs[base + v] += float(got.in_msgs[j])
+                rec.in_bytes[base + v] += float(got.in_bytes[j])
+                rec.out_bytes[base + v] += float(got.out_bytes[j])
             for j, v in enumerate(shard.members):
                 self.arrivals[v].extend((start + got.arrival[i, j], p) for i, p in enumerate(pubs)
                                         if got.arrival[i, j] < np.inf)
@@ -217,7 +221,8 @@ class _Bounded:
                 self._dial(v, sender, t)
                 self.links.send(v, sender, CONTROL_BYTES + MSG_ID_BYTES, t, self.on_request, sender, v,
                                 self.identity[v], gid)
-                self.links.at(t + self.p.pull_timeout_s, self.on_timeout, v, self.identity[v], gid)
+                if self.s.link.loss or sender in self.leaving:  # else an answer always comes: no timer needed
+                    self.links.at(t + self.p.pull_timeout_s, self.on_timeout, v, self.identity[v], gid)
 
     def on_request(self, t: float, sender: int, v: int, requester: int, gid: int) -> None:
         if not self.alive[sender] or self.record.group_sender[gid] != self.identity[sender]:

@@ -110,10 +110,11 @@ def regular_graph(nodes: Sequence[int], degree: int, rng: random.Random,
 @dataclass
 class Record:
     setup: ScaleSetup
-    in_msgs: np.ndarray = field(init=False)
-    in_bytes: np.ndarray = field(init=False)
-    out_bytes: np.ndarray = field(init=False)
+    in_msgs: list[float] = field(init=False)  # flat (round, node): index round * n + node (lists: fast per event)
+    in_bytes: list[float] = field(init=False)
+    out_bytes: list[float] = field(init=False)
     usable: np.ndarray = field(init=False)  # (round, node): usable groups received
+    received: np.ndarray = field(init=False)  # (round, node): distinct groups received (any round's)
     alive: np.ndarray = field(init=False)  # (round, node): present for the whole round
     group_sender: np.ndarray = field(init=False)  # per group: its sender's identity (a churned slot: a new one)
     group_time: np.ndarray = field(init=False)  # when it was published (inf: never)
@@ -125,8 +126,10 @@ class Record:
 
     def __post_init__(self) -> None:
         shape = (self.setup.rounds + 1, self.setup.n)  # +1: traffic that lands after the last round
-        self.in_msgs, self.in_bytes, self.out_bytes = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+        cells = shape[0] * shape[1]
+        self.in_msgs, self.in_bytes, self.out_bytes = [0.0] * cells, [0.0] * cells, [0.0] * cells
         self.usable = np.zeros(shape, dtype=np.int32)
+        self.received = np.zeros(shape, dtype=np.int32)
         self.alive = np.ones(shape, dtype=bool)
         groups = (self.setup.rounds + 1) * self.setup.n * self.setup.groups_per_node
         self.group_sender = np.zeros(groups, dtype=np.int64)
@@ -140,6 +143,10 @@ class Record:
     def round_of(self, t: float) -> int:
         return min(int(t // self.setup.round_s), self.setup.rounds)
 
+    def cell(self, t: float, node: int) -> int:
+        """The flat index of (the round of t, node) in the traffic lists."""
+        return min(int(t // self.setup.round_s), self.setup.rounds) * self.setup.n + node
+
     def group_id(self, round_index: int, node: int, i: int) -> int:
         return (round_index * self.setup.n + node) * self.setup.groups_per_node + i
 
@@ -152,16 +159,17 @@ class Record:
         self.group_signal[group] = signal
 
     def inbound(self, node: int, t: float, nbytes: float, msgs: float = 1.0) -> None:
-        r = self.round_of(t)
-        self.in_msgs[r, node] += msgs
-        self.in_bytes[r, node] += nbytes
+        cell = self.cell(t, node)
+        self.in_msgs[cell] += msgs
+        self.in_bytes[cell] += nbytes
 
     def outbound(self, node: int, t: float, nbytes: float) -> None:
-        self.out_bytes[self.round_of(t), node] += nbytes
+        self.out_bytes[self.cell(t, node)] += nbytes
 
     def got_group(self, node: int, group: int, t: float) -> None:
         """`node` received `group` (first copy only) at `t`."""
         r = self.round_of(t)
+        self.received[r, node] += 1
         if r == self.group_round(group):
             self.receivers[group] += 1
             if self.receivers[group] == self.setup.k_receivers:
@@ -181,7 +189,8 @@ class Record:
         counted = alive.sum(axis=0)
         whole = counted > 0
 
-        def per_node(a: np.ndarray) -> np.ndarray:
+        def per_node(flat: list[float]) -> np.ndarray:
+            a = np.array(flat).reshape(-1, s.n)
             return (a[rounds] * alive).sum(axis=0)[whole] / counted[whole]
 
         msgs, kb_in, kb_out = per_node(self.in_msgs), per_node(self.in_bytes) / KB, per_node(self.out_bytes) / KB
