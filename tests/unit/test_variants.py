@@ -14,6 +14,7 @@ from swarm_node.variants import Registry, UnknownVariant
 def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
     from simulations.byzantine import ATTACKS
     from simulations.runner import CELL_RUNNERS
+    from simulations.scale_sim import DESIGNS
     from swarm_node import tasks
     from swarm_node.config import CORRECTION_CONFIGS, ROLLOUT_CONFIGS, SAMPLER_CONFIGS, STALE_CORRECTION_CONFIGS
     from swarm_node.model.lora import WEIGHT_FORMS
@@ -33,6 +34,7 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
             (tasks.TASK_SELECTIONS, variants.TASK_SELECTIONS), (WEIGHT_FORMS, variants.WEIGHT_FORMS),
             (tasks.ROLLOUT_ALLOCATIONS, variants.ROLLOUT_ALLOCATIONS),
             (ROLES, variants.ROLES), (CELL_RUNNERS, sim_variants.SIM_MODES), (ATTACKS, sim_variants.ATTACKS),
+            (DESIGNS, sim_variants.SCALE_DESIGNS),
             (CORRECTIONS, variants.CORRECTIONS), (CORRECTION_CONFIGS, variants.CORRECTIONS),
             (SAMPLER_CONFIGS, variants.SAMPLER_KINDS), (SAMPLER_PLANS, variants.SAMPLER_KINDS),
             (STALE_CORRECTIONS, variants.STALE_CORRECTIONS), (STALE_CORRECTION_CONFIGS, variants.STALE_CORRECTIONS),

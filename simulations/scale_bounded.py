@@ -1,0 +1,294 @@
+"""The bounded fan-in design at swarm scale (issue 32 items 2 and 3), with swarm_node/sharing/fanin.py's logic.
+
+Contract:
+- Every node draws its own secret seed at start; per epoch it joins `epoch_shards(seed, epoch, M, k)`, M =
+  `shard_count(N)`. Shard topics are gossipsub topics (`SHARD_GOSSIP`: mesh 4, 2 lazy peers). A new epoch costs
+  PRUNE/UNSUBSCRIBE to the old topic peers, GRAFT/SUBSCRIBE to the new ones, and a dial to every new peer.
+- Each round a node publishes its I groups' digests (one gossip message of I `DIGEST_BYTES` entries) in one of its
+  shards at an offset uniform in the publish spread; the digests' gossip is counted per link (scale_shards.py).
+- Every `tick_s` a node that has fewer than `pull_target` pulls in flight or done takes `choose_pulls` over the
+  digests it holds from this round and asks each chosen sender on a direct stream (a dial first if not connected);
+  the sender answers with the group (`ServeBook`: SERVE) or a refusal; no answer within `pull_timeout_s` (a departed
+  sender) frees the slot. A slot freed by a refusal or a timeout is used again at the next tick.
+- `push_after_s` after its digests, a node pushes each of its groups that nobody pulled to one random mesh peer of
+  its shard; that peer takes it within `PushBook`'s caps.
+- Churn (`setup.churn_per_min`): each round a node leaves with probability `setup.leave_p()` at a uniform time in
+  the round (it stops answering and forwarding); a fresh node (new identity and seed) takes its slot at the next
+  round's start and joins its shard (GRAFTs). Only nodes present for a whole round count in `rounds_with_J_frac`.
+- Everything goes through `scale_links.Links` (network.py's link model) except the shard gossip, counted per link.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+
+import numpy as np
+
+from simulations.scale_links import Links
+from simulations.scale_model import (
+    CONTROL_BYTES,
+    GOSSIP_OVERHEAD,
+    MSG_ID_BYTES,
+    STREAM_OVERHEAD,
+    GossipParams,
+    Record,
+    ScaleSetup,
+)
+from simulations.scale_shards import Shard
+from swarm_node.sharing.fanin import DIGEST_BYTES, Digest, FanInParams, choose_pulls, epoch_shards, shard_count
+from swarm_node.sharing.fanin_ledger import SERVE, PushBook, ServeBook
+
+SHARD_GOSSIP = GossipParams(degree=4, connect=6, lazy=2)
+DIAL_MSGS, DIAL_BYTES = 4, 2048  # a new connection, each side: multistream-select, Noise XX, identify
+TICK_S = 1.0
+
+
+class _Bounded:
+    def __init__(self, setup: ScaleSetup, params: FanInParams, gossip: GossipParams) -> None:
+        n = setup.n
+        self.s, self.p, self.g = setup, params, gossip
+        self.record = Record(setup)
+        self.links = Links(setup.link, self.record, n, setup.seed)
+        self.rng = random.Random(setup.seed)
+        self.identity = list(range(n))
+        self.next_identity = n
+        self.seed = [self.rng.randbytes(16) for _ in range(n)]
+        self.alive = [True] * n
+        self.connected: list[set[int]] = [set() for _ in range(n)]
+        self.node_shards: list[tuple[int, ...]] = [() for _ in range(n)]
+        self.shards: dict[int, Shard] = {}
+        self.serve = [ServeBook(params) for _ in range(n)]
+        self.pushes = [PushBook(params) for _ in range(n)]
+        self.heard: list[deque[set[str]]] = [deque(maxlen=params.recent_rounds) for _ in range(n)]
+        self.group_bytes = setup.group_bytes + STREAM_OVERHEAD
+        self.digest_msg = GOSSIP_OVERHEAD + setup.groups_per_node * DIGEST_BYTES
+        self.hop_s = setup.link.latency_s + 2 * self.digest_msg * 8 / max(setup.link.uplink_bps, 1.0)
+        self.leaving: set[int] = set()  # slots whose node leaves during this round
+        self._reset_round_state()
+
+    # -- round state ----------------------------------------------------------------------------------------
+    def _reset_round_state(self) -> None:
+        n = self.s.n
+        self.arrivals: list[list[tuple[float, int]]] = [[] for _ in range(n)]
+        self.cursor = [0] * n
+        self.cands: list[list[Digest]] = [[] for _ in range(n)]
+        self.taken: list[set[str]] = [set() for _ in range(n)]
+        self.per_sender: list[dict[str, int]] = [{} for _ in range(n)]
+        self.tasks: list[set[str]] = [set() for _ in range(n)]
+        self.pending: list[set[int]] = [set() for _ in range(n)]
+        self.recent: list[set[str]] = [set().union(*h) if h else set() for h in self.heard]
+        for h in self.heard:
+            h.append(set())
+        self.digests: dict[int, list[Digest]] = {}
+        self.published_shard: dict[int, int] = {}
+        self.served: set[int] = set()
+
+    # -- membership -----------------------------------------------------------------------------------------
+    def new_epoch(self, epoch: int, t: float) -> None:
+        old_topic = {v: self._topic_peers(v) for v in range(self.s.n) if self.alive[v]}
+        old_mesh = {v: self._mesh_peers(v) for v in old_topic}
+        m = shard_count(self.s.n, self.p)
+        members: dict[int, list[int]] = {}
+        for v in range(self.s.n):
+            if self.alive[v]:
+                self.node_shards[v] = epoch_shards(self.seed[v], epoch, m, self.p.shards_per_node)
+                for shard in self.node_shards[v]:
+                    members.setdefault(shard, []).append(v)
+        self.shards = {k: Shard(vs, self.g, random.Random(self.rng.random())) for k, vs in members.items()}
+        if epoch == 0:
+            for v in old_topic:
+                self.connected[v] |= self._topic_peers(v)
+            return
+        for v in old_topic:
+            # PRUNE to the old mesh, UNSUBSCRIBE to the old topic peers; GRAFT and SUBSCRIBE to the new ones.
+            for u in old_mesh[v] | old_topic[v] | self._mesh_peers(v) | self._topic_peers(v):
+                self._control(v, u, t)
+            for u in self._topic_peers(v):
+                self._dial(v, u, t)
+
+    def _topic_peers(self, v: int) -> set[int]:
+        return set().union(*(self.shards[k].mesh.get(v, set()) | self.shards[k].lazy.get(v, set())
+                             for k in self.node_shards[v] if k in self.shards)) if self.node_shards[v] else set()
+
+    def _mesh_peers(self, v: int) -> set[int]:
+        return set().union(*(self.shards[k].mesh.get(v, set()) for k in self.node_shards[v]
+                             if k in self.shards)) if self.node_shards[v] else set()
+
+    def _control(self, v: int, u: int, t: float) -> None:
+        self.record.outbound(v, t, CONTROL_BYTES)
+        self.record.inbound(u, t, CONTROL_BYTES)
+
+    def _dial(self, v: int, u: int, t: float) -> None:
+        if u in self.connected[v]:
+            return
+        self.connected[v].add(u)
+        self.connected[u].add(v)
+        for a, b in ((v, u), (u, v)):
+            self.record.outbound(a, t, DIAL_BYTES)
+            self.record.inbound(b, t, DIAL_BYTES, msgs=DIAL_MSGS)
+
+    def churn(self, r: int, t: float) -> None:
+        self.leaving = set()
+        for v in range(self.s.n):
+            if not self.alive[v]:  # left last round: a fresh node takes the slot
+                self.identity[v] = self.next_identity
+                self.next_identity += 1
+                self.seed[v] = self.rng.randbytes(16)
+                self.alive[v] = True
+                self.connected[v] = set()
+                self.heard[v].clear()
+                self.node_shards[v] = epoch_shards(self.seed[v], r // self.p.epoch_rounds,
+                                                   shard_count(self.s.n, self.p), self.p.shards_per_node)
+                for k in self.node_shards[v]:
+                    shard = self.shards.setdefault(k, Shard([], self.g, random.Random(self.rng.random())))
+                    for a, b in shard.join(v):
+                        self._control(a, b, t)
+                        self._dial(a, b, t)
+            elif self.s.churn_per_min and self.rng.random() < self.s.leave_p():
+                self.record.alive[r, v] = False
+                self.leaving.add(v)
+                self.links.at(t + self.rng.uniform(0, self.s.round_s), self.depart, v)
+
+    def depart(self, t: float, v: int) -> None:
+        self.alive[v] = False
+        for k in self.node_shards[v]:
+            for a, b in self.shards[k].leave(v):
+                self._control(a, b, t)
+                self._dial(a, b, t)
+        for u in self.connected[v]:
+            self.connected[u].discard(v)
+
+    # -- a round --------------------------------------------------------------------------------------------
+    def start_round(self, r: int) -> None:
+        s, start = self.s, r * self.s.round_s
+        self._reset_round_state()
+        offsets = {}
+        for v in range(s.n):
+            if not self.alive[v]:
+                continue
+            offsets[v] = self.rng.uniform(0, s.publish_spread_s)
+            shard = self.rng.choice(self.node_shards[v])
+            self.published_shard[v] = shard
+            own = []
+            for i in range(s.groups_per_node):
+                gid = self.record.group_id(r, v, i)
+                signal = self.rng.random() < s.signal_p
+                variance = self.rng.uniform(0.05, 0.25) if signal else 0.0
+                task = f"t{self.rng.randrange(s.tasks)}"
+                self.record.new_group(gid, self.identity[v], start + offsets[v], signal)
+                own.append(Digest(str(gid), str(self.identity[v]), task, variance, signal, b""))
+            self.digests[v] = own
+            self.serve[v].new_round({d.group_id for d in own})
+            self.pushes[v].new_round()
+            self.links.at(start + offsets[v] + self.p.push_after_s, self.push_unpulled, v, r)
+        for k, shard in self.shards.items():
+            pubs = [v for v in shard.members if self.published_shard.get(v) == k]
+            if not pubs:
+                continue
+            got = shard.deliver(pubs, np.array([offsets[v] for v in pubs]), self.digest_msg, self.hop_s, s)
+            rec, base = self.record, r * s.n
+            for j, v in enumerate(shard.members):
+                rec.in_msgs[base + v] += float(got.in_msgs[j])
+                rec.in_bytes[base + v] += float(got.in_bytes[j])
+                rec.out_bytes[base + v] += float(got.out_bytes[j])
+            for j, v in enumerate(shard.members):
+                self.arrivals[v].extend((start + got.arrival[i, j], p) for i, p in enumerate(pubs)
+                                        if got.arrival[i, j] < np.inf)
+        for v in range(s.n):
+            self.arrivals[v].sort()
+        for b in range(1, round(s.round_s / TICK_S)):
+            self.links.at(start + b * TICK_S, self.tick)
+
+    def tick(self, t: float) -> None:
+        for v in range(self.s.n):
+            if not self.alive[v] or len(self.taken[v]) >= self.p.pull_target:
+                continue
+            arrivals, cursor = self.arrivals[v], self.cursor[v]
+            while cursor < len(arrivals) and arrivals[cursor][0] <= t:
+                self.cands[v].extend(self.digests.get(arrivals[cursor][1], ()))
+                cursor += 1
+            self.cursor[v] = cursor
+            chosen = choose_pulls(self.cands[v], self.taken[v], self.per_sender[v], self.tasks[v],
+                                  self.recent[v], self.p, self.seed[v])
+            for d in chosen:
+                self.taken[v].add(d.group_id)
+                self.per_sender[v][d.sender] = self.per_sender[v].get(d.sender, 0) + 1
+                self.tasks[v].add(d.task)
+                gid = int(d.group_id)
+                sender = (gid // self.s.groups_per_node) % self.s.n
+                self.pending[v].add(gid)
+                self._dial(v, sender, t)
+                self.links.send(v, sender, CONTROL_BYTES + MSG_ID_BYTES, t, self.on_request, sender, v,
+                                self.identity[v], gid)
+                if self.s.link.loss or sender in self.leaving:  # else an answer always comes: no timer needed
+                    self.links.at(t + self.p.pull_timeout_s, self.on_timeout, v, self.identity[v], gid)
+
+    def on_request(self, t: float, sender: int, v: int, requester: int, gid: int) -> None:
+        if not self.alive[sender] or self.record.group_sender[gid] != self.identity[sender]:
+            return  # gone: the requester times out
+        if self.serve[sender].request(str(requester), str(gid)) == SERVE:
+            self.served.add(gid)
+            self.links.send(sender, v, self.group_bytes, t, self.on_group, v, requester, gid)
+        else:
+            self.links.send(sender, v, CONTROL_BYTES, t, self.on_refused, v, requester, gid)
+
+    def _current(self, v: int, identity: int) -> bool:
+        return self.alive[v] and self.identity[v] == identity
+
+    def on_group(self, t: float, v: int, identity: int, gid: int) -> None:
+        if self._current(v, identity) and gid in self.pending[v]:
+            self.pending[v].discard(gid)
+            self._received(t, v, gid)
+
+    def _received(self, t: float, v: int, gid: int) -> None:
+        self.record.got_group(v, gid, t)
+        self.heard[v][-1].add(str(self.record.group_sender[gid]))
+
+    def on_refused(self, t: float, v: int, identity: int, gid: int) -> None:
+        self._free(v, identity, gid)
+
+    def on_timeout(self, t: float, v: int, identity: int, gid: int) -> None:
+        self._free(v, identity, gid)
+
+    def _free(self, v: int, identity: int, gid: int) -> None:
+        if self._current(v, identity) and gid in self.pending[v]:
+            self.pending[v].discard(gid)
+            self.taken[v].discard(str(gid))
+
+    def push_unpulled(self, t: float, v: int, r: int) -> None:
+        if not self.alive[v] or r != self.record.round_of(t - self.p.push_after_s):
+            return
+        shard = self.shards.get(self.published_shard.get(v, -1))
+        peers = sorted(u for u in (shard.mesh.get(v, set()) if shard else set()) if self.alive[u])
+        for d in self.digests.get(v, ()):
+            gid = int(d.group_id)
+            if gid in self.served or not peers:
+                continue
+            u = self.rng.choice(peers)
+            self._dial(v, u, t)
+            self.links.send(v, u, self.group_bytes, t, self.on_push, u, self.identity[u], gid)
+
+    def on_push(self, t: float, u: int, identity: int, gid: int) -> None:
+        if self._current(u, identity) and self.pushes[u].accept(str(self.record.group_sender[gid]), True) == "":
+            if str(gid) not in self.taken[u]:
+                if self.record.group_signal[gid]:
+                    self.taken[u].add(str(gid))  # a usable group we hold: one pull fewer to make
+                self._received(t, u, gid)
+
+    def run(self) -> Record:
+        s = self.s
+        for r in range(s.rounds):
+            start = r * s.round_s
+            if r % self.p.epoch_rounds == 0:
+                self.new_epoch(r // self.p.epoch_rounds, start)
+            self.churn(r, start)
+            self.start_round(r)
+            self.links.run_until(start + s.round_s - 1e-9)
+        self.links.run_until((s.rounds + 1) * s.round_s)
+        return self.record
+
+
+def simulate_bounded(setup: ScaleSetup, params: FanInParams = FanInParams(),
+                     gossip: GossipParams = SHARD_GOSSIP) -> dict[str, float]:
+    return _Bounded(setup, params, gossip).run().metrics()

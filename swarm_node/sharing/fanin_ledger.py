@@ -1,0 +1,95 @@
+"""Bounded fan-in's bookkeeping: what a server serves, what a receiver accepts, and which behaviour is scored.
+
+Contract (pure: no I/O, no clock; state is per round, `new_round()` clears it):
+- `ServeBook` (the serving side): `request(requester, group_id)` answers SERVE, or a refusal: UNOFFERED (we never
+  announced that group: scored "unoffered_pull"), OVER_PULL (the requester already had `serve_per_requester` groups
+  this round: scored "over_pull", refused), BUSY (we served `serve_per_round` this round: refused, not scored, the
+  requester tries someone else). So a node's outbound pulls are bounded however many ask.
+- `PushBook` (the receiving side of the push fallback): `accept(sender, group_id, digest_known)` takes at most
+  `pushes_accepted_per_sender` unsolicited groups per sender and `pushes_accepted_per_round` in all, and only for
+  groups whose digest we hold from the shard; anything else is dropped unread and scored "unsolicited_push".
+- `check_pulled(digest, content_hash, signal, variance)` (the receiving side of a pull, after the bytes arrived):
+  a content hash other than the digest's is dropped before decoding and scored "hash_mismatch"; a group whose
+  re-scored rewards disagree with the digest (signal flag, or variance beyond `VARIANCE_TOLERANCE`) is scored
+  "digest_reward_mismatch" (a sender inflating its statistics to attract pulls); else "" (accepted).
+- `NOT_SERVED` is scored when a sender answers "not found" for a group its own digest announced in this round.
+- `FANIN_WEIGHTS`: the reputation weights of these kinds (sharing/reputation.py's `ReputationParams.weights`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from swarm_node.sharing.fanin import Digest, FanInParams
+
+SERVE, UNOFFERED, OVER_PULL, BUSY = "serve", "unoffered_pull", "over_pull", "busy"
+HASH_MISMATCH = "hash_mismatch"
+REWARD_MISMATCH = "digest_reward_mismatch"
+NOT_SERVED = "unserved_digest"
+UNSOLICITED = "unsolicited_push"
+VARIANCE_TOLERANCE = 1e-6  # rewards are re-scored by the same verifier: honest statistics agree exactly
+
+FANIN_WEIGHTS: Mapping[str, float] = MappingProxyType({
+    HASH_MISMATCH: -5.0,  # content other than announced: a deliberate lie or corruption
+    REWARD_MISMATCH: -5.0,  # statistics inflated to attract pulls (the same weight as a forged reward)
+    NOT_SERVED: -1.0,  # announced groups it does not serve: wastes our pull slots
+    UNOFFERED: -1.0,  # asks for groups never offered: probing or replaying ids
+    OVER_PULL: -0.5,  # pulls past its share this round
+    UNSOLICITED: -0.5,  # pushes past the fallback's caps, or groups never announced
+    BUSY: 0.0,  # our own cap: the requester did nothing wrong
+})
+
+
+@dataclass
+class ServeBook:
+    """The serving side's per-round state; `offered`: the group ids our digests announced this round."""
+
+    params: FanInParams
+    offered: set[str] = field(default_factory=set)
+    served: Counter[str] = field(default_factory=Counter)  # requester -> groups served this round
+
+    def new_round(self, offered: set[str]) -> None:
+        self.offered = set(offered)
+        self.served.clear()
+
+    def request(self, requester: str, group_id: str) -> str:
+        if group_id not in self.offered:
+            return UNOFFERED
+        if self.served[requester] >= self.params.serve_per_requester:
+            return OVER_PULL
+        if self.served.total() >= self.params.serve_per_round:
+            return BUSY
+        self.served[requester] += 1
+        return SERVE
+
+
+@dataclass
+class PushBook:
+    """The receiving side of the push fallback, per round."""
+
+    params: FanInParams
+    accepted: Counter[str] = field(default_factory=Counter)  # sender -> unsolicited groups taken this round
+
+    def new_round(self) -> None:
+        self.accepted.clear()
+
+    def accept(self, sender: str, digest_known: bool) -> str:
+        """"" to take the pushed group (then check it like a pull), else the kind to score (dropped unread)."""
+        if (not digest_known or self.accepted[sender] >= self.params.pushes_accepted_per_sender
+                or self.accepted.total() >= self.params.pushes_accepted_per_round):
+            return UNSOLICITED
+        self.accepted[sender] += 1
+        return ""
+
+
+def check_pulled(digest: Digest, content_hash: bytes, signal: bool, variance: float) -> str:
+    """"" if the group matches its digest, else the kind to score (see the module contract). `content_hash` is
+    computed over the received bytes before decoding; `signal` and `variance` come from our re-scoring."""
+    if content_hash != digest.content_hash:
+        return HASH_MISMATCH
+    if signal != digest.signal or abs(variance - digest.reward_variance) > VARIANCE_TOLERANCE:
+        return REWARD_MISMATCH
+    return ""

@@ -1,0 +1,95 @@
+"""The swarm-scale simulator (simulations/scale_*.py): hand-checkable flood counts, the flood's analytical model
+against its simulator, and the bounded design's invariants."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from simulations.scale_bounded import SHARD_GOSSIP, _Bounded
+from simulations.scale_flood import _Flood, data_copies, flood_counts, simulate_flood
+from simulations.scale_model import CONTROL_BYTES, GOSSIP_OVERHEAD, KB, MSG_ID_BYTES, GossipParams, ScaleSetup
+from simulations.scale_sim import DESIGNS, measure
+from swarm_node.sharing.fanin import FanInParams, epoch_shards, shard_count
+
+
+def test_flood_of_three_nodes_counts_every_copy_by_hand() -> None:
+    setup = ScaleSetup(n=3, rounds=4, warmup=1)
+    record = _Flood(setup, GossipParams()).run()
+    groups = setup.n * setup.groups_per_node
+    measured = slice(setup.warmup * groups, setup.rounds * groups)
+    # Each node receives each of the other two nodes' I groups: every group reaches exactly N - 1 = 2 peers.
+    assert set(record.receivers[measured].tolist()) == {2}
+    assert set(record.received[setup.warmup:setup.rounds].flatten().tolist()) == {2 * setup.groups_per_node}
+    figures = record.metrics()
+    # Per node and round: each of the 8 groups twice (from its origin, and forwarded by the third node: mesh of
+    # 2 minus forwarder and origin), IDONTWANT from both mesh peers for each of the 12 groups, no lazy peers.
+    assert figures["inbound_msgs_per_round"] == 8 * 2 + 12 * 2
+    assert figures["inbound_kb_per_round"] == (16 * (setup.group_bytes + GOSSIP_OVERHEAD)
+                                               + 24 * (CONTROL_BYTES + MSG_ID_BYTES)) / KB
+    assert figures["distinct_peers_10_rounds"] == 2
+    assert figures["latency_to_k_ms_p50"] == float("inf")  # K = 3 receivers do not exist among 2 peers
+    assert data_copies(setup, GossipParams()) == 2 + 2 * 1 + 0
+
+
+def test_flood_closed_form_matches_the_simulator_at_n10() -> None:
+    setup = ScaleSetup(n=10, rounds=12)
+    simulated, analytical = simulate_flood(setup), flood_counts(setup)
+    for key in ("inbound_msgs_per_round", "inbound_kb_per_round", "inbound_kb_per_round_p99",
+                "outbound_kb_per_round_p99"):
+        assert analytical[key] == pytest.approx(simulated[key], rel=0.005), key
+    for key in ("rounds_with_J_frac", "pulled_by_ge1_frac", "distinct_peers_10_rounds", "distinct_peers_100_rounds"):
+        assert analytical[key] == pytest.approx(simulated[key], abs=1e-6), key
+    assert analytical["latency_to_k_ms_p50"] == pytest.approx(simulated["latency_to_k_ms_p50"], rel=0.1)
+    # 57 transmissions per message: C = 9 from the origin, its 6 mesh peers 5 each, its 3 lazy peers 6 each.
+    assert data_copies(setup, GossipParams()) == 9 + 6 * 5 + 3 * 6
+
+
+def test_flood_is_analytical_from_1000_nodes_and_overloads_its_links() -> None:
+    figures, how = measure("flood", ScaleSetup(n=10000, rounds=12))
+    assert how == "analytical" and sorted(DESIGNS) == ["bounded", "flood"]
+    # I x copies of every message + IDONTWANT from 6 mesh peers for each of the 40,000 messages + IHAVE from 6
+    # lazy peers at the 8 heartbeats (1 s .. 8 s) whose 3 s window holds first copies (published in [0, 5) s + 20 ms).
+    assert figures["inbound_msgs_per_round"] == 4 * data_copies(ScaleSetup(n=10000), GossipParams()) + 40000 * 6 + 48
+    assert figures["rounds_with_J_frac"] == 0.0  # 1.1 GB a round through a 125 MB-a-round downlink
+
+
+def bounded_run(n: int, rounds: int = 6, **setup: object) -> _Bounded:
+    sim = _Bounded(ScaleSetup(n=n, rounds=rounds, **setup), FanInParams(), SHARD_GOSSIP)  # type: ignore[arg-type]
+    sim.run()
+    return sim
+
+
+def test_bounded_design_meets_j_and_reaches_a_peer_with_every_group_at_n10() -> None:
+    figures = bounded_run(10, rounds=8).record.metrics()
+    assert figures["rounds_with_J_frac"] == 1.0
+    assert figures["pulled_by_ge1_frac"] == 1.0
+    assert figures["distinct_peers_10_rounds"] == 9
+
+
+def test_bounded_design_takes_no_more_than_its_caps_per_round() -> None:
+    sim = bounded_run(60)
+    params, setup, record = sim.p, sim.s, sim.record
+    # Every group a node gets in a round was pulled (at most pull_target) or pushed (at most the push cap).
+    assert 0 < record.received[setup.warmup:setup.rounds].max() <= params.pull_target + params.pushes_accepted_per_round
+    assert (record.usable[setup.warmup:setup.rounds] >= setup.needed).all()
+    # Membership is each node's own draw from its seed.
+    m = shard_count(setup.n, params)
+    assert all(sim.node_shards[v] == epoch_shards(sim.seed[v], 0, m, 1) for v in range(setup.n))
+
+
+def test_bounded_inbound_cost_does_not_grow_with_n() -> None:
+    small = bounded_run(50).record.metrics()  # 2 shards of 25
+    large = bounded_run(200).record.metrics()  # 8 shards of 25
+    for key in ("inbound_msgs_per_round", "inbound_kb_per_round"):
+        assert large[key] <= 1.2 * small[key], key
+    flood = simulate_flood(ScaleSetup(n=50, rounds=3))
+    assert large["inbound_kb_per_round"] < flood["inbound_kb_per_round"] / 20
+
+
+def test_churn_replaces_nodes_and_only_whole_rounds_count() -> None:
+    sim = bounded_run(60, rounds=8, churn_per_min=0.6)
+    assert sim.next_identity > 60  # fresh identities took departed slots
+    assert not sim.record.alive[2:8].all()
+    assert dataclasses.replace(sim.s, churn_per_min=0.3).leave_p() == pytest.approx(1 - 0.7 ** (1 / 6))
