@@ -45,6 +45,8 @@ TASK = "chain_sum"  # the old default task; both versions resolve its default op
 JOINER_EXTERNAL_GROUPS = 4  # the README's two-peer example
 RUN_TIMEOUT_S = 600
 CHILD_SOURCES_ENV = "STEP_RATE_SOURCES_FILE"
+# the bootstrap node starts alone, before the joiner: these extra steps keep it training while the joiner does
+BOOTSTRAP_EXTRA_STEPS = 15
 
 
 @dataclass(frozen=True)
@@ -92,12 +94,20 @@ class Runs:
     seconds: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
 
-def steps_per_min(metrics: Path, warmup: int) -> float:
-    times = [json.loads(line)["time"] for line in metrics.read_text().splitlines() if '"step"' in line]
-    times = times[warmup:]
+def step_times(metrics: Path, warmup: int) -> list[float]:
+    """The wall times of the run's step records after the first `warmup`."""
+    times = [json.loads(line)["time"] for line in metrics.read_text().splitlines() if '"step"' in line][warmup:]
     if len(times) < 3:
         raise RuntimeError(f"{metrics}: only {len(times)} step records after {warmup} warm-up")
-    return 60.0 * (len(times) - 1) / (times[-1] - times[0])
+    return times
+
+
+def steps_per_min(times: list[float], start: float = float("-inf"), end: float = float("inf")) -> float:
+    """Steps per minute over the records in [start, end]: (records - 1) over the time between the first and last."""
+    inside = [t for t in times if start <= t <= end]
+    if len(inside) < 3:
+        raise RuntimeError(f"only {len(inside)} step records in the window")
+    return 60.0 * (len(inside) - 1) / (inside[-1] - inside[0])
 
 
 class Launcher:
@@ -108,9 +118,10 @@ class Launcher:
         self.live: list[subprocess.Popen[bytes]] = []
         self._n = 0
 
-    def start(self, arm: Arm, command: str, run_dir: Path, *extra: str) -> subprocess.Popen[bytes]:
+    def start(self, arm: Arm, command: str, run_dir: Path, *extra: str, more_steps: int = 0
+              ) -> subprocess.Popen[bytes]:
         run_dir.mkdir(parents=True, exist_ok=True)
-        args = [command, "--steps", str(self.steps), "--model", self.model, "--run-dir", str(run_dir),
+        args = [command, "--steps", str(self.steps + more_steps), "--model", self.model, "--run-dir", str(run_dir),
                 "--eval-problems", "0", "--status-port", "-1", *extra]
         if arm.task:
             args += ["--task", arm.task]
@@ -175,20 +186,23 @@ def keygen(path: Path) -> str:
 
 def run_solo(launcher: Launcher, arm: Arm, run_dir: Path, warmup: int) -> dict[str, float]:
     launcher.wait(launcher.start(arm, "solo", run_dir))
-    return {"solo": steps_per_min(run_dir / "metrics.jsonl", warmup)}
+    return {"solo": steps_per_min(step_times(run_dir / "metrics.jsonl", warmup))}
 
 
 def run_join(launcher: Launcher, arm: Arm, run_dir: Path, warmup: int, keys: dict[str, tuple[Path, str]]
              ) -> dict[str, float]:
     port = free_port()
     a = launcher.start(arm, "join", run_dir / "a", "--listen", f"/ip4/127.0.0.1/tcp/{port}",
-                       "--identity", str(keys["a"][0]))
+                       "--identity", str(keys["a"][0]), more_steps=BOOTSTRAP_EXTRA_STEPS)
     wait_listening(port, a)
     b = launcher.start(arm, "join", run_dir / "b", "--listen", "/ip4/127.0.0.1/tcp/0", "--identity",
                        str(keys["b"][0]), "--bootstrap", f"/ip4/127.0.0.1/tcp/{port}/p2p/{keys['a'][1]}",
                        "--external-groups", str(JOINER_EXTERNAL_GROUPS))
     launcher.wait(a, b)
-    return {node: steps_per_min(run_dir / node / "metrics.jsonl", warmup) for node in ("a", "b")}
+    # both nodes' rates over the window in which both trained (a starts alone, one of them ends first)
+    times = {node: step_times(run_dir / node / "metrics.jsonl", warmup) for node in ("a", "b")}
+    start, end = max(t[0] for t in times.values()), min(t[-1] for t in times.values())
+    return {node: steps_per_min(t, start, end) for node, t in times.items()}
 
 
 MODES: dict[str, Callable[..., dict[str, float]]] = {"solo": run_solo, "join": run_join}
