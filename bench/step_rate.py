@@ -186,7 +186,7 @@ def keygen(path: Path) -> str:
 
 def run_solo(launcher: Launcher, arm: Arm, run_dir: Path, warmup: int) -> dict[str, float]:
     launcher.wait(launcher.start(arm, "solo", run_dir))
-    return {"solo": steps_per_min(step_times(run_dir / "metrics.jsonl", warmup))}
+    return rates_of(run_dir, "solo", warmup)
 
 
 def run_join(launcher: Launcher, arm: Arm, run_dir: Path, warmup: int, keys: dict[str, tuple[Path, str]]
@@ -199,10 +199,7 @@ def run_join(launcher: Launcher, arm: Arm, run_dir: Path, warmup: int, keys: dic
                        str(keys["b"][0]), "--bootstrap", f"/ip4/127.0.0.1/tcp/{port}/p2p/{keys['a'][1]}",
                        "--external-groups", str(JOINER_EXTERNAL_GROUPS))
     launcher.wait(a, b)
-    # both nodes' rates over the window in which both trained (a starts alone, one of them ends first)
-    times = {node: step_times(run_dir / node / "metrics.jsonl", warmup) for node in ("a", "b")}
-    start, end = max(t[0] for t in times.values()), min(t[-1] for t in times.values())
-    return {node: steps_per_min(t, start, end) for node, t in times.items()}
+    return rates_of(run_dir, "join", warmup)  # over the window in which both trained (a starts alone)
 
 
 MODES: dict[str, Callable[..., dict[str, float]]] = {"solo": run_solo, "join": run_join}
@@ -235,6 +232,33 @@ def measure(args: argparse.Namespace, work: Path) -> Runs:
     return runs
 
 
+def collect(work: Path, rounds: int, warmup: int, modes: list[str]) -> Runs:
+    """The rates of a finished or interrupted measurement, read back from its run directories: a round counts for
+    a mode only when every arm of that mode finished in it (its pairs stay whole)."""
+    runs = Runs()
+    for r in range(rounds):
+        for mode in modes:
+            names = [n for n, arm in ARMS.items() if mode in arm.modes]
+            try:  # a missing or cut-off run leaves its whole round out for this mode
+                rates = {n: rates_of(work / f"r{r}" / mode / n, mode, warmup) for n in names}
+            except (OSError, RuntimeError, ValueError) as exc:
+                print(f"  round {r + 1} {mode}: left out ({exc})", flush=True)
+                continue
+            for name, by_node in rates.items():
+                runs.rates.setdefault(mode, {}).setdefault(name, []).append(statistics.fmean(by_node.values()))
+                runs.nodes.setdefault(mode, {}).setdefault(name, []).append(by_node)
+    return runs
+
+
+def rates_of(run_dir: Path, mode: str, warmup: int) -> dict[str, float]:
+    """One finished run's steps/min, as `run_solo` / `run_join` measure them."""
+    if mode == "solo":
+        return {"solo": steps_per_min(step_times(run_dir / "metrics.jsonl", warmup))}
+    times = {node: step_times(run_dir / node / "metrics.jsonl", warmup) for node in ("a", "b")}
+    start, end = max(t[0] for t in times.values()), min(t[-1] for t in times.values())
+    return {node: steps_per_min(t, start, end) for node, t in times.items()}
+
+
 def summarize(runs: Runs) -> dict[str, Any]:
     ratio = {mode: round(paired_ratio(r["now"], r["old"]), 3) for mode, r in runs.rates.items()}
     factors: dict[str, dict[str, float]] = {}
@@ -265,7 +289,7 @@ def summarize(runs: Runs) -> dict[str, Any]:
         "steps_per_min": {m: {a: [round(x, 2) for x in v] for a, v in r.items()} for m, r in runs.rates.items()},
         "join_nodes_steps_per_min": {a: [{k: round(x, 2) for k, x in v.items()} for v in vals]
                                      for a, vals in runs.nodes.get("join", {}).items()},
-        "run_seconds": runs.seconds,
+        "run_seconds": runs.seconds or None,  # None: collected from run directories
         "arms": {n: {"old_code": a.old_code, "toml": a.toml, "task": a.task or "(default mix)",
                      "modes": list(a.modes), "factor": a.factor} for n, a in ARMS.items()},
     }
@@ -300,13 +324,15 @@ def main() -> None:
     parser.add_argument("--model", default="", help="model dir both versions load [the embedded default's]")
     parser.add_argument("--work", type=Path, default=REPO / "runs" / "step_rate")
     parser.add_argument("--out", type=Path, default=RESULTS / "step_rate.json")
+    parser.add_argument("--collect", action="store_true",
+                        help="measure nothing: summarize the runs already under --work (e.g. after a timeout)")
     add_loaded_flag(parser)
     args = parser.parse_args()
-    run = provenance.begin(timed=True, loaded=args.loaded)
+    run = provenance.begin(timed=not args.collect, loaded=args.loaded)
     if not (args.old_root / "cli" / "main.py").exists():
         raise SystemExit(f"error: no old tree at {args.old_root}; git archive {OLD_COMMIT} | tar -x -C DIR")
     args.model = args.model or default_model()
-    runs = measure(args, args.work)
+    runs = collect(args.work, args.rounds, args.warmup, args.modes) if args.collect else measure(args, args.work)
     out = summarize(runs)
     out["model"] = args.model
     out["settings"] = {"rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "modes": args.modes}
