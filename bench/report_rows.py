@@ -66,6 +66,20 @@ def sampler(r: Results) -> str:
             f"transformers ({how}); sync {m['weight_sync_ms']:.0f} ms")
 
 
+@row("step_rate", "python -m bench.step_rate",
+     "steps/min of `solo` and of a two-node loopback `join` (chain_sum, embedded default model): the code of "
+     "2026-11-24 (8ef0a4d) vs today's, and today's with one factor set back to its old value (median of paired "
+     "rounds)", "step_rate.json")
+def step_rate(r: Results) -> str:
+    d = r["step_rate.json"]
+    rates, ratio = d["steps_per_min_median"], d["ratio_now_over_then"]
+    headline = "; ".join(f"{mode} {rates[mode]['old']:.1f} -> {rates[mode]['now']:.1f} steps/min "
+                         f"(now/old {ratio[mode]:.2f})" for mode in ratio)
+    factors = ", ".join(f"{name} " + " / ".join(f"{mode} {v:.2f}" for mode, v in by_mode.items())
+                        for name, by_mode in d["factors"].items())
+    return f"{headline}; each factor at its old value over today's: {factors}"
+
+
 @row("flood_recovery", "python -m bench.flood_recovery",
      "two honest gossip stand-ins sharing a group a second on loopback while fresh identities flood one of them with "
      "valid signed groups: the longest gap in honest delivery, either way, from the flood to 2 minutes after it",

@@ -1,261 +1,349 @@
-"""Steps per minute of `solo` and of a two-node `join`: the code of 8ef0a4d (2026-11-24) against today's, on the same
-model and task, and what each default changed since then costs.
+"""Steps per minute of `solo` and of a two-node `join` on loopback: the code of 2026-11-24 against today's, and
+today's with one factor at a time set back to its old value (issue 27 item 6).
 
-Arms, each a fresh process (two for join) on one model directory (today's embedded default unless --model):
-  then            8ef0a4d, extracted with `git archive` under --work-dir, `--task chain_sum` (its default task)
-  now             this checkout, `--task chain_sum`
-  now+mix         this checkout on today's default task mix (four specialties; 8ef0a4d had chain_sum alone)
-  now-microbatch  this checkout with micro-batching off (`train.microbatch_tokens` beyond any batch: one pass per
-                  minibatch, as 8ef0a4d trained)
-  now-budgets     join only: the peer budgets off (`peers.rescore_share` beyond any need, `peers.max_messages_per_s`
-                  0), as 8ef0a4d had none
-Every round runs every arm once, in an order that rotates per round, so that a slow minute of the machine falls on
-all arms alike; ratios are the medians of the per-round ratios (bench/paired.py), every round's rates are kept.
-
-Steps/min comes from the run's own metrics.jsonl (the times of its step records), skipping the first --skip steps
-(engine warm-up, the first checkpoint): process start-up is not a step. For join, node B (--steps) joins node A's
-swarm; both rates are taken over the window in which both trained (B's steps after --skip), and the join rate is
-their sum (the swarm's steps/min). Eval is off in every arm (it runs outside the steps anyway).
-
-    python -m bench.step_rate [--rounds 3] [--steps 40] [--join-steps 30] [--skip 5] [--loaded]
-
-Writes bench/results/step_rate.json: `ratio_now_over_then` {solo, join}, `factors` {name: ratio of the arm over
-`now`}, per-round rates under `rounds`. It reports rates, so it refuses a loaded machine unless --loaded.
+Contract:
+- Arms (`ARMS`, registered by name): `old` runs the extracted old tree (`--old-root`, default /work/old-8ef0a4d:
+  `git archive 8ef0a4d`) from its own root; `now` runs this checkout; every `now_*` arm is `now` with one factor
+  reverted by a TOML (`--config`). All arms get the same model (`--model`, default the embedded default's built
+  directory), the task `chain_sum` with its default options (the old default) unless the arm says otherwise,
+  no held-out eval and no status server.
+- Steps/min of a run come from its own `metrics.jsonl`: (records - 1) over the time between the first and the last
+  step record, after skipping `--warmup` records; for `join`, both nodes (the bootstrap node `a` and the joiner
+  `b`, which takes 4 external groups as in the README's two-peer example).
+- Each round runs every arm once per mode, in an order rotated by the round, so no arm always runs first.
+- Result: `bench/results/step_rate.json`: `ratio_now_over_then` {solo, join} = median of per-round now/old ratios
+  (join: the two nodes' mean rate), `factors` {name: {solo?, join}} = median per-round ratio of the arm with that
+  factor at its old value over the arm at today's value, and every per-round rate. One summary line.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
-import re
 import signal
+import socket
+import statistics
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench import provenance
 from bench.load_guard import add_loaded_flag
-from bench.paired import paired_ratio, round_order
+from bench.paired import paired_ratio, per_run_ratios
 
-THEN = "8ef0a4d"
 REPO = Path(__file__).resolve().parents[1]
-RESULT = REPO / "bench" / "results" / "step_rate.json"
-ADDR = re.compile(r"join this node with: --bootstrap (/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+)")
-HUGE = 1_000_000_000
+RESULTS = REPO / "bench" / "results"
+OLD_COMMIT = "8ef0a4d"
+DEFAULT_OLD_ROOT = Path("/work/old-8ef0a4d")
+TASK = "chain_sum"  # the old default task; both versions resolve its default options to one-digit sums of 2 terms
+JOINER_EXTERNAL_GROUPS = 4  # the README's two-peer example
+RUN_TIMEOUT_S = 600
+CHILD_SOURCES_ENV = "STEP_RATE_SOURCES_FILE"
+# the bootstrap node starts alone, before the joiner: these extra steps keep it training while the joiner does
+BOOTSTRAP_EXTRA_STEPS = 15
 
 
 @dataclass(frozen=True)
 class Arm:
-    name: str
+    """One code version and configuration. `toml`: a config file's text (none: the version's defaults);
+    `task`: the task flag (empty: the config's default mix); `modes`: where the arm is run."""
+
     old_code: bool = False
-    task: str | None = "chain_sum"  # None: the default mix
-    toml: str = ""  # config overrides, as a TOML file's text
-    roles: tuple[str, ...] = ("solo", "join")
-    why: str = ""
+    toml: str = ""
+    task: str = TASK
+    modes: tuple[str, ...] = ("solo", "join")
+    # the factor this arm sets back, and the arm (today's value) it is compared with
+    factor: str = ""
+    against: str = "now"
 
 
-ARMS = (
-    Arm("then", old_code=True, why=f"the code of {THEN}"),
-    Arm("now", why="this checkout"),
-    Arm("now+mix", task=None, why="today's default task mix instead of chain_sum alone"),
-    Arm("now-microbatch", toml=f"[train]\nmicrobatch_tokens = {HUGE}\n", roles=("solo",), why="micro-batching off"),
-    Arm("now-budgets", toml=f"[peers]\nrescore_share = {HUGE}.0\nmax_messages_per_s = 0.0\n", roles=("join",),
-        why="the peer budgets (re-scoring share, message rate) off"),
-)
-FACTORS = {"task_mix": "now+mix", "microbatch_limits": "now-microbatch", "validation_budgets": "now-budgets"}
+ARMS: dict[str, Arm] = {}
 
 
-def step_times(run_dir: Path) -> list[tuple[int, float]]:
-    """(step, time) of each complete step record of the run's metrics.jsonl."""
-    out = []
-    path = run_dir / "metrics.jsonl"
-    for line in path.read_text().splitlines() if path.exists() else []:
-        record = json.loads(line)
-        if "step" in record and "time" in record and not record.get("skipped"):
-            out.append((int(record["step"]), float(record["time"])))
-    return out
+def register(name: str, arm: Arm) -> None:
+    ARMS[name] = arm
 
 
-def rate_in(times: list[tuple[int, float]], start: float, end: float) -> float:
-    """Steps/min over [start, end]: the steps completed in the window over its length (from the first to the last)."""
-    inside = [t for _, t in times if start <= t <= end]
-    if len(inside) < 2:
-        raise RuntimeError(f"fewer than 2 steps in the timing window ({len(inside)}): raise --steps")
-    return (len(inside) - 1) / (inside[-1] - inside[0]) * 60.0
-
-
-def solo_rate(times: list[tuple[int, float]], skip: int) -> float:
-    kept = times[skip:]
-    if len(kept) < 2:
-        raise RuntimeError(f"only {len(times)} steps recorded: raise --steps above --skip")
-    return rate_in(kept, kept[0][1], kept[-1][1])
+register("old", Arm(old_code=True))
+register("now", Arm())
+# task mix: today's default is the four-task mix; the old default was chain_sum alone (the `now` arm)
+register("now_default_mix", Arm(task="", factor="task_mix", against="now_default_mix"))
+# micro-batching: today a minibatch is split into micro-batches of train.microbatch_tokens padded tokens; the old
+# trainer took a minibatch whole, which a limit above any minibatch reproduces
+register("now_no_microbatch", Arm(toml="[train]\nmicrobatch_tokens = 1000000000\n", factor="microbatch"))
+# validation budgets: [peers] rescore_share / burst_s bound re-scoring of peers' groups and max_messages_per_s their
+# messages; the old code re-scored every group unbounded, which budgets far above any use reproduce
+register("now_unbounded_budgets", Arm(
+    toml="[peers]\nrescore_share = 1000.0\nburst_s = 1000000.0\nmax_messages_per_s = 0.0\n",
+    modes=("join",), factor="validation_budgets"))
 
 
 @dataclass
-class Runner:
-    model: Path
-    work: Path
-    old_dir: Path
-    skip: int
-    log: list[str] = field(default_factory=list)
+class Runs:
+    """Per-round steps/min: rates[mode][arm] = one value per round (join: the mean of both nodes), nodes[...]:
+    join's per-node values."""
 
-    def _command(self, arm: Arm, role: str, run_dir: Path, steps: int, extra: list[str]) -> tuple[list[str], Path]:
-        code = self.old_dir if arm.old_code else REPO
-        args = [sys.executable, "-m", "cli.main", role, "--model", str(self.model), "--steps", str(steps),
-                "--run-dir", str(run_dir), "--status-port", "-1", "--eval-problems", "0", *extra]
+    rates: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    nodes: dict[str, dict[str, list[dict[str, float]]]] = field(default_factory=dict)
+    seconds: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+
+
+def step_times(metrics: Path, warmup: int) -> list[float]:
+    """The wall times of the run's step records after the first `warmup`."""
+    times = [json.loads(line)["time"] for line in metrics.read_text().splitlines() if '"step"' in line][warmup:]
+    if len(times) < 3:
+        raise RuntimeError(f"{metrics}: only {len(times)} step records after {warmup} warm-up")
+    return times
+
+
+def steps_per_min(times: list[float], start: float = float("-inf"), end: float = float("inf")) -> float:
+    """Steps per minute over the records in [start, end]: (records - 1) over the time between the first and last."""
+    inside = [t for t in times if start <= t <= end]
+    if len(inside) < 3:
+        raise RuntimeError(f"only {len(inside)} step records in the window")
+    return 60.0 * (len(inside) - 1) / (inside[-1] - inside[0])
+
+
+class Launcher:
+    """Starts CLI processes of either code version, each in its own process group, and ends them."""
+
+    def __init__(self, old_root: Path, model: str, steps: int, sources_dir: Path) -> None:
+        self.old_root, self.model, self.steps, self.sources_dir = old_root, model, steps, sources_dir
+        self.live: list[subprocess.Popen[bytes]] = []
+        self._n = 0
+
+    def start(self, arm: Arm, command: str, run_dir: Path, *extra: str, more_steps: int = 0
+              ) -> subprocess.Popen[bytes]:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        args = [command, "--steps", str(self.steps + more_steps), "--model", self.model, "--run-dir", str(run_dir),
+                "--eval-problems", "0", "--status-port", "-1", *extra]
         if arm.task:
             args += ["--task", arm.task]
         if arm.toml:
-            config = run_dir.parent / f"{run_dir.name}.toml"
-            config.write_text(arm.toml)
-            args += ["--config", str(config)]
-        return args, code
+            (run_dir / "arm.toml").write_text(arm.toml)
+            args += ["--config", str(run_dir / "arm.toml")]
+        root = self.old_root if arm.old_code else REPO
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        if arm.old_code:
+            argv = [sys.executable, "-m", "cli.main", *args]
+        else:  # through this module, which records the modules the run imported (provenance)
+            self._n += 1
+            env[CHILD_SOURCES_ENV] = str(self.sources_dir / f"{self._n}.json")
+            argv = [sys.executable, "-m", "bench.step_rate", "--as-cli", *args]
+        log = (run_dir / "out.log").open("wb")
+        proc = subprocess.Popen(argv, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # own group: the libp2p host child ends with it
+        self.live.append(proc)
+        return proc
 
-    def _start(self, arm: Arm, role: str, run_dir: Path, steps: int, extra: list[str]) -> subprocess.Popen[str]:
-        """The arm's process; its log goes to a file beside the run dir (a pipe nobody reads would block it)."""
-        args, code = self._command(arm, role, run_dir, steps, extra)
-        env = {**os.environ, "PYTHONPATH": str(code)}
-        log = open(_log_path(run_dir), "w")  # noqa: SIM115 - the child holds it; closed with the process
-        return subprocess.Popen(args, cwd=code, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True,
-                                start_new_session=True)
+    def wait(self, *procs: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        for proc in procs:
+            rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            if rc != 0:
+                raise RuntimeError(f"{proc.args} exited {rc}")
+            self.live.remove(proc)
 
-    def solo(self, arm: Arm, run_dir: Path, steps: int) -> float:
-        proc = self._start(arm, "solo", run_dir, steps, [])
-        if proc.wait(timeout=1800) != 0:
-            raise RuntimeError(f"{arm.name} solo failed ({proc.returncode}): {_tail(run_dir)}")
-        return solo_rate(step_times(run_dir), self.skip)
-
-    def join(self, arm: Arm, run_dir: Path, steps: int) -> tuple[float, float]:
-        first = self._start(arm, "join", run_dir / "a", HUGE, ["--listen", "/ip4/127.0.0.1/tcp/0"])
-        second = None
-        try:
-            addr = _address(first, run_dir / "a", time.monotonic() + 300)
-            second = self._start(arm, "join", run_dir / "b", steps, ["--listen", "/ip4/127.0.0.1/tcp/0",
-                                                                      "--bootstrap", addr])
-            if second.wait(timeout=1800) != 0:
-                raise RuntimeError(f"{arm.name} join B failed ({second.returncode}): {_tail(run_dir / 'b')}")
-        finally:
-            for proc in (second, first):
-                if proc is not None and proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGINT)
-                    try:
-                        proc.wait(timeout=120)
-                    except subprocess.TimeoutExpired:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                        proc.wait()
-        b_times = step_times(run_dir / "b")[self.skip:]
-        if len(b_times) < 2:
-            raise RuntimeError(f"{arm.name} join: B recorded {len(b_times)} steps after the skip")
-        start, end = b_times[0][1], b_times[-1][1]
-        return rate_in(step_times(run_dir / "a"), start, end), rate_in(b_times, start, end)
+    def kill_all(self) -> None:
+        for proc in self.live:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.live.clear()
 
 
-def _log_path(run_dir: Path) -> Path:
-    return run_dir.parent / f"{run_dir.name}.log"
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
-def _tail(run_dir: Path) -> str:
-    return _log_path(run_dir).read_text()[-2000:]
-
-
-def _address(proc: subprocess.Popen[str], run_dir: Path, deadline: float) -> str:
-    """The bootstrap address the node logs once its host is up."""
+def wait_listening(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        match = ADDR.search(_log_path(run_dir).read_text())
-        if match:
-            return match.group(1)
         if proc.poll() is not None:
-            raise RuntimeError(f"the first join exited before printing its address: {_tail(run_dir)}")
-        time.sleep(0.5)
-    raise RuntimeError("the first join printed no address")
+            raise RuntimeError(f"{proc.args} exited {proc.returncode} before listening")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"nothing listening on {port} after {timeout_s}s")
 
 
-def extract_then(work: Path) -> Path:
-    """8ef0a4d's tree under `work` (once), from this repository's history."""
-    target = work / f"then-{THEN}"
-    if (target / "cli" / "main.py").exists():
-        return target
-    target.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", THEN], check=True, capture_output=True).stdout
-    with tempfile.TemporaryFile() as buf:
-        buf.write(archive)
-        buf.seek(0)
-        with tarfile.open(fileobj=buf) as tar:
-            tar.extractall(target, filter="data")
-    return target
+def keygen(path: Path) -> str:
+    """An identity both versions load (the key file format did not change); its peer id."""
+    out = subprocess.run([sys.executable, "-m", "cli.main", "keygen", str(path), "--force"], cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, check=True, capture_output=True, text=True)
+    return out.stdout.split()[0]
 
 
-def default_model() -> Path:
+def run_solo(launcher: Launcher, arm: Arm, run_dir: Path, warmup: int) -> dict[str, float]:
+    launcher.wait(launcher.start(arm, "solo", run_dir))
+    return rates_of(run_dir, "solo", warmup)
+
+
+def run_join(launcher: Launcher, arm: Arm, run_dir: Path, warmup: int, keys: dict[str, tuple[Path, str]]
+             ) -> dict[str, float]:
+    port = free_port()
+    a = launcher.start(arm, "join", run_dir / "a", "--listen", f"/ip4/127.0.0.1/tcp/{port}",
+                       "--identity", str(keys["a"][0]), more_steps=BOOTSTRAP_EXTRA_STEPS)
+    wait_listening(port, a)
+    b = launcher.start(arm, "join", run_dir / "b", "--listen", "/ip4/127.0.0.1/tcp/0", "--identity",
+                       str(keys["b"][0]), "--bootstrap", f"/ip4/127.0.0.1/tcp/{port}/p2p/{keys['a'][1]}",
+                       "--external-groups", str(JOINER_EXTERNAL_GROUPS))
+    launcher.wait(a, b)
+    return rates_of(run_dir, "join", warmup)  # over the window in which both trained (a starts alone)
+
+
+MODES: dict[str, Callable[..., dict[str, float]]] = {"solo": run_solo, "join": run_join}
+
+
+def measure(args: argparse.Namespace, work: Path) -> Runs:
+    launcher = Launcher(args.old_root, args.model, args.steps, work / "sources")
+    (work / "sources").mkdir(parents=True, exist_ok=True)
+    keys = {node: (work / f"{node}.key", "") for node in ("a", "b")}
+    keys = {node: (path, keygen(path)) for node, (path, _) in keys.items()}
+    runs = Runs()
+    try:
+        for r in range(args.rounds):
+            for mode in args.modes:
+                names = [n for n, arm in ARMS.items() if mode in arm.modes]
+                names = names[r % len(names):] + names[:r % len(names)]
+                for name in names:
+                    started = time.monotonic()
+                    extra = (keys,) if mode == "join" else ()
+                    rates = MODES[mode](launcher, ARMS[name], work / f"r{r}" / mode / name, args.warmup, *extra)
+                    took = time.monotonic() - started
+                    runs.rates.setdefault(mode, {}).setdefault(name, []).append(statistics.fmean(rates.values()))
+                    runs.nodes.setdefault(mode, {}).setdefault(name, []).append(rates)
+                    runs.seconds.setdefault(mode, {}).setdefault(name, []).append(round(took, 1))
+                    print(f"  round {r + 1}/{args.rounds} {mode} {name}: "
+                          + ", ".join(f"{k} {v:.1f}" for k, v in rates.items()) + f" steps/min ({took:.0f} s)",
+                          flush=True)
+    finally:
+        launcher.kill_all()
+    return runs
+
+
+def collect(work: Path, rounds: int, warmup: int, modes: list[str]) -> Runs:
+    """The rates of a finished or interrupted measurement, read back from its run directories: a round counts for
+    a mode only when every arm of that mode finished in it (its pairs stay whole)."""
+    runs = Runs()
+    for r in range(rounds):
+        for mode in modes:
+            names = [n for n, arm in ARMS.items() if mode in arm.modes]
+            try:  # a missing or cut-off run leaves its whole round out for this mode
+                rates = {n: rates_of(work / f"r{r}" / mode / n, mode, warmup) for n in names}
+            except (OSError, RuntimeError, ValueError) as exc:
+                print(f"  round {r + 1} {mode}: left out ({exc})", flush=True)
+                continue
+            for name, by_node in rates.items():
+                runs.rates.setdefault(mode, {}).setdefault(name, []).append(statistics.fmean(by_node.values()))
+                runs.nodes.setdefault(mode, {}).setdefault(name, []).append(by_node)
+    return runs
+
+
+def rates_of(run_dir: Path, mode: str, warmup: int) -> dict[str, float]:
+    """One finished run's steps/min, as `run_solo` / `run_join` measure them."""
+    if mode == "solo":
+        return {"solo": steps_per_min(step_times(run_dir / "metrics.jsonl", warmup))}
+    times = {node: step_times(run_dir / node / "metrics.jsonl", warmup) for node in ("a", "b")}
+    start, end = max(t[0] for t in times.values()), min(t[-1] for t in times.values())
+    return {node: steps_per_min(t, start, end) for node, t in times.items()}
+
+
+def summarize(runs: Runs) -> dict[str, Any]:
+    ratio = {mode: round(paired_ratio(r["now"], r["old"]), 3) for mode, r in runs.rates.items()}
+    factors: dict[str, dict[str, float]] = {}
+    per_round_factors: dict[str, dict[str, list[float]]] = {}
+    for name, arm in ARMS.items():
+        if not arm.factor:
+            continue
+        for mode, rates in runs.rates.items():
+            if name not in rates:
+                continue
+            # the arm with the factor at its old value over the arm with it at today's value
+            old_value, now_value = (rates["now"], rates[name]) if arm.against == name else (rates[name], rates["now"])
+            factors.setdefault(arm.factor, {})[mode] = round(paired_ratio(old_value, now_value), 3)
+            per_round_factors.setdefault(arm.factor, {})[mode] = [round(x, 3) for x in
+                                                                 per_run_ratios(old_value, now_value)]
+    return {
+        "old_commit": OLD_COMMIT,
+        "task": TASK,
+        "ratio_now_over_then": ratio,
+        "ratio_now_over_then_per_round": {m: [round(x, 3) for x in per_run_ratios(r["now"], r["old"])]
+                                          for m, r in runs.rates.items()},
+        "factors": factors,
+        "factors_per_round": per_round_factors,
+        "factors_unchanged": {"threads": "train.threads = 0 (all cores) and the same torch.set_num_threads call "
+                                         "in both versions (node start); nothing to revert"},
+        "steps_per_min_median": {m: {a: round(statistics.median(v), 1) for a, v in r.items()}
+                                 for m, r in runs.rates.items()},
+        "steps_per_min": {m: {a: [round(x, 2) for x in v] for a, v in r.items()} for m, r in runs.rates.items()},
+        "join_nodes_steps_per_min": {a: [{k: round(x, 2) for k, x in v.items()} for v in vals]
+                                     for a, vals in runs.nodes.get("join", {}).items()},
+        "run_seconds": runs.seconds or None,  # None: collected from run directories
+        "arms": {n: {"old_code": a.old_code, "toml": a.toml, "task": a.task or "(default mix)",
+                     "modes": list(a.modes), "factor": a.factor} for n, a in ARMS.items()},
+    }
+
+
+def as_cli() -> None:
+    """Run the CLI with the rest of argv; at exit, write the repository modules it imported (for provenance)."""
+    out = os.environ.get(CHILD_SOURCES_ENV)
+    if out:
+        atexit.register(lambda: Path(out).write_text(json.dumps(provenance.imported_sources())))
+    from cli.main import app
+    sys.argv = ["swarm-node", *sys.argv[2:]]
+    app()
+
+
+def default_model() -> str:
     from swarm_node.model.default_model import ensure_default_model
-
-    return ensure_default_model()
-
-
-def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """Paired ratios over rounds: now/then per role, and each factor's arm over `now`."""
-    def ratio(role: str, ours: str, base: str) -> float | None:
-        pairs = [(r[role][ours], r[role][base]) for r in rounds if ours in r[role] and base in r[role]]
-        return paired_ratio([a for a, _ in pairs], [b for _, b in pairs]) if pairs else None
-
-    factors: dict[str, dict[str, float | None]] = {}
-    for name, arm in FACTORS.items():
-        factors[name] = {role: ratio(role, arm, "now") for role in ("solo", "join")}
-    return {"ratio_now_over_then": {role: ratio(role, "now", "then") for role in ("solo", "join")},
-            "factors": {name: by_role["join"] if by_role["solo"] is None else by_role["solo"]
-                        for name, by_role in factors.items()},
-            "factors_by_role": factors}
+    return str(ensure_default_model())
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    if sys.argv[1:2] == ["--as-cli"]:
+        as_cli()
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=40, help="solo steps per arm")
-    parser.add_argument("--join-steps", type=int, default=30, help="node B's steps per join arm")
-    parser.add_argument("--skip", type=int, default=5, help="first steps left out of the rate")
-    parser.add_argument("--model", type=Path, default=None)
-    parser.add_argument("--roles", nargs="+", default=["solo", "join"], choices=["solo", "join"])
-    parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "swarm-node-step-rate")
-    parser.add_argument("--out", type=Path, default=RESULT)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5, help="step records skipped at the start of each run")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--old-root", type=Path, default=DEFAULT_OLD_ROOT,
+                        help=f"the old tree: git archive {OLD_COMMIT} | tar -x -C DIR")
+    parser.add_argument("--model", default="", help="model dir both versions load [the embedded default's]")
+    parser.add_argument("--work", type=Path, default=REPO / "runs" / "step_rate")
+    parser.add_argument("--out", type=Path, default=RESULTS / "step_rate.json")
+    parser.add_argument("--collect", action="store_true",
+                        help="measure nothing: summarize the runs already under --work (e.g. after a timeout)")
     add_loaded_flag(parser)
     args = parser.parse_args()
-    run = provenance.begin(timed=True, loaded=args.loaded)
-    model = args.model or default_model()
-    runner = Runner(model, args.work_dir, extract_then(args.work_dir), args.skip)
-    rounds: list[dict[str, Any]] = []
-    for r in range(args.rounds):
-        record: dict[str, Any] = {"solo": {}, "join": {}, "join_nodes": {}}
-        for role in args.roles:
-            for arm in round_order([a for a in ARMS if role in a.roles], r):
-                run_dir = args.work_dir / f"r{r}-{role}-{arm.name}"
-                subprocess.run(["rm", "-rf", str(run_dir)], check=True)
-                run_dir.mkdir(parents=True)
-                if role == "solo":
-                    record["solo"][arm.name] = round(runner.solo(arm, run_dir, args.steps), 2)
-                else:
-                    a, b = runner.join(arm, run_dir, args.join_steps)
-                    record["join_nodes"][arm.name] = [round(a, 2), round(b, 2)]
-                    record["join"][arm.name] = round(a + b, 2)
-                print(f"round {r + 1}/{args.rounds} {role} {arm.name}: {record[role][arm.name]} steps/min",
-                      file=sys.stderr, flush=True)
-        rounds.append(record)
-    summary = summarise(rounds)
-    result = {**summary, "rounds": rounds,
-              "arms": {a.name: {"why": a.why, "task": a.task or "default mix", "config": a.toml or None}
-                       for a in ARMS},
-              "setup": {"then": THEN, "model": str(model), "solo_steps": args.steps, "join_steps": args.join_steps,
-                        "skip": args.skip, "roles": args.roles}}
-    sources = [str(p.relative_to(REPO)) for d in ("swarm_node", "cli", "protocol") for p in (REPO / d).rglob("*.py")]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(provenance.stamp(result, run, args.rounds, child_sources=sources), indent=1) + "\n")
-    then = summary["ratio_now_over_then"]
-    print(f"step_rate: now/then solo {then['solo']}, join {then['join']}; factors "
-          + ", ".join(f"{k} {v}" for k, v in summary["factors"].items()))
+    run = provenance.begin(timed=not args.collect, loaded=args.loaded)
+    if not (args.old_root / "cli" / "main.py").exists():
+        raise SystemExit(f"error: no old tree at {args.old_root}; git archive {OLD_COMMIT} | tar -x -C DIR")
+    args.model = args.model or default_model()
+    runs = collect(args.work, args.rounds, args.warmup, args.modes) if args.collect else measure(args, args.work)
+    out = summarize(runs)
+    out["model"] = args.model
+    out["settings"] = {"rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "modes": args.modes}
+    child: set[str] = set()
+    for f in (args.work / "sources").glob("*.json"):
+        child.update(json.loads(f.read_text()))
+    args.out.write_text(json.dumps(provenance.stamp(out, run, args.rounds, child_sources=sorted(child)),
+                                   indent=1) + "\n")
+    r = out["ratio_now_over_then"]
+    print(f"step_rate: now/old {' '.join(f'{m} {v:.2f}' for m, v in r.items())}; factors (old value / now): "
+          + ", ".join(f"{f} " + "/".join(f"{m} {v:.2f}" for m, v in ms.items()) for f, ms in out["factors"].items()))
 
 
 if __name__ == "__main__":

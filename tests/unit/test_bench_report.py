@@ -34,6 +34,19 @@ def test_a_fixture_result_renders_into_its_row(tmp_path: Path) -> None:
     assert render_section(tmp_path, {"gossip": ROWS["gossip"]}) == f"{HEADER}\n{GOSSIP_ROW}"
 
 
+STEP_RATE = {"ratio_now_over_then": {"solo": 0.629, "join": 0.683},
+             "steps_per_min_median": {"solo": {"old": 37.8, "now": 23.8}, "join": {"old": 27.5, "now": 18.8}},
+             "factors": {"task_mix": {"solo": 1.13, "join": 1.367}, "validation_budgets": {"join": 0.28}}}
+
+
+def test_the_step_rate_row_gives_both_modes_and_every_factor(tmp_path: Path) -> None:
+    write(tmp_path / "step_rate.json", {**STEP_RATE, "provenance": MEASURED})
+    cell = render_section(tmp_path, {"step_rate": ROWS["step_rate"]}).splitlines()[-1].split(" | ")[2]
+    assert cell == ("solo 37.8 -> 23.8 steps/min (now/old 0.63); join 27.5 -> 18.8 steps/min (now/old 0.68); "
+                    "each factor at its old value over today's: task_mix solo 1.13 / join 1.37, "
+                    "validation_budgets join 0.28")
+
+
 def test_a_historical_result_is_marked_and_named_by_the_commit_of_its_numbers(tmp_path: Path) -> None:
     write(tmp_path / "gossip.json", {**GOSSIP, "provenance": BACKFILLED})
     (tmp_path / "HISTORICAL.toml").write_text('[[result]]\nresult = "gossip.json"\nreason = "old"\ncommit = "aaa"\n')
