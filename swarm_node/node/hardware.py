@@ -80,7 +80,9 @@ def footprint(model_dir: Path, lora_rank: int) -> sizing.Footprint:
 
 
 def checkpoint_dtype(model_dir: Path) -> str:
-    """The dtype the checkpoint's config.json declares (`dtype`, formerly `torch_dtype`; float32 when absent)."""
+    """The dtype the checkpoint's config.json declares (`dtype`, formerly `torch_dtype`; float32 when absent). A
+    directory that is not a model is the loader's one-line error (`model_config`), not a traceback."""
+    model_config(model_dir)
     config = json.loads((model_dir / "config.json").read_text())
     return str(config.get("dtype") or config.get("torch_dtype") or "float32").removeprefix("torch.")
 
