@@ -52,6 +52,7 @@ import json
 import shutil
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,24 @@ def finished(root: Path, key: str) -> dict[str, Any] | None:
     return result if result.get("fingerprint") == key else None
 
 
+def cell_log(name: str) -> Callable[[str], None]:
+    return lambda line: print(f"  [{name}] {line}", flush=True)
+
+
+def fresh_cell(root: Path, key: str, overrides: dict[str, Any], labels: dict[str, Any],
+               run: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    """Run a cell from its start in `root` (another fingerprint or a cut run is discarded) and store its result,
+    labelled, with its fingerprint and overrides; the result file is written last, so a cell with one is complete."""
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    result = run(load_config(None, {**overrides, "run.run_dir": str(root / "run")}))
+    result.update(**labels, fingerprint=key, overrides=overrides)
+    tmp = root / (RESULT_FILE + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(root / RESULT_FILE)
+    return result
+
+
 def run_cell(run_dir: Path, lag: int, correction: str, seed: int, steps: int,
              extra: dict[str, Any]) -> dict[str, Any]:
     """The cell's result: reused when finished on this code and config, else run from its start."""
@@ -125,15 +144,9 @@ def run_cell(run_dir: Path, lag: int, correction: str, seed: int, steps: int,
     root = cell_dir(run_dir, lag, correction, seed)
     if (done := finished(root, key)) is not None:
         return done
-    shutil.rmtree(root, ignore_errors=True)  # another fingerprint or a cut run: from its start
-    root.mkdir(parents=True)
-    cfg = load_config(None, {**overrides, "run.run_dir": str(root / "run")})
     name = f"S={lag} {correction} seed {seed}"
-    result = run_fixed_lag_cell(cfg, lag, log=lambda line: print(f"  [{name}] {line}", flush=True))
-    result.update(correction=correction, seed=seed, fingerprint=key, overrides=overrides)
-    tmp = root / (RESULT_FILE + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(root / RESULT_FILE)  # written last: a cell with one is complete
+    result = fresh_cell(root, key, overrides, {"correction": correction, "seed": seed},
+                        lambda cfg: run_fixed_lag_cell(cfg, lag, log=cell_log(name)))
     print(f"{name}: held-out {result['heldout_acc']} (before {result['heldout_acc_before']}, "
           f"{result['wall_s']:.0f} s)", flush=True)
     return result
@@ -178,15 +191,9 @@ def run_selection(run_dir: Path, arm: str, seed: int, tokens: int, extra: dict[s
     root = run_dir / "selection" / arm / f"seed{seed}"
     if (done := finished(root, key)) is not None or finished_only:
         return done
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
-    cfg = load_config(None, {**overrides, "run.run_dir": str(root / "run")})
     name = f"{arm} seed {seed}"
-    result = run_selection_cell(cfg, tokens, log=lambda line: print(f"  [{name}] {line}", flush=True))
-    result.update(arm=arm, seed=seed, fingerprint=key, overrides=overrides)
-    tmp = root / (RESULT_FILE + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(root / RESULT_FILE)
+    result = fresh_cell(root, key, overrides, {"arm": arm, "seed": seed},
+                        lambda cfg: run_selection_cell(cfg, tokens, log=cell_log(name)))
     print(f"{name}: signal {result['signal_frac']}, held-out {result['heldout_acc']} ({result['wall_s']:.0f} s)",
           flush=True)
     return result
