@@ -45,6 +45,7 @@ TASK = "chain_sum"  # the old default task; both versions resolve its default op
 JOINER_EXTERNAL_GROUPS = 4  # the README's two-peer example
 RUN_TIMEOUT_S = 600
 CHILD_SOURCES_ENV = "STEP_RATE_SOURCES_FILE"
+FIXED_MMAP_ENV = "STEP_RATE_FIXED_MMAP"
 # the bootstrap node starts alone, before the joiner: these extra steps keep it training while the joiner does
 BOOTSTRAP_EXTRA_STEPS = 15
 
@@ -61,6 +62,7 @@ class Arm:
     # the factor this arm sets back, and the arm (today's value) it is compared with
     factor: str = ""
     against: str = "now"
+    fixed_mmap: bool = False  # glibc's mmap threshold fixed at 1 MiB in the node's process (`as_cli`)
 
 
 ARMS: dict[str, Arm] = {}
@@ -82,6 +84,9 @@ register("now_no_microbatch", Arm(toml="[train]\nmicrobatch_tokens = 1000000000\
 register("now_unbounded_budgets", Arm(
     toml="[peers]\nrescore_share = 1000.0\nburst_s = 1000000.0\nmax_messages_per_s = 0.0\n",
     modes=("join",), factor="validation_budgets"))
+# glibc's mmap threshold: fixed at 1 MiB by every node with the memory guard on until 2026-11-26 (RSS follows the
+# live memory); today only once the guard sees memory pressure (node/hardware.py): this arm fixes it from the start
+register("now_fixed_mmap", Arm(fixed_mmap=True, factor="mmap_threshold"))
 
 
 @dataclass
@@ -135,6 +140,8 @@ class Launcher:
         else:  # through this module, which records the modules the run imported (provenance)
             self._n += 1
             env[CHILD_SOURCES_ENV] = str(self.sources_dir / f"{self._n}.json")
+            if arm.fixed_mmap:
+                env[FIXED_MMAP_ENV] = "1"
             argv = [sys.executable, "-m", "bench.step_rate", "--as-cli", *args]
         log = (run_dir / "out.log").open("wb")
         proc = subprocess.Popen(argv, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -291,7 +298,8 @@ def summarize(runs: Runs) -> dict[str, Any]:
                                      for a, vals in runs.nodes.get("join", {}).items()},
         "run_seconds": runs.seconds or None,  # None: collected from run directories
         "arms": {n: {"old_code": a.old_code, "toml": a.toml, "task": a.task or "(default mix)",
-                     "modes": list(a.modes), "factor": a.factor} for n, a in ARMS.items()},
+                     "modes": list(a.modes), "factor": a.factor, "fixed_mmap": a.fixed_mmap}
+                 for n, a in ARMS.items()},
     }
 
 
@@ -300,9 +308,23 @@ def as_cli() -> None:
     out = os.environ.get(CHILD_SOURCES_ENV)
     if out:
         atexit.register(lambda: Path(out).write_text(json.dumps(provenance.imported_sources())))
+    if os.environ.get(FIXED_MMAP_ENV):
+        from swarm_node.model.device_memory import return_freed_memory
+        if not return_freed_memory():
+            raise RuntimeError("glibc's mallopt is not available: the fixed_mmap arm cannot run")
     from cli.main import app
     sys.argv = ["swarm-node", *sys.argv[2:]]
     app()
+
+
+def extract_old_tree(root: Path) -> None:
+    """`git archive OLD_COMMIT` of this checkout, unpacked at `root` (a clean clone has the commit)."""
+    print(f"step_rate: extracting {OLD_COMMIT} to {root}", flush=True)
+    root.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", OLD_COMMIT], capture_output=True, check=False)
+    if archive.returncode != 0:
+        raise SystemExit(f"error: git archive {OLD_COMMIT} failed: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True)
 
 
 def default_model() -> str:
@@ -320,7 +342,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5, help="step records skipped at the start of each run")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--old-root", type=Path, default=DEFAULT_OLD_ROOT,
-                        help=f"the old tree: git archive {OLD_COMMIT} | tar -x -C DIR")
+                        help=f"the old tree (extracted there from git when absent: git archive {OLD_COMMIT})")
     parser.add_argument("--model", default="", help="model dir both versions load [the embedded default's]")
     parser.add_argument("--work", type=Path, default=REPO / "runs" / "step_rate")
     parser.add_argument("--out", type=Path, default=RESULTS / "step_rate.json")
@@ -330,7 +352,7 @@ def main() -> None:
     args = parser.parse_args()
     run = provenance.begin(timed=not args.collect, loaded=args.loaded)
     if not (args.old_root / "cli" / "main.py").exists():
-        raise SystemExit(f"error: no old tree at {args.old_root}; git archive {OLD_COMMIT} | tar -x -C DIR")
+        extract_old_tree(args.old_root)
     args.model = args.model or default_model()
     runs = collect(args.work, args.rounds, args.warmup, args.modes) if args.collect else measure(args, args.work)
     out = summarize(runs)

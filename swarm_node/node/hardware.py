@@ -14,14 +14,16 @@ Contract (the config is read, never written: the sizes live here):
   says what was chosen and why. With `run_dir` they are recorded in RUN_DIR/sizes.json with the estimate part by
   part in MiB (`estimate_mib`: weights, optimizer, sampler, kv_cache, activations, logits, ..., total: what a
   benchmark compares with the measured peak), again at each guard change. A run that cannot fit is a
-  `SizingError` line (the knobs that would fit it) before anything loads. With the guard on it also fixes glibc's mmap
-  threshold (`device_memory.return_freed_memory`).
+  `SizingError` line (the knobs that would fit it) before anything loads.
 - `place(model)` moves the model to the device; `attach(trainer, sampler)` hands the sizes to the trainer
   (micro-batch tokens) and the sampler (`Sampler.limit_rows`), and starts the peak meter.
 - `after_step(step, trainer, sampler)` (run.memory_guard on): the step's measured peak (`device_memory.PeakMeter`);
   when `sizing.MemoryGuard` says so, the next step is one `sizing.shrink` notch smaller (the vLLM KV cache, fixed
-  once the engine runs, is left alone), said in one line. Returns {"mem_peak_mib": ...} for the step's metrics ({}
-  when off).
+  once the engine runs, is left alone), said in one line. The first time, on a CPU, it also fixes glibc's mmap
+  threshold (`device_memory.return_freed_memory`): RSS then follows the live memory (~12% lower on the default
+  model) but every large tensor is a fresh mapping, which made the default model's training steps 70% slower
+  (docs/MEASUREMENTS.md), so it is a measure for memory pressure, not a default.
+  Returns {"mem_peak_mib": ...} for the step's metrics ({} when off).
 With run.memory_guard off (a node sharing its process: simulations) the runtime is `sizing.RUNTIME_BYTES`, not
 the process's measured memory, and nothing is watched.
 """
@@ -46,7 +48,7 @@ from swarm_node.model.default_model import load_tokenizer, model_config
 from swarm_node.model.device_memory import PeakMeter, default_budget_bytes, return_freed_memory
 from swarm_node.model.lora import TARGET_MODULES
 from swarm_node.model.prompting import build_prompter
-from swarm_node.rl.logprobs import LOGPROB_CHUNK
+from swarm_node.rl.logprobs import logprob_chunk
 from swarm_node.sampler.base import Sampler
 from swarm_node.sampler.kinds import DTYPE_BYTES, SamplerPlan, plan_for
 from swarm_node.train import sizing
@@ -112,6 +114,8 @@ class Hardware:
     meter: PeakMeter | None = None
     guard: sizing.MemoryGuard | None = None
     at_floor_said: bool = field(default=False)
+    returning_freed: bool = field(default=False)  # glibc's mmap threshold fixed (after the guard's first trigger)
+    return_freed: Callable[[], bool] = field(default=return_freed_memory)  # tests pass a recorder
     run_dir: Path | None = None
     shrinks: list[dict[str, object]] = field(default_factory=list)  # the guard's changes, as recorded
 
@@ -126,8 +130,6 @@ class Hardware:
             log(devices.precision_line(autocast))
         budget = cfg.run.memory_budget_mib * sizing.MIB or default_budget_bytes(choice.device)
         meter = PeakMeter.for_device(choice.device) if cfg.run.memory_guard else None
-        if meter is not None:
-            return_freed_memory()  # glibc: freed tensors go back to the OS, so RSS follows the live memory
         dtype = devices.sampler_dtype(checkpoint_dtype(model_dir), choice, found)
         if dtype.line is not None:
             log(dtype.line)
@@ -177,6 +179,9 @@ class Hardware:
             lower = sizing.shrink(self.sizing.sizes, self.floor)
             budget = sizing.mib(self.guard.budget)
             head = f"memory: step {step} peaked at {sizing.mib(peak)} MiB of a {budget} MiB budget"
+            if not self.returning_freed and self.choice.kind == "cpu" and self.return_freed():
+                self.returning_freed = True
+                head += "; freed tensors now go back to the OS (slower steps, lower RSS)"
             if lower is None:
                 if not self.at_floor_said:
                     self.log(f"{head}; every size is at its floor already")
@@ -195,7 +200,8 @@ class Hardware:
 
 def step_request(cfg: NodeConfig, model_dir: Path, source: tasks.TaskSource, choice: devices.DeviceChoice,
                  meter: PeakMeter | None, sampler_dtype_bytes: int = sizing.FLOAT) -> sizing.StepRequest:
-    model_context = int(json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", 2048))
+    config = json.loads((model_dir / "config.json").read_text())
+    model_context = int(config.get("max_position_embeddings", 2048))
     plan: SamplerPlan = plan_for(cfg.sampler)
     longest = longest_prompt(model_dir, source, cfg.task.prompt_format, cfg.sampler.max_new_tokens)
     prompt = math.ceil(longest * PROMPT_MARGIN)
@@ -213,5 +219,5 @@ def step_request(cfg: NodeConfig, model_dir: Path, source: tasks.TaskSource, cho
         overlapped=cfg.train.max_staleness > 0, runtime_bytes=runtime, row_limited=plan.row_limited,
         kv_cache_bytes=plan.kv_cache_bytes, context=plan.context, kv_block_tokens=plan.kv_block_tokens,
         sampler_dtype_bytes=sampler_dtype_bytes, engine_runtime_bytes=plan.engine_runtime_bytes,
-        logprob_chunk=LOGPROB_CHUNK,
+        logprob_chunk=logprob_chunk(int(config["vocab_size"])),
         logit_copies=sizing.LOGIT_COPIES_TOP_P if cfg.sampler.top_p < 1 else sizing.LOGIT_COPIES_PLAIN)

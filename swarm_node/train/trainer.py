@@ -43,7 +43,7 @@ import torch
 from transformers import PreTrainedModel
 
 from swarm_node.config import SamplerConfig, TrainConfig
-from swarm_node.rl.logprobs import LOGPROB_CHUNK, chunked_token_log_probs
+from swarm_node.rl.logprobs import chunked_token_log_probs, logprob_chunk
 from swarm_node.rl.loss import LOSSES, LossConfig, LossInputs, kl_k3, masked_mean, truncated_is_weights
 from swarm_node.rl.stale import STALE_CORRECTIONS, StaleBatch, StaleParams, StaleWeights
 from swarm_node.train.batching import (
@@ -93,7 +93,8 @@ class Trainer:
         self.top_p = sampling.top_p
         self.pad_id = pad_id
         self.vocab = vocab  # the tokenizer's length: ids of a padded embedding past it are masked out
-        self.logprob_chunk = LOGPROB_CHUNK  # positions whose full-vocabulary logits exist at once
+        # positions whose full-vocabulary logits exist at once
+        self.logprob_chunk = logprob_chunk(model.get_output_embeddings().weight.shape[0])
         self.loss_fn = LOSSES[train.loss]
         self.loss_cfg = LossConfig(eps_low=train.eps_low, eps_high=train.eps_high, kl_coef=train.kl_coef)
         self.stale_correction = STALE_CORRECTIONS[train.stale_correction.kind]

@@ -10,7 +10,12 @@ import torch
 
 from swarm_node.config import SamplerConfig, TrainConfig
 from swarm_node.model.default_model import load_model
-from swarm_node.rl.logprobs import chunked_token_log_probs, entropy_from_log_probs, processed_log_softmax
+from swarm_node.rl.logprobs import (
+    chunked_token_log_probs,
+    entropy_from_log_probs,
+    logprob_chunk,
+    processed_log_softmax,
+)
 from swarm_node.train.batching import collate
 from swarm_node.train.trainer import Trainer
 from swarm_node.types import TrainSample
@@ -53,6 +58,32 @@ def test_without_autograd_no_graph_is_kept() -> None:
     assert lp.shape == ent.shape == (7,) and not lp.requires_grad
     with pytest.raises(ValueError, match="chunk must be positive"):
         chunked_token_log_probs(hidden, lambda x: x @ weight.T, torch.zeros(7, dtype=torch.long), 1.0, chunk=0)
+
+
+def test_a_chunk_holds_a_fixed_number_of_logits() -> None:
+    assert logprob_chunk(151_936) == 256  # Qwen2.5's padded vocabulary
+    assert logprob_chunk(128_256) == 303  # Llama-3's: 38,895,616 // 128,256
+    assert logprob_chunk(600) == 64_826
+    assert logprob_chunk(10**9) == 1
+    with pytest.raises(ValueError, match="vocab_rows must be positive"):
+        logprob_chunk(0)
+
+
+@pytest.mark.parametrize(("chunk", "head_calls"), [(7, 1), (100, 1), (3, 6)])
+def test_only_several_chunks_are_recomputed_in_backward(chunk: int, head_calls: int) -> None:
+    """One chunk covering every position is computed once and kept; several chunks (7 positions by 3: 3 chunks)
+    are each computed again in backward."""
+    hidden = torch.randn(7, 3, requires_grad=True)
+    weight = torch.randn(4, 3)
+    calls = []
+
+    def head(x: torch.Tensor) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return x @ weight.T
+
+    lp, _ = chunked_token_log_probs(hidden, head, torch.zeros(7, dtype=torch.long), 1.0, chunk=chunk)
+    lp.sum().backward()
+    assert len(calls) == head_calls
 
 
 def test_trainer_log_probs_and_gradients_match_the_model_logits(tiny_model_dir: Path) -> None:

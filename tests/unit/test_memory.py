@@ -121,18 +121,22 @@ def test_guard_shrinks_the_next_step_instead_of_dying(tiny_model_dir: Path) -> N
     peaks = iter([800, 950, 955, 990])  # MiB, against a 1000 MiB budget
     hw.meter = PeakMeter(lambda: next(peaks) * MIB, lambda: 0, lambda: None)
     hw.guard = MemoryGuard(1000 * MIB)
+    fixed_threshold: list[int] = []  # glibc's mmap threshold, fixed on the guard's first trigger only
+    hw.return_freed = lambda: fixed_threshold.append(1) is None
     seq = hw.floor.microbatch_tokens  # one full-length row: the micro-batch floor
     assert hw.after_step(1, trainer, sampler) == {"mem_peak_mib": 800.0}
     assert trainer.microbatch_tokens == 1024 and len(lines) == 2
     hw.after_step(2, trainer, sampler)  # 950 >= 90%: halve the micro-batches
     assert trainer.microbatch_tokens == hw.sizes.microbatch_tokens == max(512, seq)
     assert cfg.train.microbatch_tokens == 1024  # the config holds still
-    assert lines[-1] == (f"memory: step 2 peaked at 950 MiB of a 1000 MiB budget; next steps: microbatch_tokens "
-                         f"{max(512, seq)} (asked 1024; the same gradient in more passes)")
+    assert lines[-1] == (f"memory: step 2 peaked at 950 MiB of a 1000 MiB budget; freed tensors now go back to the OS "
+                         f"(slower steps, lower RSS); next steps: microbatch_tokens {max(512, seq)} (asked 1024; "
+                         f"the same gradient in more passes)")
     hw.after_step(3, trainer, sampler)  # 955: not 1% above the last trigger
     assert len(lines) == 3
     hw.after_step(4, trainer, sampler)  # 990: a new high, shrink again
     assert trainer.microbatch_tokens == max(256, seq) and len(lines) == 4
+    assert fixed_threshold == [1] and "freed tensors" not in lines[-1]
     assert hw.sizes.prompts_per_step == cfg.run.prompts_per_step == 4 and sampler.max_rows == 0
 
 
