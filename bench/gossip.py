@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -52,17 +53,28 @@ def rollout_message(peer_id: str, index: int) -> bytes:
 
 
 def rollout_group(peer_id: str, index: int) -> Any:
-    from protocol.messages import CompletionWire, RolloutGroup, TaskRefWire
+    from protocol.messages import RolloutGroup, TaskRefWire
 
-    rng = random.Random(index)
     return RolloutGroup(
         group_id=os.urandom(16), policy_id=peer_id, policy_version=index, task=TaskRefWire("chain_sum", "{}", 0, index),
-        completions=tuple(CompletionWire(tuple(rng.randrange(64) for _ in range(64)), "12+30=42 " * 7,
-                                         tuple(-rng.random() for _ in range(64)), 1.0) for _ in range(8)),
-        tokenizer_hash="char-v1", model_family="qwen2", created_at=time.time())
+        completions=sample_completions(index % COMPLETION_VARIANTS), tokenizer_hash="char-v1", model_family="qwen2",
+        created_at=time.time())
 
 
-def make_validator() -> Any:
+COMPLETION_VARIANTS = 256  # a node has its completions in hand when it publishes: drawing them is not timed
+
+
+@functools.lru_cache(maxsize=COMPLETION_VARIANTS)
+def sample_completions(seed: int) -> tuple[Any, ...]:
+    from protocol.messages import CompletionWire
+
+    rng = random.Random(seed)
+    return tuple(CompletionWire(tuple(rng.randrange(64) for _ in range(64)), "12+30=42 " * 7,
+                                tuple(-rng.random() for _ in range(64)), 1.0) for _ in range(8))
+
+
+def make_validator(accepted: Any = None) -> Any:
+    """The node's rollout validator; with `accepted` (an AcceptedMessages), what it accepts is kept for delivery."""
     from protocol.limits import Limits
     from protocol.messages import TOPIC_ROLLOUTS
     from protocol.validation import AcceptPolicy, ReplayGuard, validate_gossip
@@ -73,9 +85,11 @@ def make_validator() -> Any:
     replay = ReplayGuard(limits.max_age_s)
 
     def validate(signer: str, data: bytes) -> ValidationResult:
-        verdict = validate_gossip(TOPIC_ROLLOUTS, data, signer, limits=limits, policy=policy, now=time.time(),
-                                  replay=replay).verdict
-        return ValidationResult[verdict.name]
+        result = validate_gossip(TOPIC_ROLLOUTS, data, signer, limits=limits, policy=policy, now=time.time(),
+                                 replay=replay)
+        if accepted is not None and result.message is not None:
+            accepted.remember(data, result.message)
+        return ValidationResult[result.verdict.name]
 
     return validate
 
@@ -85,6 +99,7 @@ async def worker(isolation: str) -> None:
     from protocol.limits import Limits
     from protocol.messages import TOPIC_ROLLOUTS
     from swarm_node.identity import generate
+    from swarm_node.sharing.accepted import AcceptedMessages
     from swarm_node.sharing.batching import BatchPolicy
     from swarm_node.transport.base import Delivery
     from swarm_node.transport.libp2p.ipc import HostSettings
@@ -100,7 +115,7 @@ async def worker(isolation: str) -> None:
 
     def on_delivery(delivery: Delivery) -> None:
         now = time.time()
-        groups, group_latencies = delivered_groups(delivery.data, limits, now)  # groups, not messages
+        groups, group_latencies = delivered_groups(delivery.data, limits, now, accepted)  # groups, not messages
         latencies.extend(group_latencies)
         received[delivery.from_peer] = received.get(delivery.from_peer, 0) + groups
         last_rx[0] = now
@@ -112,7 +127,8 @@ async def worker(isolation: str) -> None:
         await stream.write(got.to_bytes(8, "big"))
         await stream.close()
 
-    transport.set_validator(TOPIC_ROLLOUTS, make_validator())
+    accepted = AcceptedMessages()  # as the node's exchange does: a delivery is not decoded twice
+    transport.set_validator(TOPIC_ROLLOUTS, make_validator(accepted))
     await transport.subscribe(TOPIC_ROLLOUTS, on_delivery)
     await transport.serve_stream(STREAM_PROTOCOL, blob_sink)
     await transport.start()

@@ -1,8 +1,9 @@
 """bench.gossip's node side in groups, not messages: what one delivery carries, and a publisher that batches.
 
 Contract:
-- `delivered_groups(data, limits, now)`: (groups in the message, each group's publish-to-`now` latency in seconds),
-  so that a bench counts groups whether a message carries one or sixteen.
+- `delivered_groups(data, limits, now, accepted=None)`: (groups in the message, each group's publish-to-`now` latency
+  in seconds), so that a bench counts groups whether a message carries one or sixteen; the message its validator
+  decoded when `accepted` has it (as the node's exchange does), else decoded here.
 - `publish_groups(publish, make_group, count, t0, rate, policy)`: offers `count` groups made by `make_group(i)`,
   the i-th at `t0 + i / rate` (as fast as `publish` returns when `rate` is None), through a
   `swarm_node.sharing.batching.GroupBatcher`: every batch goes out as one RolloutBatch no later than
@@ -19,11 +20,13 @@ from collections.abc import Awaitable, Callable
 from protocol.codec import decode, encode
 from protocol.limits import Limits
 from protocol.messages import RolloutBatch, RolloutGroup
+from swarm_node.sharing.accepted import AcceptedMessages
 from swarm_node.sharing.batching import BatchPolicy, GroupBatcher
 
 
-def delivered_groups(data: bytes, limits: Limits, now: float) -> tuple[int, list[float]]:
-    msg = decode(data, limits)
+def delivered_groups(data: bytes, limits: Limits, now: float,
+                     accepted: AcceptedMessages | None = None) -> tuple[int, list[float]]:
+    msg = (accepted.take(data) if accepted is not None else None) or decode(data, limits)
     if not isinstance(msg, RolloutBatch):
         return 0, []
     return len(msg.groups), [now - g.created_at for g in msg.groups]

@@ -12,6 +12,7 @@ from protocol.codec import decode, encode
 from protocol.errors import WireError
 from protocol.limits import Limits
 from protocol.messages import CompletionWire, RolloutBatch, RolloutGroup, Status, TaskRefWire
+from swarm_node.sharing.accepted import AcceptedMessages
 from swarm_node.sharing.batching import BatchPolicy, GroupBatcher, flush_due
 
 PEER = "12D3KooWBatchPeer"
@@ -129,3 +130,20 @@ def test_bench_publisher_counts_failed_publishes_instead_of_stopping() -> None:
         raise RuntimeError("host restarting")
 
     assert asyncio.run(publish_groups(failing, group, 20, 0.0, None, BatchPolicy(16, 0.05))) == 2
+
+
+# ------------------------------------------------------------------------- a delivery reuses its validation
+def test_accepted_message_is_taken_once_and_the_oldest_is_evicted_past_capacity() -> None:
+    accepted = AcceptedMessages(capacity=2)
+    batches = [RolloutBatch((group(i),)) for i in range(3)]
+    data = [encode(b) for b in batches]
+    for d, b in zip(data, batches, strict=True):
+        accepted.remember(d, b)
+    assert len(accepted) == 2
+    assert accepted.take(data[0]) is None  # evicted: the caller decodes it itself
+    assert accepted.take(bytes(data[1])) is batches[1]  # equal bytes from another frame find it
+    assert accepted.take(data[1]) is None
+    assert delivered_groups(data[2], Limits(vocab_size=64), 1000.5, accepted) == (1, [0.5])
+    assert len(accepted) == 0
+    with pytest.raises(ValueError):
+        AcceptedMessages(capacity=0)
