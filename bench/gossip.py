@@ -1,14 +1,18 @@
 """Gossip and stream throughput of the libp2p transport: 4 node processes on 127.0.0.1, realistic RolloutGroups.
 
 `python -m bench.gossip` writes bench/results/gossip.json:
-  {"nodes", "groups", "delivered_frac", "groups_per_s", "p50_ms", "p99_ms", "stream_mb_s"}
+  {"nodes", "groups", "delivered_frac", "groups_per_s", "p50_ms", "p99_ms", "stream_mb_s", "p99_ms_at_500",
+   "delivered_frac_at_500", "batch", "batch_delay_ms", "rate_high"}
 - Each node is an OS process with a LibP2PTransport (network host in its own child process, the default) and the
-  protocol's gossip validator; the nodes form a full mesh. Every node publishes its share of `groups` RolloutBatches
-  of one group each (8 completions x 64 tokens, ~5 KB), starting at a common time.
+  protocol's gossip validator; the nodes form a full mesh. Every node publishes its share of `groups` groups
+  (8 completions x 64 tokens, ~5 KB each), starting at a common time, as RolloutBatches of at most `--batch` groups,
+  a partial batch sent within `--batch-delay-ms` (bench/gossip_groups.py; the defaults, 16 and 50 ms, are join's
+  path, `--batch 1` the path before batching). Every count is of groups, not messages.
 - groups_per_s, delivered_frac (capacity round): nodes publish as fast as the transport's back-pressure lets them;
   groups_per_s = groups / (last delivery - start); delivered_frac = deliveries / (groups x (nodes - 1)).
 - p50_ms, p99_ms (paced round): publish-to-delivery latency over all deliveries while the nodes together offer
-  `--rate` groups/s (100, the goal), i.e. the latency at the goal load rather than queueing at saturation.
+  `--rate` groups/s (100) for `--paced-s` seconds, i.e. the latency at that load rather than queueing at saturation;
+  p99_ms_at_500 and delivered_frac_at_500: the same at `--rate-high` (500) groups/s.
 - stream_mb_s: a 20 MiB blob node 1 -> node 2 over a stream protocol, until the receiver's ack (MB = 1e6 bytes).
 - Baseline, same run: the same workload with isolation="thread" (the network host on a trio thread inside the
   node process). Medians of `--runs` runs, the two isolations interleaved within each run (who goes first
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -51,18 +56,34 @@ BLOB_BYTES = 20 << 20
 # ------------------------------------------------------------------------------------------- the node process
 def rollout_message(peer_id: str, index: int) -> bytes:
     from protocol.codec import encode
-    from protocol.messages import CompletionWire, RolloutBatch, RolloutGroup, TaskRefWire
+    from protocol.messages import RolloutBatch
 
-    rng = random.Random(index)
-    group = RolloutGroup(
+    return encode(RolloutBatch((rollout_group(peer_id, index),)))
+
+
+def rollout_group(peer_id: str, index: int) -> Any:
+    from protocol.messages import RolloutGroup, TaskRefWire
+
+    return RolloutGroup(
         group_id=os.urandom(16), policy_id=peer_id, policy_version=index, task=TaskRefWire("chain_sum", "{}", 0, index),
-        completions=tuple(CompletionWire(tuple(rng.randrange(64) for _ in range(64)), "12+30=42 " * 7,
-                                         tuple(-rng.random() for _ in range(64)), 1.0) for _ in range(8)),
-        tokenizer_hash="char-v1", model_family="qwen2", created_at=time.time())
-    return encode(RolloutBatch((group,)))
+        completions=sample_completions(index % COMPLETION_VARIANTS), tokenizer_hash="char-v1", model_family="qwen2",
+        created_at=time.time())
 
 
-def make_validator() -> Any:
+COMPLETION_VARIANTS = 256  # a node has its completions in hand when it publishes: drawing them is not timed
+
+
+@functools.lru_cache(maxsize=COMPLETION_VARIANTS)
+def sample_completions(seed: int) -> tuple[Any, ...]:
+    from protocol.messages import CompletionWire
+
+    rng = random.Random(seed)
+    return tuple(CompletionWire(tuple(rng.randrange(64) for _ in range(64)), "12+30=42 " * 7,
+                                tuple(-rng.random() for _ in range(64)), 1.0) for _ in range(8))
+
+
+def make_validator(accepted: Any = None) -> Any:
+    """The node's rollout validator; with `accepted` (an AcceptedMessages), what it accepts is kept for delivery."""
     from protocol.limits import Limits
     from protocol.messages import TOPIC_ROLLOUTS
     from protocol.validation import AcceptPolicy, ReplayGuard, validate_gossip
@@ -73,18 +94,22 @@ def make_validator() -> Any:
     replay = ReplayGuard(limits.max_age_s)
 
     def validate(signer: str, data: bytes) -> ValidationResult:
-        verdict = validate_gossip(TOPIC_ROLLOUTS, data, signer, limits=limits, policy=policy, now=time.time(),
-                                  replay=replay).verdict
-        return ValidationResult[verdict.name]
+        result = validate_gossip(TOPIC_ROLLOUTS, data, signer, limits=limits, policy=policy, now=time.time(),
+                                 replay=replay)
+        if accepted is not None and result.message is not None:
+            accepted.remember(data, result.message)
+        return ValidationResult[result.verdict.name]
 
     return validate
 
 
 async def worker(isolation: str) -> None:
-    from protocol.codec import decode
+    from bench.gossip_groups import delivered_groups, publish_groups
     from protocol.limits import Limits
     from protocol.messages import TOPIC_ROLLOUTS
     from swarm_node.identity import generate
+    from swarm_node.sharing.accepted import AcceptedMessages
+    from swarm_node.sharing.batching import BatchPolicy
     from swarm_node.transport.base import Delivery
     from swarm_node.transport.libp2p.ipc import HostSettings
     from swarm_node.transport.libp2p.launch import LibP2PConfig
@@ -99,9 +124,9 @@ async def worker(isolation: str) -> None:
 
     def on_delivery(delivery: Delivery) -> None:
         now = time.time()
-        msg = decode(delivery.data, limits)
-        latencies.extend(now - g.created_at for g in msg.groups)  # type: ignore[union-attr]
-        received[delivery.from_peer] = received.get(delivery.from_peer, 0) + 1
+        groups, group_latencies = delivered_groups(delivery.data, limits, now, accepted)  # groups, not messages
+        latencies.extend(group_latencies)
+        received[delivery.from_peer] = received.get(delivery.from_peer, 0) + groups
         last_rx[0] = now
 
     async def blob_sink(stream: Any) -> None:
@@ -111,7 +136,8 @@ async def worker(isolation: str) -> None:
         await stream.write(got.to_bytes(8, "big"))
         await stream.close()
 
-    transport.set_validator(TOPIC_ROLLOUTS, make_validator())
+    accepted = AcceptedMessages()  # as the node's exchange does: a delivery is not decoded twice
+    transport.set_validator(TOPIC_ROLLOUTS, make_validator(accepted))
     await transport.subscribe(TOPIC_ROLLOUTS, on_delivery)
     await transport.serve_stream(STREAM_PROTOCOL, blob_sink)
     await transport.start()
@@ -123,16 +149,10 @@ async def worker(isolation: str) -> None:
         received.clear()
         last_rx[0] = 0.0
         await asyncio.sleep(max(0.0, cmd["t0"] - time.time()))
-        interval = 1.0 / cmd["rate"] if cmd.get("rate") else 0.0
-        errors = 0
-        for i in range(cmd["count"]):
-            if interval:
-                await asyncio.sleep(max(0.0, cmd["t0"] + i * interval - time.time()))
-            try:
-                await transport.publish(TOPIC_ROLLOUTS, rollout_message(transport.peer_id, i))
-            except Exception as exc:  # a bench counts failures instead of stopping
-                errors += 1
-                emit(event="publish_error", error=str(exc))
+        policy = BatchPolicy(cmd.get("batch", 1), cmd.get("batch_delay_ms", 50) / 1000)
+        errors = await publish_groups(lambda data: transport.publish(TOPIC_ROLLOUTS, data),
+                                      lambda i: rollout_group(transport.peer_id, i), cmd["count"], cmd["t0"],
+                                      cmd.get("rate"), policy)
         return {"event": "done", "t_end": time.time(), "errors": errors}
 
     async def stats(_cmd: dict[str, Any]) -> dict[str, Any]:
@@ -204,12 +224,14 @@ async def start_swarm(nodes: int, isolation: str) -> tuple[list[JsonProc], list[
     return procs, ready
 
 
-async def gossip_round(procs: list[JsonProc], groups: int, rate: float | None) -> dict[str, float]:
+async def gossip_round(procs: list[JsonProc], groups: int, rate: float | None, batch: int = 1,
+                       batch_delay_ms: float = 50.0) -> dict[str, float]:
     n = len(procs)
     per_node = groups // n
     t0 = time.time() + 1.0
     for proc in procs:
-        proc.send(cmd="go", t0=t0, count=per_node, rate=(rate / n) if rate else None)
+        proc.send(cmd="go", t0=t0, count=per_node, rate=(rate / n) if rate else None, batch=batch,
+                  batch_delay_ms=batch_delay_ms)
     for proc in procs:
         await next_event(proc, "done", 600)
     expected = per_node * (n - 1)
@@ -240,13 +262,15 @@ async def stream_round(procs: list[JsonProc], ready: list[dict[str, Any]], repea
     return BLOB_BYTES / statistics.median(seconds) / 1e6
 
 
-async def one_run(nodes: int, groups: int, rate: float, isolation: str) -> dict[str, dict[str, float]]:
-    procs, ready = await start_swarm(nodes, isolation)
-    try:
-        paced = await gossip_round(procs, groups, rate=rate)
-        capacity = await gossip_round(procs, groups, rate=None)
+async def one_run(args: argparse.Namespace, isolation: str) -> dict[str, dict[str, float]]:
+    procs, ready = await start_swarm(args.nodes, isolation)
+    batching = {"batch": args.batch, "batch_delay_ms": args.batch_delay_ms}
+    try:  # paced rounds offer `rate` groups/s for `paced_s` seconds
+        paced = await gossip_round(procs, int(args.rate * args.paced_s), rate=args.rate, **batching)
+        paced_high = await gossip_round(procs, int(args.rate_high * args.paced_s), rate=args.rate_high, **batching)
+        capacity = await gossip_round(procs, args.groups, rate=None, **batching)
         capacity["stream_mb_s"] = await stream_round(procs, ready, repeat=3)
-        return {"paced": paced, "capacity": capacity}
+        return {"paced": paced, "paced_high": paced_high, "capacity": capacity}
     finally:
         for proc in procs:
             await proc.close(quit_grace_s=15)
@@ -286,9 +310,9 @@ async def bench(args: argparse.Namespace, run: provenance.Run) -> None:
     loads = [load_average()]
     for j in range(args.runs):
         for isolation in round_order(ISOLATIONS, j):  # interleaved so machine load affects both alike
-            runs[isolation].append(await one_run(args.nodes, args.groups, args.rate, isolation))
+            runs[isolation].append(await one_run(args, isolation))
             loads.append(load_average())
-    summary = {iso: {"capacity": median_run([r["capacity"] for r in rs]), "paced": median_run([r["paced"] for r in rs])}
+    summary = {iso: {part: median_run([r[part] for r in rs]) for part in ("capacity", "paced", "paced_high")}
                for iso, rs in runs.items()}
     ours, base = summary["process"], summary["thread"]
     result = {"nodes": args.nodes, "groups": int(ours["capacity"]["groups"]),
@@ -296,6 +320,9 @@ async def bench(args: argparse.Namespace, run: provenance.Run) -> None:
               "groups_per_s": round(ours["capacity"]["groups_per_s"], 1),
               "p50_ms": round(ours["paced"]["p50_ms"], 1), "p99_ms": round(ours["paced"]["p99_ms"], 1),
               "stream_mb_s": round(ours["capacity"]["stream_mb_s"], 1),
+              "p99_ms_at_500": round(ours["paced_high"]["p99_ms"], 1),
+              "delivered_frac_at_500": round(ours["paced_high"]["delivered_frac"], 4),
+              "batch": args.batch, "batch_delay_ms": args.batch_delay_ms, "rate_high": args.rate_high,
               **paired_part(runs["process"], runs["thread"])}
     out = Path(args.results_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -308,7 +335,8 @@ async def bench(args: argparse.Namespace, run: provenance.Run) -> None:
         run, args.runs), indent=2) + "\n")
     print(f"gossip: {args.nodes} nodes, {result['groups']} groups: delivered {result['delivered_frac']:.3f} at "
           f"{result['groups_per_s']:.0f} groups/s; at {args.rate:.0f} groups/s offered p50 {result['p50_ms']:.0f} ms "
-          f"p99 {result['p99_ms']:.0f} ms; stream {result['stream_mb_s']:.0f} MB/s | thread baseline: "
+          f"p99 {result['p99_ms']:.0f} ms, at {args.rate_high:.0f} p99 {result['p99_ms_at_500']:.0f} ms; "
+          f"{args.batch} groups/message at most; stream {result['stream_mb_s']:.0f} MB/s | thread baseline: "
           f"{base['capacity']['groups_per_s']:.0f} groups/s, p50 {base['paced']['p50_ms']:.0f} ms, stream "
           f"{base['capacity']['stream_mb_s']:.0f} MB/s; process/thread paired: groups/s "
           f"{ratio_text(result['paired_ratio_vs_thread']['groups_per_s'])}, p50 "
@@ -376,9 +404,15 @@ async def arch(args: argparse.Namespace, run: provenance.Run) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=4)
-    parser.add_argument("--groups", type=int, default=1200, help="groups published by all nodes together")
+    parser.add_argument("--groups", type=int, default=12000,
+                        help="groups published by all nodes together in the capacity round")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rate", type=float, default=100.0, help="offered groups/s (all nodes) for latency")
+    parser.add_argument("--rate-high", type=float, default=500.0, help="offered groups/s of the p99_ms_at_500 round")
+    parser.add_argument("--paced-s", type=float, default=12.0, help="seconds each paced round offers groups")
+    parser.add_argument("--batch", type=int, default=16,
+                        help="lever: groups per message at most (16: join's default; 1: one message per group)")
+    parser.add_argument("--batch-delay-ms", type=float, default=50.0, help="lever: a partial batch waits at most this")
     parser.add_argument("--arch", action="store_true", help="measure the cost to a training loop instead")
     parser.add_argument("--train-s", type=float, default=8.0)
     parser.add_argument("--results-dir", default=str(RESULTS),

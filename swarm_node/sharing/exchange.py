@@ -3,7 +3,8 @@
 Contract:
 - `await start()` subscribes to the rollout topic with a validator running `protocol.validation.validate_gossip`
   (limits, schema, attribution, freshness, our task, replay); accepted batches are split into groups and queued;
-  rejected or ignored messages are queued as drops with their reason (the node counts them per sender).
+  rejected or ignored messages are queued as drops with their reason (the node counts them per sender). A delivery
+  reuses the message its validation decoded (`sharing.accepted.AcceptedMessages`) instead of decoding it again.
 - `publish(groups)` (sync, from the node loop) queues our groups; `await flush()` sends them as RolloutBatch
   messages of at most `max_groups_per_message` groups each. `drain()` (sync) returns and clears what arrived.
 - `swarm_node.roles.wiring.BackgroundExchange` adapts it for a node loop running in another thread (`swarm-node join`).
@@ -24,6 +25,7 @@ from protocol.limits import Limits
 from protocol.messages import TOPIC_ROLLOUTS, RolloutBatch, RolloutGroup
 from protocol.validation import AcceptPolicy, ReplayGuard, validate_gossip
 from swarm_node import tasks
+from swarm_node.sharing.accepted import AcceptedMessages
 from swarm_node.transport.base import Delivery, Transport, ValidationResult
 
 
@@ -63,6 +65,7 @@ class TransportExchange:
         self.policy = policy
         self.clock = clock
         self.replay = ReplayGuard(limits.max_age_s)
+        self.accepted = AcceptedMessages()
         self._outbox: list[RolloutGroup] = []
         self._inbox: list[Received] = []
         self._lock = threading.Lock()  # inbox is filled on the transport's loop, drained by the node thread
@@ -87,11 +90,14 @@ class TransportExchange:
             with self._lock:
                 self._inbox.append(Received(signer, now, None, result.reason))
             return ValidationResult.of(result.verdict)
+        assert result.message is not None  # ACCEPT carries it
+        self.accepted.remember(data, result.message)
         return ValidationResult.ACCEPT
 
     def _on_delivery(self, delivery: Delivery) -> None:
-        # Decoded again (cheap, bounded by the limits): the validator's verdict is not final until delivery.
-        msg = decode(delivery.data, self.limits)
+        # The validator's decoding when we have it; else decoded again (bounded by the limits): a transport
+        # without validation, or one evicted before its delivery.
+        msg = self.accepted.take(delivery.data) or decode(delivery.data, self.limits)
         if isinstance(msg, RolloutBatch):
             with self._lock:
                 self._inbox.extend(Received(delivery.from_peer, self.clock(), g) for g in msg.groups)
