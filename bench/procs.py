@@ -38,6 +38,11 @@ def event_is(name: str, **fields: Any) -> Match:
     return lambda e: e.get("event") == name and all(e.get(k) == v for k, v in fields.items())
 
 
+# One event is one line: a stats event carries every group's latency (12,000+ in a capacity round of bench.gossip),
+# far past asyncio's 64 KiB default.
+EVENT_LINE_LIMIT = 64 << 20
+
+
 class JsonProc:
     def __init__(self, proc: asyncio.subprocess.Process, name: str) -> None:
         self.proc, self.name = proc, name
@@ -52,7 +57,8 @@ class JsonProc:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", module, *args, cwd=REPO, env=env, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, start_new_session=True)  # own group: killpg reaches its host child
+            stdout=asyncio.subprocess.PIPE, start_new_session=True,  # own group: killpg reaches its host child
+            limit=EVENT_LINE_LIMIT)
         return cls(proc, name)
 
     async def _read(self) -> None:
