@@ -77,7 +77,8 @@ def step_rate(r: Results) -> str:
                          f"(now/old {ratio[mode]:.2f})" for mode in ratio)
     factors = ", ".join(f"{name} " + " / ".join(f"{mode} {v:.2f}" for mode, v in by_mode.items())
                         for name, by_mode in d["factors"].items())
-    return f"{headline}; each factor at its old value over today's: {factors}"
+    return (f"{headline}; each factor's arm over today's (mmap_threshold: fixed at 1 MiB from the start, as nodes did "
+            f"before 2026-11-26): {factors}")
 
 
 @row("flood_recovery", "python -m bench.flood_recovery",
@@ -98,7 +99,16 @@ def flood_recovery(r: Results) -> str:
 def gossip(r: Results) -> str:
     d = r["gossip.json"]
     return (f"delivered {d['delivered_frac']:.3f} at {d['groups_per_s']:.0f} groups/s; p50 {d['p50_ms']:.0f} ms, "
-            f"p99 {d['p99_ms']:.0f} ms at 100 groups/s; stream {d['stream_mb_s']:.0f} MB/s" + vs_thread(d))
+            f"p99 {d['p99_ms']:.0f} ms at 100 groups/s" + at_500(d) + f"; stream {d['stream_mb_s']:.0f} MB/s"
+            + vs_thread(d))
+
+
+def at_500(d: dict[str, Any]) -> str:
+    """The paced round at 500 groups/s and the batching it ran with (results before 2026-11-27 have neither)."""
+    if "p99_ms_at_500" not in d:
+        return ""
+    return (f", p99 {d['p99_ms_at_500']:.0f} ms at {d['rate_high']:.0f} groups/s; {d['groups']:,} groups, "
+            f"{d['batch']} groups/message at most")
 
 
 def vs_thread(d: dict[str, Any]) -> str:
