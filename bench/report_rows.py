@@ -44,7 +44,8 @@ def slash(values: list[Any], fmt: str) -> str:
 
 @row("solo_learning", "python -m bench.solo_learning --parallel",
      "held-out greedy accuracy and sampled reward before/after solo GRPO from the embedded default model on the "
-     "default mix, 3 seeds side by side (one thread each), vLLM sampler, 500 held-out problems", "solo_learning.json")
+     "default mix, 3 seeds side by side (one thread each), vLLM sampler, 500 held-out draws (at most 236 distinct "
+     "questions: the old mix's held-out part is small)", "solo_learning.json")
 def solo_learning(r: Results) -> str:
     d = r["solo_learning.json"]
     seeds = slash(sorted(p["eval_acc_after"] for p in d["per_seed"]), ".3f")
@@ -182,7 +183,8 @@ def controls(d: dict[str, Any]) -> str:
 
 
 @row("sapo_mix", "python -m bench.sapo_mix",
-     "SAPO on the default 4-specialty mix, held-out eval: homogeneous I/J grid (cumulative reward per local "
+     "SAPO on the default 4-specialty mix, held-out eval (`run.eval_problems` 200 draws, at most 167 distinct "
+     "questions): homogeneous I/J grid (cumulative reward per local "
      "completion) and a specialised swarm (70% own specialty) against the same nodes alone and generalists alone; "
      "4 nodes, resumable cells", "sapo_mix_pilot.json", "sapo_mix_partial.json")
 def sapo_mix(r: Results) -> str:
@@ -217,7 +219,8 @@ def per_fraction(values: dict[str, float], fmt: Callable[[float], str], skip_cle
 
 
 @row("attack", "python -m bench.attack",
-     "a byzantine swarm (10 nodes, 100 rounds, seeds 0-4 paired, 400-problem held-out eval) at 0 / 10 / 30 / 50% "
+     "a byzantine swarm (10 nodes, 100 rounds, seeds 0-4 paired, held-out eval of 400 draws, at most "
+     "219 distinct questions) at 0 / 10 / 30 / 50% "
      "attackers of seven kinds, the same honest nodes alone, junk with and without the well-formed defence, one real "
      "`join` under live attackers (3 rounds of every fraction), and kill -9 at 100 points; resumable cells",
      "attack.json")
