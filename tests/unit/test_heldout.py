@@ -44,9 +44,11 @@ def test_bucket_is_the_same_in_another_process_and_for_every_seed() -> None:
         for i in range(1000):
             inst = tasks.instance(tasks.TaskRef(source.name, source.config, seed, i))
             assert by_question.setdefault(inst.question, tasks.is_heldout(inst)) == tasks.is_heldout(inst)
-    assert len(by_question) == 200  # the default task: 200 problems, 32 test (16%) and 10 validation held out
-    assert Counter("test" if tasks.in_split("test", "chain_sum", q) else "validation" if held else "train"
-                   for q, held in by_question.items()) == {"test": 32, "validation": 10, "train": 158}
+    splits = Counter("test" if tasks.in_split("test", "chain_sum", q) else "validation" if held else "train"
+                     for q, held in by_question.items())
+    # the default task: 200 problems, ~15% test and ~5% validation (exactly 32 and 10: test_splits.py)
+    assert len(by_question) >= 190 and 0.10 <= splits["test"] / len(by_question) <= 0.20
+    assert 0.15 <= (splits["test"] + splits["validation"]) / len(by_question) <= 0.25
 
 
 def test_training_and_eval_draws_never_share_a_question() -> None:

@@ -35,6 +35,16 @@ KNOWN = [
     ("count_bits", BITS.format(255), 88),
     ("basic_arithmetic", "Calculate 12 * 34.", 81),
 ]
+# The distinct questions of each split, by enumeration of the question texts (docs/TASK_MIX.md)
+CHAIN_TEST, CHAIN_VALIDATION = 32, 10  # one-digit chain_sum (the single-task default), of 200
+GCD_30_TEST = 117  # gcd over 1-30, of 900
+SMALL_MAX_EVAL = 4 * CHAIN_TEST  # "small-2026-11": test splits of 32, 52, 117 and 35 questions
+# Seed 0's first 500 indices per specialty of the default mix that fall in the validation split
+VALIDATION_IN_FIRST_500 = {"chain_sum": 28, "basic_arithmetic": 28, "gcd": 35, "count_bits": 24}
+VALIDATION_INDEX, VALIDATION_QUESTION = 6, CHAIN.format("4 + 0")  # one-digit chain_sum, seed 0
+FIRST_TEST_INDICES = [11, 12, 18, 27]  # chain_sum's first test questions of the default mix's eval stream
+# indices each eval stream of the default mix scans for 1,000 distinct test questions
+TEST_INDICES_SCANNED = {"chain_sum": 9533, "basic_arithmetic": 7491, "gcd": 6920, "count_bits": 7218}
 
 
 def split_of(dataset: str, question: str) -> str:
