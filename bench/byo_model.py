@@ -20,7 +20,8 @@ it does not run, so a long measurement resumes part by part):
   `estimate_mib`: RUN_DIR/sizes.json's, part by part; `measured_peak_mib`: the largest `mem_peak_mib` of its
   metrics (the process's VmHWM); `fits_16gib`: the estimate's total within 16 GiB.
 
-    python -m bench.byo_model [--parts qwen2.5-instruct llama-3-instruct sizing] [--loaded]
+    python -m bench.byo_model [--parts qwen2.5-instruct llama-3-instruct sizing] [--rl-steps 200]
+                              [--sizing-steps 3] [--loaded]
 
 Models and runs are kept under bench/.runs/byo_model (a warmed-up model is reused when its recipe matches).
 """
@@ -250,8 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", default=[*SHAPES, "sizing"], choices=[*SHAPES, "sizing"])
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--rl-steps", type=int, default=RL["run.steps"])
+    parser.add_argument("--sizing-steps", type=int, default=SIZING["steps"])
     add_loaded_flag(parser)
     args = parser.parse_args(argv)
+    RL["run.steps"], SIZING["steps"] = args.rl_steps, args.sizing_steps
     run = provenance.begin(timed=True, loaded=args.loaded)  # the sizing part's peak RSS depends on the load
     result: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
     result.setdefault("shapes", {})
