@@ -129,7 +129,9 @@ def logprob_gap(model_dir: Path, kind: str, dtype: str, settings: list[tuple[flo
             tokens += int(mask.sum())
     finally:
         sampler.close()
-    return {"max": max(gaps.values()), "by_setting": gaps, "tokens": tokens, "sampler_lines": lines}
+    finite = {name: gap if math.isfinite(gap) else "inf" for name, gap in gaps.items()}
+    return {"max": max(gaps.values()) if all(map(math.isfinite, gaps.values())) else "inf", "by_setting": finite,
+            "tokens": tokens, "sampler_lines": lines}
 
 
 def well_formed_after_sft(model_dir: Path) -> dict[str, Any]:
@@ -208,7 +210,9 @@ def shape_part(shape: str) -> dict[str, Any]:
     rl = rl_run(model_dir, root / "rl")
     _, tok = load_model(model_dir)
     model_eos = json.loads((model_dir / "generation_config.json").read_text())["eos_token_id"]
-    bf16_max = bf16["vllm"].get("max", bf16["hf"].get("max"))
+    # At top-p < 1 a bf16 sampler can sample a token just outside the fp32 trainer's nucleus (log-prob -inf there):
+    # the headline is T 1 / top-p 1, every setting is in details ("inf" where it happened).
+    bf16_max = (bf16["vllm"] if "max" in bf16["vllm"] else bf16["hf"]).get("by_setting", {}).get("T1.0/top_p1.0")
     return {"prompt_format": warmup["prompt_format"], "eos_ids": list(eos_ids(tok, model_eos)),
             "sampler_trainer_logprob_gap_max": {kind: g.get("max") for kind, g in gaps.items()},
             "bf16_logprob_gap_max": bf16_max, "well_formed_frac_after_sft": formed["sampled"],
@@ -238,13 +242,56 @@ def sizing_part() -> dict[str, Any]:
     sizes = json.loads((run_dir / "sizes.json").read_text())
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     peaks = [m["mem_peak_mib"] for m in metrics if "mem_peak_mib" in m]
+    child = subprocess.run([sys.executable, "-m", "bench.byo_model", "--forced-training-child", str(model_dir),
+                            str(root / "forced"), "--sizing-steps", str(SIZING["steps"])], cwd=REPO,
+                           capture_output=True, text=True, check=False)
+    if child.returncode != 0:
+        raise SystemExit(f"forced training failed ({child.returncode}): {child.stderr[-3000:]}")
+    forced = json.loads(child.stdout.strip().splitlines()[-1])
     estimate = sizes["estimate_mib"]
-    measured = max(peaks)
+    measured = max(forced["peak_mib_per_step"])
     return {"shape": SIZING["size"], "estimate_mib": estimate, "measured_peak_mib": measured,
             "fits_16gib": estimate["total"] <= BUDGET_16GIB_MIB,
-            "details": {"measured_over_estimate": round(measured / estimate["total"], 3), "run": SIZING,
-                        "peak_mib_per_step": peaks, "sizes": sizes, "wall_s": round(time.monotonic() - started, 1),
-                        "node_output": proc.stderr.splitlines()[-40:]}}
+            "details": {"measured": "peak RSS (VmHWM) of the node the CLI builds, after training steps on full-length "
+                                    "rows (forced_training); the CLI run itself never trains a random model "
+                                    "(no group has signal): its peak is generation only (cli_run)",
+                        "measured_over_estimate": round(measured / estimate["total"], 3), "run": SIZING,
+                        "forced_training": forced, "cli_run": {"peak_mib_per_step": peaks,
+                                                               "groups_used": [m.get("groups_used") for m in metrics]},
+                        "sizes": sizes, "wall_s": round(time.monotonic() - started, 1),
+                        "node_output": [line for line in proc.stderr.splitlines() if ":" in line][-12:]}}
+
+
+def forced_training_peak(model_dir: Path, run_dir: Path, steps: int) -> dict[str, Any]:
+    """In a child process: the node the sizing run builds (the same settings, through the one assembly), then
+    `steps` training steps on full-length rows (the prompt, then `max_new_tokens` random real ids; advantages +1 and
+    -1): a random model's groups carry no signal, so the CLI run never trains. Peak RSS (VmHWM) after each."""
+    import random
+
+    from swarm_node.model.device_memory import PeakMeter
+
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cfg = load_config(None, {"model.path": str(model_dir), "run.run_dir": str(run_dir), "status.port": -1,
+                             "train.lora_rank": SIZING["lora_rank"], "sampler.max_new_tokens": SIZING["max_new_tokens"],
+                             "run.prompts_per_step": SIZING["prompts_per_step"],
+                             "run.group_size": SIZING["group_size"], "run.eval_problems": 0})
+    assembly = assemble(cfg, events=NodeEvents(log=lambda line: None))
+    node, meter, rng = assembly.node, PeakMeter.for_device("cpu"), random.Random(0)
+    peaks = []
+    try:
+        for _ in range(steps):
+            samples = []
+            for ref in node.task_source.draw(rng, SIZING["prompts_per_step"]):
+                prompt = node.prompter.ids(tasks.instance(ref))
+                for g in range(SIZING["group_size"]):
+                    ids = [rng.randrange(len(node.tokenizer)) for _ in range(SIZING["max_new_tokens"])]
+                    samples.append(TrainSample(prompt, ids, [-5.0] * len(ids), 1.0 if g % 2 == 0 else -1.0))
+            node.trainer.train_step(samples)
+            peaks.append(round(meter.peak() / 2**20, 1))
+    finally:
+        assembly.close()
+    return {"peak_mib_per_step": peaks, "rows": len(samples), "row_tokens": len(samples[0].prompt_ids)
+            + SIZING["max_new_tokens"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,8 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--rl-steps", type=int, default=RL["run.steps"])
     parser.add_argument("--sizing-steps", type=int, default=SIZING["steps"])
+    parser.add_argument("--forced-training-child", nargs=2, metavar=("MODEL_DIR", "RUN_DIR"), help=argparse.SUPPRESS)
     add_loaded_flag(parser)
     args = parser.parse_args(argv)
+    if args.forced_training_child:
+        print(json.dumps(forced_training_peak(*map(Path, args.forced_training_child), args.sizing_steps)))
+        return 0
     RL["run.steps"], SIZING["steps"] = args.rl_steps, args.sizing_steps
     run = provenance.begin(timed=True, loaded=args.loaded)  # the sizing part's peak RSS depends on the load
     result: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
