@@ -262,10 +262,22 @@ def sizing_part() -> dict[str, Any]:
                         "node_output": [line for line in proc.stderr.splitlines() if ":" in line][-12:]}}
 
 
+def full_length_rows(node: Any, rng: Any, prompts: int, group_size: int, new_tokens: int) -> list[TrainSample]:
+    """`prompts` x `group_size` training rows of `node`'s task: each prompt as the node builds it, then `new_tokens`
+    random real ids, advantages +1 and -1 in turn. A random model's groups carry no signal, so a node never trains on
+    its own: this is how a benchmark makes it train on rows of full length."""
+    samples = []
+    for ref in node.task_source.draw(rng, prompts):
+        prompt = node.prompter.ids(tasks.instance(ref))
+        for g in range(group_size):
+            ids = [rng.randrange(len(node.tokenizer)) for _ in range(new_tokens)]
+            samples.append(TrainSample(prompt, ids, [-5.0] * len(ids), 1.0 if g % 2 == 0 else -1.0))
+    return samples
+
+
 def forced_training_peak(model_dir: Path, run_dir: Path, steps: int) -> dict[str, Any]:
     """In a child process: the node the sizing run builds (the same settings, through the one assembly), then
-    `steps` training steps on full-length rows (the prompt, then `max_new_tokens` random real ids; advantages +1 and
-    -1): a random model's groups carry no signal, so the CLI run never trains. Peak RSS (VmHWM) after each."""
+    `steps` training steps on `full_length_rows`. Peak RSS (VmHWM) after each."""
     import random
 
     from swarm_node.model.device_memory import PeakMeter
@@ -280,12 +292,8 @@ def forced_training_peak(model_dir: Path, run_dir: Path, steps: int) -> dict[str
     peaks = []
     try:
         for _ in range(steps):
-            samples = []
-            for ref in node.task_source.draw(rng, SIZING["prompts_per_step"]):
-                prompt = node.prompter.ids(tasks.instance(ref))
-                for g in range(SIZING["group_size"]):
-                    ids = [rng.randrange(len(node.tokenizer)) for _ in range(SIZING["max_new_tokens"])]
-                    samples.append(TrainSample(prompt, ids, [-5.0] * len(ids), 1.0 if g % 2 == 0 else -1.0))
+            samples = full_length_rows(node, rng, SIZING["prompts_per_step"], SIZING["group_size"],
+                                       SIZING["max_new_tokens"])
             node.trainer.train_step(samples)
             peaks.append(round(meter.peak() / 2**20, 1))
     finally:
