@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from protocol.codec import decode, encode
+from protocol.errors import WireError
 from protocol.limits import Limits
 from protocol.messages import RolloutBatch, RolloutGroup
 from swarm_node.model.prompting import build_prompter
@@ -59,11 +60,6 @@ def test_a_peer_of_the_other_shape_is_rescored_from_its_text(sender: str, receiv
     assert list(group.prompt_ids) == ctx.prompter.ids(INST)  # our own chat template's prompt
 
 
-@pytest.mark.xfail(strict=True, raises=Exception, reason=(
-    "known gap: the wire decoder checks every sender's token ids against the receiver's vocabulary "
-    "(protocol/bodies.py), even for a group of another tokenizer whose ids the receiver never uses (it re-tokenises "
-    "the text): a Llama-3 receiver (128,256 tokens) drops a Qwen2.5 sender's group with a higher id as "
-    "token_out_of_vocab"))
 def test_a_larger_vocabulary_senders_group_reaches_the_rescoring() -> None:
     sender, receiver = shaped_tokenizer("llama-3-instruct"), shaped_tokenizer("qwen2.5-instruct")
     assert len(sender) > len(receiver)
@@ -73,5 +69,21 @@ def test_a_larger_vocabulary_senders_group_reaches_the_rescoring() -> None:
     wire = RolloutGroup(group.group_id, group.policy_id, group.policy_version, group.task,
                         (replace(high, token_ids=ids, logprobs=(-0.5,) * len(ids)), *group.completions[1:]),
                         group.tokenizer_hash, group.model_family, group.created_at, group.prompt_format)
-    decoded = decode(encode(RolloutBatch((wire,))), Limits(vocab_size=len(receiver))).groups
-    assert len(decoded) == 1
+    limits = Limits(vocab_size=len(receiver), tokenizer_hash=tokenizer_hash(receiver))
+    decoded = decode(encode(RolloutBatch((wire,))), limits).groups
+    assert len(decoded) == 1 and decoded[0].completions[0].token_ids[-2] == len(sender) - 1
+    ctx = ShareContext(receiver, tokenizer_hash(receiver), SOURCE,
+                       CompletionBounds(max_completion_tokens=64, max_context=1024, vocab_size=len(receiver),
+                                        group_size=2), eos_ids=generation_eos("qwen2.5-instruct", receiver),
+                       prompter=build_prompter("think-answer", receiver, 64))
+    out = accept_external(decoded[0], "peerA", ctx, NOW)
+    assert out.reason == "" and out.external is not None and out.external.retokenized
+    # the same id in a group of the receiver's own tokenizer is past its vocabulary: dropped
+    ours = replace(wire, tokenizer_hash=tokenizer_hash(receiver))
+    with pytest.raises(WireError) as err:
+        decode(encode(RolloutBatch((ours,))), limits)
+    assert err.value.reason == "token_out_of_vocab"
+    # another tokenizer's ids are still bounded: past max_foreign_vocab is dropped
+    with pytest.raises(WireError) as err:
+        decode(encode(RolloutBatch((wire,))), replace(limits, max_foreign_vocab=len(sender) - 1))
+    assert err.value.reason == "token_out_of_vocab"
