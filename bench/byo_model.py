@@ -65,7 +65,7 @@ RUNS = Path(__file__).parent / ".runs" / "byo_model"
 REPO = Path(__file__).resolve().parents[1]
 SIZE = "tiny-h32"
 WARMUP = WarmupSettings(steps=300, batch=16, lr=1e-2, seed=0)
-WARMUP_SOURCE_SEED = 5  # the warm-up's problems: another seed than the RL run's (the test's recipe)
+WARMUP_SOURCE_SEED = 5  # the warm-up's problems: the RL task's training problems, another seed than the RL run's
 RL_TASK = "chain_sum"  # its defaults: two 1-digit terms, + or -
 RL = {"run.steps": 200, "run.prompts_per_step": 8, "run.group_size": 8, "train.lr": 1e-3,
       "sampler.max_new_tokens": 48, "sampler.kind": "hf"}
@@ -90,7 +90,7 @@ def warmed_up_dir(shape: str, root: Path) -> tuple[Path, dict[str, Any]]:
     shutil.rmtree(path, ignore_errors=True)
     model, tokenizer = build_shaped_model(shape, SIZE, seed=0)
     prompter = build_prompter("", tokenizer)
-    source = tasks.TaskSource(seed=WARMUP_SOURCE_SEED, selection="balanced", mix=tasks.DEFAULT_MIX)
+    source = load_config(None, {"task.name": RL_TASK, "task.seed": WARMUP_SOURCE_SEED}).task.build_source()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     started = time.monotonic()
     losses = supervised_warm_up(model, think_answer_draw(tokenizer, source, prompter.ids), WARMUP, pad)
