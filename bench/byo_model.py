@@ -2,8 +2,9 @@
 
 Parts (`--parts`; each is written to bench/results/byo_model.json as soon as it is done, and a run keeps the parts
 it does not run, so a long measurement resumes part by part):
-- one per shape of `model/shapes.SHAPES`, built at size `tiny-h32` (the tiny size with head size 32: vLLM's CPU
-  attention has no kernel for the tiny size's 16), random weights:
+- one per shape of `model/shapes.SHAPES`, built at size `small-h32` (the embedded default model's dimensions, head
+  size 32: vLLM's CPU attention has no kernel for the tiny size's 16; `tiny-h32` learnt the format but answered
+  the RL task 0% greedy and its reward did not rise), random weights:
   1. the think-answer supervised warm-up (`model/warmup.py`, `WARMUP` on the default mix's traces, the node's own
      prompts); the warmed-up directory keeps the shape's generation_config.json (Qwen's repetition_penalty 1.1);
   2. `sampler_trainer_logprob_gap_max` {hf, vllm}: both samplers in fp32 as the node builds them
@@ -63,8 +64,8 @@ from swarm_node.types import TrainSample
 RESULTS = Path(__file__).parent / "results" / "byo_model.json"
 RUNS = Path(__file__).parent / ".runs" / "byo_model"
 REPO = Path(__file__).resolve().parents[1]
-SIZE = "tiny-h32"
-WARMUP = WarmupSettings(steps=300, batch=16, lr=1e-2, seed=0)
+SIZE = "small-h32"
+WARMUP = WarmupSettings(steps=400, batch=32, lr=3e-3, seed=0)  # the default model's lr
 WARMUP_SOURCE_SEED = 5  # the warm-up's problems: the RL task's training problems, another seed than the RL run's
 RL_TASK = "chain_sum"  # its defaults: two 1-digit terms, + or -
 RL = {"run.steps": 200, "run.prompts_per_step": 8, "run.group_size": 8, "train.lr": 1e-3,

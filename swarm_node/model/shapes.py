@@ -80,6 +80,8 @@ class ModelSize:
 SIZES: dict[str, ModelSize] = {
     "tiny": ModelSize(hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate_size=128, max_positions=512),
     "tiny-h32": ModelSize(hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128, max_positions=512),
+    # the embedded default model's dimensions (model/think_recipe.py), head size 32: the smallest that learns a task
+    "small-h32": ModelSize(hidden_size=128, layers=4, heads=4, kv_heads=2, intermediate_size=384, max_positions=512),
     # Qwen2.5-0.5B-Instruct's dimensions: the real memory and compute of a small production model.
     "qwen2.5-0.5b": ModelSize(hidden_size=896, layers=24, heads=14, kv_heads=2, intermediate_size=4864,
                               max_positions=32768, vocab_rows=151936),
