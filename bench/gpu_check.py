@@ -75,6 +75,19 @@ def run_tests(report: Path) -> dict[str, Any]:
             "wall_s": round(time.monotonic() - started, 1)}
 
 
+def reset_peak() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_mib() -> float | None:
+    return round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None
+
+
+def first_line(lines: list[str], prefix: str) -> str | None:
+    return next((x for x in lines if x.startswith(prefix)), None)
+
+
 def solo(steps: int, root: Path) -> dict[str, Any]:
     from swarm_node.config import load_config
     from swarm_node.model.default_model import DefaultModelRecipe, random_qwen2, warm_up
@@ -96,8 +109,7 @@ def solo(steps: int, root: Path) -> dict[str, Any]:
                              "status.port": -1, "task.reward": "score"})
     lines: list[str] = []
     rows: list[dict[str, Any]] = []
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
+    reset_peak()
     assembly = assemble(cfg, events=NodeEvents(log=lines.append, on_step=rows.append))
     try:
         started = time.monotonic()
@@ -105,11 +117,10 @@ def solo(steps: int, root: Path) -> dict[str, Any]:
         wall = time.monotonic() - started
     finally:
         assembly.close()
-    peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
-    return {"device_line": next((x for x in lines if x.startswith("device:")), None),
-            "precision_line": next((x for x in lines if x.startswith("precision")), None),
+    peak = peak_mib()
+    return {"device_line": first_line(lines, "device:"), "precision_line": first_line(lines, "precision"),
             "steps": summary.steps, "wall_s": round(wall, 2), "steps_per_s": round(summary.steps / wall, 3),
-            "peak_mib": round(peak, 1) if peak is not None else None,
+            "peak_mib": peak,
             "policy_version": rows[-1].get("policy_version") if rows else None,
             "reward_first": summary.first_reward, "reward_last": summary.last_reward,
             "eval_before": summary.eval_before.greedy_acc if summary.eval_before else None,
@@ -124,10 +135,6 @@ def write(path: Path, result: dict[str, Any]) -> None:
 
 QWEN = {"shape": "qwen2.5-instruct", "size": "qwen2.5-0.5b", "lora_rank": 16, "prompts_per_step": 2,
         "group_size": 4}
-
-
-def peak_mib() -> float | None:
-    return round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None
 
 
 def qwen(steps: int, new_tokens: int, root: Path) -> dict[str, Any]:
@@ -151,16 +158,14 @@ def qwen(steps: int, new_tokens: int, root: Path) -> dict[str, Any]:
                              "run.eval_problems": 0, "run.run_dir": str(run_dir), "status.port": -1})
     lines: list[str] = []
     rows: list[dict[str, Any]] = []
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
+    reset_peak()
     assembly = assemble(cfg, events=NodeEvents(log=lines.append, on_step=rows.append))
     try:
         started = time.monotonic()
         summary = assembly.run()
         run_s = time.monotonic() - started
         generate_peak = peak_mib()
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
+        reset_peak()
         node, rng = assembly.node, random.Random(0)
         started = time.monotonic()
         trained_tokens = 0
@@ -179,9 +184,8 @@ def qwen(steps: int, new_tokens: int, root: Path) -> dict[str, Any]:
     gen_tokens, gen_s = sum(r.get("gen_tokens", 0) for r in rows), sum(r.get("gen_s", 0.0) for r in rows)
     return {"shape": QWEN["size"], **{k: v for k, v in QWEN.items() if k != "size"}, "max_new_tokens": new_tokens,
             "build_s": round(build_s, 1),
-            "device_line": next((x for x in lines if x.startswith("device:")), None),
-            "precision_line": next((x for x in lines if x.startswith("precision")), None),
-            "sampler_dtype_line": next((x for x in lines if "sampler" in x and "dtype" in x), None),
+            "device_line": first_line(lines, "device:"), "precision_line": first_line(lines, "precision"),
+            "sampler_dtype_line": first_line(lines, "sampler dtype"),
             "node_lines": lines[:12], "steps": summary.steps, "run_s": round(run_s, 2),
             "steps_per_s": round(summary.steps / run_s, 4), "gen_tokens": gen_tokens,
             "gen_tokens_per_s": round(gen_tokens / gen_s, 1) if gen_s else None,
