@@ -1,0 +1,260 @@
+"""Bounded fan-in over any `Transport` (interface only): the `sharing.Exchange` of `share.fanin = "bounded"`.
+
+Contract (the design is `sharing/fanin.py`, the bookkeeping `sharing/fanin_ledger.py`, the wire WIRE.md):
+- `await start()` serves the pull protocol (`sharing.pull_stream`) and joins this epoch's shard topics
+  (`epoch_shards` from the node's own secret seed); every digest batch is validated by `validate_gossip`.
+- `publish(groups)` (sync) queues our groups; `await flush()` opens a round: our queued groups become the
+  groups we serve this round (`ServeBook`), and their digests go out as one DigestBatch on one of our shards.
+- Digests heard on our shards are pull candidates of that round; `await pull()` picks pulls with `choose_pulls`
+  (signal only, capped per sender, up to `pull_target`), asks each sender once, checks every served group against
+  its digest's hash before decoding it and against its re-scored rewards (`rescore`), and queues the groups that
+  pass; lies are queued as drops with their fan-in reason (`hash_mismatch`, `digest_reward_mismatch`,
+  `unserved_digest`), as are requesters that pull unoffered groups or past their share.
+- `drain()` (sync) returns and clears what arrived, like `TransportExchange`; `round_stats` counts this round's
+  inbound messages, bytes and pulls (what the node's /status reports).
+Not yet: the push fallback (`fanin.unpulled`) and leaving the previous epoch's shards (the Transport interface has
+no unsubscribe yet: digests from shards we no longer hold are dropped unread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from protocol.codec import decode, decode_pulled, encode, encode_group, group_content_hash
+from protocol.errors import Verdict, WireError, ignore
+from protocol.limits import Limits
+from protocol.messages import (
+    TOPIC_ROLLOUTS,
+    DigestBatch,
+    DigestWire,
+    PulledGroup,
+    PullRefusal,
+    PullRequest,
+    PullResponse,
+    RolloutBatch,
+    RolloutGroup,
+    digest_topic,
+)
+from protocol.validation import AcceptPolicy, ReplayGuard, check_message, validate_gossip
+from swarm_node.sharing.accepted import AcceptedMessages
+from swarm_node.sharing.exchange import Received
+from swarm_node.sharing.fanin import (
+    Digest,
+    FanInParams,
+    choose_pulls,
+    epoch_of,
+    epoch_shards,
+    shard_count,
+)
+from swarm_node.sharing.fanin_ledger import NOT_SERVED, SERVE, ServeBook, check_pulled
+from swarm_node.sharing.pull_stream import PullFailed, request_pull, serve_pulls
+from swarm_node.transport.base import Delivery, Transport, ValidationResult
+
+Rescore = Callable[[RolloutGroup], list[float]]
+
+
+def claimed_rewards(group: RolloutGroup) -> list[float]:
+    """The sender's own rewards (what its digest states; a receiver re-scores with its verifier instead)."""
+    return [c.claimed_reward for c in group.completions]
+
+
+def reward_stats(rewards: list[float]) -> tuple[bool, float]:
+    """(signal, population variance) of a group's rewards: signal when they are not all equal."""
+    return len(set(rewards)) > 1, statistics.pvariance(rewards) if rewards else 0.0
+
+
+def task_label(group: RolloutGroup) -> str:
+    return f"{group.task.dataset}:{group.task.index}"
+
+
+@dataclass
+class RoundStats:
+    """What arrived this round (reset by `flush`): digest batches and pull responses, their bytes, pulls sent."""
+
+    inbound_messages: int = 0
+    inbound_bytes: int = 0
+    pulls_sent: int = 0
+    pulls_served: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+
+class FaninExchange:
+    def __init__(self, transport: Transport, limits: Limits, policy: AcceptPolicy, params: FanInParams,
+                 seed: bytes, n_peers: int, clock: Callable[[], float] = time.time,
+                 rescore: Rescore = claimed_rewards) -> None:
+        self.transport, self.limits, self.policy, self.params = transport, limits, policy, params
+        self.seed, self.n_peers, self.clock, self.rescore = seed, n_peers, clock, rescore
+        self.replay = ReplayGuard(limits.max_age_s)
+        self.accepted = AcceptedMessages()
+        self.round = 0
+        self.shards: tuple[int, ...] = ()
+        self._joined: set[int] = set()
+        self._outbox: list[RolloutGroup] = []
+        self._serving: dict[bytes, RolloutGroup] = {}
+        self.serve_book = ServeBook(params)
+        self._candidates: dict[str, tuple[int, Digest]] = {}  # group id hex -> (the sender's round, digest)
+        self._taken: dict[str, Digest] = {}  # pulled or asked this round
+        self._recent: list[set[str]] = []  # senders taken from in each of the last rounds
+        self._inbox: list[Received] = []
+        self._lock = threading.Lock()
+        self.round_stats = RoundStats()
+        self.ignore_signer: Callable[[str], bool] = lambda _signer: False
+
+    @property
+    def peer_id(self) -> str:
+        return self.transport.peer_id
+
+    async def start(self) -> None:
+        await serve_pulls(self.transport, self._answer, self.limits, self.params.pull_timeout_s, self._drop)
+        await self._join_epoch()
+
+    async def _join_epoch(self) -> None:
+        shards = shard_count(self.n_peers, self.params)
+        self.shards = epoch_shards(self.seed, epoch_of(self.round, self.params), shards, self.params.shards_per_node)
+        for shard in self.shards:
+            if shard not in self._joined:
+                self._joined.add(shard)
+                self.transport.set_validator(digest_topic(shard), self._validator(shard))
+                await self.transport.subscribe(digest_topic(shard), self._on_digests)
+
+    def _validator(self, shard: int) -> Callable[[str, bytes], ValidationResult]:
+        topic = digest_topic(shard)
+
+        def validate(signer: str, data: bytes) -> ValidationResult:
+            if self.ignore_signer(signer) or shard not in self.shards:  # not ours this epoch: unread
+                return ValidationResult.IGNORE
+            self._count(len(data))
+            result = validate_gossip(topic, data, signer, limits=self.limits, policy=self.policy, now=self.clock(),
+                                     replay=self.replay)
+            if result.verdict is not Verdict.ACCEPT:
+                self._drop(signer, result.reason)
+            else:
+                assert result.message is not None  # ACCEPT carries it
+                self.accepted.remember(data, result.message)
+            return ValidationResult.of(result.verdict)
+        return validate
+
+    def _on_digests(self, delivery: Delivery) -> None:
+        # The validator's decoding when we have it; else decoded again (bounded by the limits).
+        msg = self.accepted.take(delivery.data) or decode(delivery.data, self.limits)
+        if not isinstance(msg, DigestBatch) or msg.shard not in self.shards:
+            return
+        for d in msg.digests:
+            key = d.group_id.hex()
+            self._candidates[key] = (msg.round, Digest(key, delivery.from_peer, d.task, d.reward_variance,
+                                                       d.signal, d.content_hash))
+
+    def _count(self, n_bytes: int) -> None:
+        self.round_stats.inbound_messages += 1
+        self.round_stats.inbound_bytes += n_bytes
+
+    def _drop(self, sender: str, reason: str) -> None:
+        self.round_stats.by_reason[reason] = self.round_stats.by_reason.get(reason, 0) + 1
+        with self._lock:
+            self._inbox.append(Received(sender, self.clock(), None, reason))
+
+    # -- our groups -----------------------------------------------------------------------------------------
+    def publish(self, groups: list[RolloutGroup]) -> None:
+        self._outbox.extend(groups)
+
+    async def flush(self) -> int:
+        """Open the next round: serve the queued groups and publish their digests; returns messages published."""
+        self.round += 1
+        self.round_stats = RoundStats()
+        self._recent = [set(d.sender for d in self._taken.values()), *self._recent][:self.params.recent_rounds]
+        self._taken, self._candidates = {}, {}
+        await self._join_epoch()
+        out, self._outbox = self._outbox[:self.limits.max_digests_per_message], self._outbox[
+            self.limits.max_digests_per_message:]
+        self._serving = {g.group_id: g for g in out}
+        self.serve_book.new_round({g.group_id.hex() for g in out})
+        if not out:
+            return 0
+        digests = []
+        for g in out:
+            signal, variance = reward_stats(claimed_rewards(g))
+            digests.append(DigestWire(g.group_id, task_label(g), variance, signal, group_content_hash(g)))
+        shard = self.shards[self.round % len(self.shards)]
+        await self.transport.publish(digest_topic(shard), encode(DigestBatch(shard, self.round, digests,
+                                                                             self.clock())))
+        return 1
+
+    def _answer(self, requester: str, request: PullRequest) -> PullResponse:
+        groups, refused = [], []
+        for group_id in request.group_ids:
+            outcome = self.serve_book.request(requester, group_id.hex()) if request.round == self.round \
+                else "unoffered_pull"
+            if outcome == SERVE:
+                groups.append(PulledGroup(group_id, encode_group(self._serving[group_id])))
+                self.round_stats.pulls_served += 1
+                continue
+            refused.append(PullRefusal(group_id, outcome))
+            if outcome != "busy":  # BUSY is our own cap: the requester did nothing wrong
+                self._drop(requester, outcome)
+        return PullResponse(tuple(groups), tuple(refused), self.clock())
+
+    # -- pulling --------------------------------------------------------------------------------------------
+    async def pull(self) -> int:
+        """Pull what `choose_pulls` picks among this round's digests; returns the groups accepted."""
+        per_sender: dict[str, int] = {}
+        for d in self._taken.values():
+            per_sender[d.sender] = per_sender.get(d.sender, 0) + 1
+        recent = set().union(*self._recent) if self._recent else set()
+        chosen = choose_pulls([d for _, d in self._candidates.values()], self._taken, per_sender,
+                              {d.task for d in self._taken.values()}, recent, self.params, self.seed)
+        by_sender: dict[str, list[Digest]] = {}
+        for d in chosen:
+            self._taken[d.group_id] = d
+            by_sender.setdefault(d.sender, []).append(d)
+        results = await asyncio.gather(*(self._pull_from(sender, ds) for sender, ds in by_sender.items()))
+        return sum(results)
+
+    async def _pull_from(self, sender: str, digests: list[Digest]) -> int:
+        sender_round = self._candidates[digests[0].group_id][0]
+        request = PullRequest(sender_round, tuple(bytes.fromhex(d.group_id) for d in digests), self.clock())
+        self.round_stats.pulls_sent += len(digests)
+        try:
+            response = await request_pull(self.transport, sender, request, self.limits, self.params.pull_timeout_s)
+        except PullFailed:
+            for d in digests:  # lost: the slots are free again
+                self._taken.pop(d.group_id, None)
+            return 0
+        self._count(sum(len(g.data) for g in response.groups))
+        by_id = {d.group_id: d for d in digests}
+        for refusal in response.refused:
+            self._taken.pop(refusal.group_id.hex(), None)
+            if refusal.reason in ("unoffered_pull", "not_held"):  # its own digest announced it this round
+                self._drop(sender, NOT_SERVED)
+        accepted = 0
+        for pulled in response.groups:
+            digest = by_id[pulled.group_id.hex()]
+            now = self.clock()
+            try:
+                group = decode_pulled(pulled, digest.content_hash, self.limits, now)
+                # The checks a flooded group gets (attribution, our task, tokenizer), then replay by content hash.
+                check_message(RolloutBatch((group,)), TOPIC_ROLLOUTS, sender, self.limits, self.policy, now)
+                if self.replay.is_replay(digest.content_hash, group.created_at, now):
+                    raise ignore("replay", "group already accepted")
+            except WireError as err:
+                self._drop(sender, err.reason)
+                continue
+            self.replay.remember(digest.content_hash, group.created_at, now)
+            signal, variance = reward_stats(self.rescore(group))
+            reason = check_pulled(digest, digest.content_hash, signal, variance)
+            if reason:
+                self._drop(sender, reason)
+                continue
+            with self._lock:
+                self._inbox.append(Received(sender, self.clock(), group))
+            accepted += 1
+        return accepted
+
+    def drain(self) -> list[Received]:
+        with self._lock:
+            got, self._inbox = self._inbox, []
+        return got

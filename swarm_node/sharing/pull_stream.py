@@ -1,0 +1,97 @@
+"""Bounded fan-in's pulls over a direct stream of any `Transport` (protocol id `protocol.messages.PULL_PROTOCOL`).
+
+Contract (WIRE.md "Pulls"): a frame is a 4-byte big-endian length L, 1 <= L <= `limits.max_message_bytes`, then
+one envelope of L bytes. The client writes one `pull` frame and half-closes; the server answers one `pulled`
+frame and closes.
+- `request_pull(transport, peer, request, limits, timeout_s)` returns the server's PullResponse, or raises
+  `PullFailed` (a transport error, no complete answer within `timeout_s`, a frame out of bounds, a message that
+  is not a PullResponse, or one that does not answer exactly the ids asked): the caller counts the pull as lost.
+- `serve_pulls(transport, answer, limits, timeout_s, on_error)` serves the protocol: per stream it reads one frame
+  (bounded in size and time), decodes a PullRequest and writes the frame of `answer(requester, request)`; a
+  malformed request resets the stream and reports `on_error(requester, reason)` (reasons are the codec's).
+Only the transport interface is used, so the in-memory and libp2p transports both carry pulls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Callable
+
+from protocol.codec import decode, encode
+from protocol.errors import WireError
+from protocol.limits import Limits
+from protocol.messages import PULL_PROTOCOL, PullRequest, PullResponse
+from swarm_node.transport.base import Stream, Transport, TransportError
+
+LENGTH_BYTES = 4
+
+
+class PullFailed(Exception):
+    """A pull that got no usable answer; `reason` is a short code (a codec reason, "timeout", "transport")."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+def frame(envelope: bytes) -> bytes:
+    return struct.pack(">I", len(envelope)) + envelope
+
+
+async def read_frame(stream: Stream, limits: Limits) -> bytes:
+    """One frame's envelope; the length is checked before a byte of the body is read. Raises PullFailed."""
+    try:
+        (length,) = struct.unpack(">I", await stream.read_exactly(LENGTH_BYTES))
+        if not 1 <= length <= limits.max_message_bytes:
+            raise PullFailed("message_too_large", f"frame of {length} bytes")
+        return await stream.read_exactly(length)
+    except TransportError as exc:
+        raise PullFailed("transport", str(exc)) from exc
+
+
+async def request_pull(transport: Transport, peer: str, request: PullRequest, limits: Limits,
+                       timeout_s: float) -> PullResponse:
+    async def exchange() -> bytes:
+        stream = await transport.open_stream(peer, PULL_PROTOCOL)
+        try:
+            await stream.write(frame(encode(request)))
+            await stream.close()
+            return await read_frame(stream, limits)
+        finally:
+            await stream.reset()
+
+    try:
+        data = await asyncio.wait_for(exchange(), timeout_s)
+        response = decode(data, limits)
+    except TimeoutError as exc:
+        raise PullFailed("timeout", f"no answer from {peer} in {timeout_s} s") from exc
+    except TransportError as exc:
+        raise PullFailed("transport", str(exc)) from exc
+    except WireError as exc:
+        raise PullFailed(exc.reason, exc.detail) from exc
+    if not isinstance(response, PullResponse):
+        raise PullFailed("bad_schema", f"{type(response).__name__} in answer to a pull")
+    answered = sorted([g.group_id for g in response.groups] + [r.group_id for r in response.refused])
+    if answered != sorted(request.group_ids):
+        raise PullFailed("bad_schema", "the answer does not answer exactly the ids asked")
+    return response
+
+
+async def serve_pulls(transport: Transport, answer: Callable[[str, PullRequest], PullResponse], limits: Limits,
+                      timeout_s: float, on_error: Callable[[str, str], None]) -> None:
+    async def handle(stream: Stream) -> None:
+        try:
+            data = await asyncio.wait_for(read_frame(stream, limits), timeout_s)
+            request = decode(data, limits)
+            if not isinstance(request, PullRequest):
+                raise PullFailed("bad_schema", f"{type(request).__name__} on the pull protocol")
+            await asyncio.wait_for(stream.write(frame(encode(answer(stream.remote_peer, request)))), timeout_s)
+            await stream.close()
+        except (PullFailed, WireError) as exc:
+            on_error(stream.remote_peer, exc.reason)
+            await stream.reset()
+        except (TimeoutError, TransportError):
+            await stream.reset()  # a stalled or vanished requester: nothing to answer
+
+    await transport.serve_stream(PULL_PROTOCOL, handle)

@@ -1,0 +1,150 @@
+"""FaninExchange over MemoryTransport: 8 in-process nodes in 2 shards of 4 (seeds chosen so, asserted below);
+each node gets its J groups, one per shard neighbour, hears only its shard, and scores lying servers and greedy
+requesters."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from protocol.limits import Limits
+from protocol.messages import CompletionWire, PullRequest, RolloutGroup, TaskRefWire
+from swarm_node import tasks
+from swarm_node.model.tokenizer import build_char_tokenizer, tokenizer_hash
+from swarm_node.sharing.exchange import Received, accept_policy_for
+from swarm_node.sharing.fanin import FanInParams
+from swarm_node.sharing.fanin_exchange import FaninExchange, RoundStats, claimed_rewards
+from swarm_node.sharing.pull_stream import request_pull
+from swarm_node.transport.memory import MemoryHub, MemoryTransport, memory_addr
+
+TOK = build_char_tokenizer()
+SOURCE = tasks.TaskSource()
+LIMITS = Limits(vocab_size=len(TOK))
+PARAMS = FanInParams(shard_size=4, pull_target=3, max_pulls_per_sender=1)
+# n0..n3 draw shard 1 and n4..n7 shard 0 in epoch 0 (2 shards for 8 nodes of shard size 4).
+SEEDS = [b"seed0", b"seed1", b"seed5", b"seed8", b"seed2", b"seed3", b"seed4", b"seed6"]
+NAMES = [f"n{i}" for i in range(8)]
+SHARD_OF = {name: (1 if i < 4 else 0) for i, name in enumerate(NAMES)}
+
+
+def _group(node: int, k: int, created_at: float) -> RolloutGroup:
+    ids = (5, TOK.eos_token_id)
+    completions = (CompletionWire(ids, "x", (-0.5, -0.5), 0.0), CompletionWire(ids, "y", (-0.5, -0.5), 1.0))
+    return RolloutGroup(bytes([node, k]) * 8, NAMES[node], 0,
+                        TaskRefWire(SOURCE.name, SOURCE.config, SOURCE.seed, 2 * node + k), completions,
+                        tokenizer_hash(TOK), "qwen2", created_at)
+
+
+@dataclass
+class Outcome:
+    received: dict[str, list[Received]]
+    stats: dict[str, RoundStats]
+    shards: dict[str, tuple[int, ...]]
+    extra: object = None
+
+
+Hook = Callable[[dict[str, FaninExchange]], object]
+
+
+def _swarm(rescore_for: Callable[[str], Callable[[RolloutGroup], list[float]]] | None = None,
+           after_flush: Hook | None = None, after_pull: Callable[[dict[str, FaninExchange]], object] | None = None
+           ) -> Outcome:
+    async def main() -> Outcome:
+        hub = MemoryHub()
+        transports = {name: MemoryTransport(hub, name) for name in NAMES}
+        exchanges = {name: FaninExchange(transports[name], LIMITS, accept_policy_for(SOURCE), PARAMS, SEEDS[i], 8,
+                                         rescore=rescore_for(name) if rescore_for else claimed_rewards)
+                     for i, name in enumerate(NAMES)}
+        for name in NAMES:
+            await transports[name].start()
+            await exchanges[name].start()
+        for i, a in enumerate(NAMES):  # a full mesh: gossip reaches a shard's members directly
+            for b in NAMES[i + 1:]:
+                await transports[a].connect(memory_addr(b))
+        now = time.time()
+        for i, name in enumerate(NAMES):
+            exchanges[name].publish([_group(i, 0, now), _group(i, 1, now)])
+        for name in NAMES:
+            assert await exchanges[name].flush() == 1
+        await hub.settle()
+        if after_flush:
+            after_flush(exchanges)
+        await asyncio.gather(*(exchanges[name].pull() for name in NAMES))
+        await hub.settle()
+        extra = await after_pull(exchanges) if after_pull else None  # type: ignore[misc]
+        out = Outcome({n: exchanges[n].drain() for n in NAMES}, {n: exchanges[n].round_stats for n in NAMES},
+                      {n: exchanges[n].shards for n in NAMES}, extra)
+        for t in transports.values():
+            await t.stop()
+        return out
+
+    return asyncio.run(main())
+
+
+def _senders(got: list[Received]) -> list[str]:
+    return sorted(r.sender for r in got if r.group is not None)
+
+
+def _drops(got: list[Received]) -> list[tuple[str, str]]:
+    return sorted((r.sender, r.reason) for r in got if r.group is None)
+
+
+def _neighbours(name: str) -> list[str]:
+    return sorted(n for n in NAMES if n != name and SHARD_OF[n] == SHARD_OF[name])
+
+
+def test_each_node_gets_its_j_groups_one_per_shard_neighbour_and_hears_only_its_shard() -> None:
+    out = _swarm()
+    assert out.shards == {name: (SHARD_OF[name],) for name in NAMES}
+    for name in NAMES:
+        got = out.received[name]
+        assert _senders(got) == _neighbours(name), name  # J = 3 groups, at most 1 per sender
+        assert _drops(got) == []
+        # Every group is one its sender published, intact.
+        for r in got:
+            assert r.group is not None and r.group.policy_id == r.sender
+        # 3 digest batches (its shard's other members; the other shard's 4 never reach it) + 3 pull responses.
+        stats = out.stats[name]
+        assert (stats.inbound_messages, stats.pulls_sent, stats.pulls_served) == (6, 3, 3), name
+
+
+def test_a_server_whose_bytes_differ_from_its_digest_is_scored_and_nothing_of_it_is_taken() -> None:
+    def swap_n1_content(exchanges: dict[str, FaninExchange]) -> None:
+        liar = exchanges["n1"]
+        liar._serving = {gid: _group(1, gid[1], g.created_at + 1.0) for gid, g in liar._serving.items()}
+
+    out = _swarm(after_flush=swap_n1_content)
+    for name in ("n0", "n2", "n3"):
+        assert _senders(out.received[name]) == [n for n in _neighbours(name) if n != "n1"]
+        assert _drops(out.received[name]) == [("n1", "hash_mismatch")]
+    assert _senders(out.received["n4"]) == _neighbours("n4")  # the other shard is untouched
+
+
+def test_a_digest_that_inflates_its_reward_statistics_is_scored() -> None:
+    def rescore_for(_receiver: str) -> Callable[[RolloutGroup], list[float]]:
+        # Our verifier finds n2's groups all wrong: no signal, although n2's digests claimed one.
+        return lambda g: [0.0, 0.0] if g.policy_id == "n2" else claimed_rewards(g)
+
+    out = _swarm(rescore_for=rescore_for)
+    for name in ("n0", "n1", "n3"):
+        assert _senders(out.received[name]) == [n for n in _neighbours(name) if n != "n2"]
+        assert _drops(out.received[name]) == [("n2", "digest_reward_mismatch")]
+
+
+def test_pulls_are_capped_per_requester_and_unoffered_pulls_are_scored() -> None:
+    async def greedy_n4(exchanges: dict[str, FaninExchange]) -> object:
+        n0 = exchanges["n0"]
+        ours = sorted(n0._serving)
+        asked = PullRequest(n0.round, (ours[0], ours[1], b"\xee" * 16), time.time())
+        response = await request_pull(exchanges["n4"].transport, "n0", asked, LIMITS, 2.0)
+        return [g.group_id for g in response.groups], [(r.group_id, r.reason) for r in response.refused]
+
+    out = _swarm(after_pull=greedy_n4)
+    served, refused = out.extra  # type: ignore[misc]
+    n0_groups = sorted([bytes([0, 0]) * 8, bytes([0, 1]) * 8])
+    assert served == [n0_groups[0]]
+    assert refused == [(n0_groups[1], "over_pull"), (b"\xee" * 16, "unoffered_pull")]
+    assert _drops(out.received["n0"]) == [("n4", "over_pull"), ("n4", "unoffered_pull")]
+    assert out.stats["n0"].pulls_served == 4
