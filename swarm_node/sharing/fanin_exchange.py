@@ -95,8 +95,9 @@ class FaninExchange:
         self.shards: tuple[int, ...] = ()
         self._joined: set[int] = set()
         self._outbox: list[RolloutGroup] = []
-        self._serving: dict[bytes, RolloutGroup] = {}
-        self.serve_book = ServeBook(params)
+        # round -> (its groups, its serving book), for this round and the one before: peers' rounds are not in
+        # step with ours, so a digest heard just before we open a round is still served.
+        self._served_rounds: dict[int, tuple[dict[bytes, RolloutGroup], ServeBook]] = {}
         self._candidates: dict[str, tuple[int, Digest]] = {}  # group id hex -> (the sender's round, digest)
         self._taken: dict[str, Digest] = {}  # pulled or asked this round
         self._recent: list[set[str]] = []  # senders taken from in each of the last rounds
@@ -162,8 +163,15 @@ class FaninExchange:
     def publish(self, groups: list[RolloutGroup]) -> None:
         self._outbox.extend(groups)
 
+    def serving(self, round_index: int) -> dict[bytes, RolloutGroup]:
+        """The groups we serve for `round_index` (this round's and the previous one's; else none)."""
+        return self._served_rounds[round_index][0] if round_index in self._served_rounds else {}
+
     async def flush(self) -> int:
-        """Open the next round: serve the queued groups and publish their digests; returns messages published."""
+        """Pull what the digests heard since the last flush offer (`pull`), then open the next round: serve the
+        queued groups and publish their digests; returns the digest messages published (0 or 1)."""
+        if self._candidates:
+            await self.pull()
         self.round += 1
         self.round_stats = RoundStats()
         self._recent = [set(d.sender for d in self._taken.values()), *self._recent][:self.params.recent_rounds]
@@ -171,8 +179,10 @@ class FaninExchange:
         await self._join_epoch()
         out, self._outbox = self._outbox[:self.limits.max_digests_per_message], self._outbox[
             self.limits.max_digests_per_message:]
-        self._serving = {g.group_id: g for g in out}
-        self.serve_book.new_round({g.group_id.hex() for g in out})
+        book = ServeBook(self.params)
+        book.new_round({g.group_id.hex() for g in out})
+        self._served_rounds = {r: v for r, v in self._served_rounds.items() if r == self.round - 1}
+        self._served_rounds[self.round] = ({g.group_id: g for g in out}, book)
         if not out:
             return 0
         digests = []
@@ -187,10 +197,10 @@ class FaninExchange:
     def _answer(self, requester: str, request: PullRequest) -> PullResponse:
         groups, refused = [], []
         for group_id in request.group_ids:
-            outcome = self.serve_book.request(requester, group_id.hex()) if request.round == self.round \
-                else "unoffered_pull"
+            served, book = self._served_rounds.get(request.round, ({}, None))
+            outcome = book.request(requester, group_id.hex()) if book is not None else "unoffered_pull"
             if outcome == SERVE:
-                groups.append(PulledGroup(group_id, encode_group(self._serving[group_id])))
+                groups.append(PulledGroup(group_id, encode_group(served[group_id])))
                 self.round_stats.pulls_served += 1
                 continue
             refused.append(PullRefusal(group_id, outcome))

@@ -113,7 +113,8 @@ def test_each_node_gets_its_j_groups_one_per_shard_neighbour_and_hears_only_its_
 def test_a_server_whose_bytes_differ_from_its_digest_is_scored_and_nothing_of_it_is_taken() -> None:
     def swap_n1_content(exchanges: dict[str, FaninExchange]) -> None:
         liar = exchanges["n1"]
-        liar._serving = {gid: _group(1, gid[1], g.created_at + 1.0) for gid, g in liar._serving.items()}
+        served = liar.serving(liar.round)
+        served.update({gid: _group(1, gid[1], g.created_at + 1.0) for gid, g in served.items()})
 
     out = _swarm(after_flush=swap_n1_content)
     for name in ("n0", "n2", "n3"):
@@ -136,7 +137,7 @@ def test_a_digest_that_inflates_its_reward_statistics_is_scored() -> None:
 def test_pulls_are_capped_per_requester_and_unoffered_pulls_are_scored() -> None:
     async def greedy_n4(exchanges: dict[str, FaninExchange]) -> object:
         n0 = exchanges["n0"]
-        ours = sorted(n0._serving)
+        ours = sorted(n0.serving(n0.round))
         asked = PullRequest(n0.round, (ours[0], ours[1], b"\xee" * 16), time.time())
         response = await request_pull(exchanges["n4"].transport, "n0", asked, LIMITS, 2.0)
         return [g.group_id for g in response.groups], [(r.group_id, r.reason) for r in response.refused]
@@ -148,3 +149,24 @@ def test_pulls_are_capped_per_requester_and_unoffered_pulls_are_scored() -> None
     assert refused == [(n0_groups[1], "over_pull"), (b"\xee" * 16, "unoffered_pull")]
     assert _drops(out.received["n0"]) == [("n4", "over_pull"), ("n4", "unoffered_pull")]
     assert out.stats["n0"].pulls_served == 4
+
+
+def test_the_previous_round_is_still_served_and_older_ones_are_not() -> None:
+    async def pull_old_rounds(exchanges: dict[str, FaninExchange]) -> object:
+        n0, n4 = exchanges["n0"], exchanges["n4"]
+        first = sorted(n0.serving(1))
+        n0.publish([_group(0, 2, time.time())])
+        await n0.flush()  # round 2: round 1's groups stay served
+        answers = []
+        for round_index in (1, 2):
+            asked = PullRequest(round_index, (first[0],), time.time())
+            response = await request_pull(n4.transport, "n0", asked, LIMITS, 2.0)
+            answers.append(([g.group_id for g in response.groups], [r.reason for r in response.refused]))
+        await n0.flush()  # round 3: round 1 is gone
+        response = await request_pull(n4.transport, "n0", PullRequest(1, (first[1],), time.time()), LIMITS, 2.0)
+        answers.append(([g.group_id for g in response.groups], [r.reason for r in response.refused]))
+        return answers
+
+    out = _swarm(after_pull=pull_old_rounds)
+    first = bytes([0, 0]) * 8
+    assert out.extra == [([first], []), ([], ["unoffered_pull"]), ([], ["unoffered_pull"])]
