@@ -113,6 +113,7 @@ class Assembly:
 def exchange_for(node: Node, transport: Transport, guard: PeerGuard | None, policy: AcceptPolicy | None = None,
                  kind: ExchangeFactory = TransportExchange) -> NetworkExchange:
     exchange = kind(transport, node.wire_limits(), policy or accept_policy_for(node.task_source))
+    exchange.on_round = lambda finished: node.stats.update(exchange=finished.as_status())
     if guard is not None:
         exchange.ignore_signer = guard.blocked
     return exchange

@@ -11,7 +11,7 @@ Contract (the design is `sharing/fanin.py`, the bookkeeping `sharing/fanin_ledge
   pass; lies are queued as drops with their fan-in reason (`hash_mismatch`, `digest_reward_mismatch`,
   `unserved_digest`), as are requesters that pull unoffered groups or past their share.
 - `drain()` (sync) returns and clears what arrived, like `TransportExchange`; `round_stats` counts this round's
-  inbound messages, bytes and pulls (what the node's /status reports).
+  inbound messages, bytes and pulls, handed to `on_round` when `flush` closes the round (the node's /status).
 Not yet: the push fallback (`fanin.unpulled`) and leaving the previous epoch's shards (the Transport interface has
 no unsubscribe yet: digests from shards we no longer hold are dropped unread).
 """
@@ -23,7 +23,6 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from protocol.codec import decode, decode_pulled, encode, encode_group, group_content_hash
 from protocol.errors import Verdict, WireError, ignore
@@ -42,7 +41,7 @@ from protocol.messages import (
 )
 from protocol.validation import AcceptPolicy, ReplayGuard, check_message, validate_gossip
 from swarm_node.sharing.accepted import AcceptedMessages
-from swarm_node.sharing.exchange import Received
+from swarm_node.sharing.exchange import Received, RoundStats, ignore_round
 from swarm_node.sharing.fanin import (
     Digest,
     FanInParams,
@@ -72,17 +71,6 @@ def task_label(group: RolloutGroup) -> str:
     return f"{group.task.dataset}:{group.task.index}"
 
 
-@dataclass
-class RoundStats:
-    """What arrived this round (reset by `flush`): digest batches and pull responses, their bytes, pulls sent."""
-
-    inbound_messages: int = 0
-    inbound_bytes: int = 0
-    pulls_sent: int = 0
-    pulls_served: int = 0
-    by_reason: dict[str, int] = field(default_factory=dict)
-
-
 class FaninExchange:
     def __init__(self, transport: Transport, limits: Limits, policy: AcceptPolicy, params: FanInParams,
                  seed: bytes, n_peers: int, clock: Callable[[], float] = time.time,
@@ -104,6 +92,7 @@ class FaninExchange:
         self._inbox: list[Received] = []
         self._lock = threading.Lock()
         self.round_stats = RoundStats()
+        self.on_round: Callable[[RoundStats], None] = ignore_round
         self.ignore_signer: Callable[[str], bool] = lambda _signer: False
 
     @property
@@ -172,8 +161,9 @@ class FaninExchange:
         queued groups and publish their digests; returns the digest messages published (0 or 1)."""
         if self._candidates:
             await self.pull()
+        self.on_round(self.round_stats)
         self.round += 1
-        self.round_stats = RoundStats()
+        self.round_stats = RoundStats(self.round)
         self._recent = [set(d.sender for d in self._taken.values()), *self._recent][:self.params.recent_rounds]
         self._taken, self._candidates = {}, {}
         await self._join_epoch()

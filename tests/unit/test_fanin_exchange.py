@@ -9,13 +9,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from protocol.codec import encode, encode_group, group_content_hash
 from protocol.limits import Limits
-from protocol.messages import CompletionWire, PullRequest, RolloutGroup, TaskRefWire
+from protocol.messages import CompletionWire, DigestBatch, DigestWire, PullRequest, RolloutGroup, TaskRefWire
 from swarm_node import tasks
 from swarm_node.model.tokenizer import build_char_tokenizer, tokenizer_hash
-from swarm_node.sharing.exchange import Received, accept_policy_for
+from swarm_node.sharing.exchange import Received, RoundStats, accept_policy_for
 from swarm_node.sharing.fanin import FanInParams
-from swarm_node.sharing.fanin_exchange import FaninExchange, RoundStats, claimed_rewards
+from swarm_node.sharing.fanin_exchange import FaninExchange, claimed_rewards, reward_stats, task_label
 from swarm_node.sharing.pull_stream import request_pull
 from swarm_node.transport.memory import MemoryHub, MemoryTransport, memory_addr
 
@@ -81,6 +82,12 @@ def _swarm(rescore_for: Callable[[str], Callable[[RolloutGroup], list[float]]] |
         return out
 
     return asyncio.run(main())
+
+
+def _digest_batch_bytes(node: int) -> int:
+    digests = [DigestWire(g.group_id, task_label(g), *reversed(reward_stats(claimed_rewards(g))),
+                          group_content_hash(g)) for g in (_group(node, 0, 1.0), _group(node, 1, 1.0))]
+    return len(encode(DigestBatch(SHARD_OF[NAMES[node]], 1, digests, 1.0)))
 
 
 def _senders(got: list[Received]) -> list[str]:
@@ -170,3 +177,22 @@ def test_the_previous_round_is_still_served_and_older_ones_are_not() -> None:
     out = _swarm(after_pull=pull_old_rounds)
     first = bytes([0, 0]) * 8
     assert out.extra == [([first], []), ([], ["unoffered_pull"]), ([], ["unoffered_pull"])]
+
+
+def test_flush_hands_the_finished_round_counters_to_on_round() -> None:
+    async def next_round(exchanges: dict[str, FaninExchange]) -> object:
+        finished: list[RoundStats] = []
+        n0 = exchanges["n0"]
+        n0.on_round = finished.append
+        await n0.flush()
+        return finished, n0.round_stats
+
+    out = _swarm(after_pull=next_round)
+    finished, current = out.extra  # type: ignore[misc]
+    assert [s.as_status() for s in finished] == [{"round": 1, "inbound_messages": 6, "inbound_bytes":
+                                                  finished[0].inbound_bytes, "pulls_sent": 3, "pulls_served": 3,
+                                                  "by_reason": {}}]
+    # n0's 3 shard neighbours' digest batches and one pulled group of each: the bytes are exactly theirs.
+    assert finished[0].inbound_bytes == sum(_digest_batch_bytes(j) + len(encode_group(_group(j, 0, 1.0)))
+                                            for j in (1, 2, 3))
+    assert current == RoundStats(2)
