@@ -46,6 +46,7 @@ from protocol.messages import (
     MAX_SHARD,
     PULL_PROTOCOL,
     PULL_REFUSALS,
+    PUSH_PROTOCOL,
     ROLES,
     SCHEMA_VERSION,
     SHA256_BYTES,
@@ -114,8 +115,9 @@ __all__ = [
     "SCHEMA_VERSION", "TOPIC_ROLLOUTS", "TOPIC_POLICY", "TOPIC_STATUS", "TOPIC_CONTROL", "ROLES", "WORKER_ACTIONS",
     "GROUP_ID_BYTES", "SHA256_BYTES", "TaskRefWire", "CompletionWire", "RolloutGroup", "RolloutBatch",
     "PolicyAnnounce", "Status", "WorkerControl", "Message", "TYPE_TAGS", "TAG_TYPES", "TOPIC_TYPES", "policy_owner",
-    "created_at_values", "TOPIC_DIGESTS_PREFIX", "PULL_PROTOCOL", "PULL_REFUSALS", "MAX_SHARD", "DigestWire",
-    "DigestBatch", "PullRequest", "PulledGroup", "PullRefusal", "PullResponse", "digest_topic", "topic_type",
+    "created_at_values", "TOPIC_DIGESTS_PREFIX", "PULL_PROTOCOL", "PUSH_PROTOCOL", "PULL_REFUSALS", "MAX_SHARD",
+    "DigestWire", "DigestBatch", "PullRequest", "PulledGroup", "PullRefusal", "PullResponse", "digest_topic",
+    "topic_type",
     # encode / decode
     "encode", "decode", "replay_keys", "check_fresh", "encode_group", "group_content_hash", "decode_pulled",
     # limits

@@ -52,6 +52,7 @@ class RoundStats:
     inbound_bytes: int = 0
     pulls_sent: int = 0
     pulls_served: int = 0
+    pushes_sent: int = 0  # bounded fan-in's push fallback: our groups nobody pulled, sent to one neighbour each
     by_reason: dict[str, int] = field(default_factory=dict)
 
     def as_status(self) -> dict[str, Any]:

@@ -12,13 +12,19 @@ Contract (the design is `sharing/fanin.py`, the bookkeeping `sharing/fanin_ledge
   `unserved_digest`), as are requesters that pull unoffered groups or past their share.
 - `drain()` (sync) returns and clears what arrived, like `TransportExchange`; `round_stats` counts this round's
   inbound messages, bytes and pulls, handed to `on_round` when `flush` closes the round (the node's /status).
-Not yet: the push fallback (`fanin.unpulled`) and leaving the previous epoch's shards (the Transport interface has
-no unsubscribe yet: digests from shards we no longer hold are dropped unread).
+- Push fallback: when `flush` closes a round, each of its groups that nobody pulled and whose digest went out
+  `push_after_s` ago or more (`fanin.unpulled`) is pushed once to one shard neighbour (a peer whose digests we
+  heard this epoch), drawn from our seed. A pushed group is taken only while we hold its digest from that sender,
+  within `PushBook`'s caps (else dropped unread, `unsolicited_push`), and then checked as a pulled one.
+Not yet: leaving the previous epoch's shards (the Transport interface has no unsubscribe: digests from shards we
+no longer hold are dropped unread), and the shard count from the swarm's size (`n_peers` is fixed at start).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import random
 import statistics
 import threading
 import time
@@ -49,9 +55,10 @@ from swarm_node.sharing.fanin import (
     epoch_of,
     epoch_shards,
     shard_count,
+    unpulled,
 )
-from swarm_node.sharing.fanin_ledger import NOT_SERVED, SERVE, ServeBook, check_pulled
-from swarm_node.sharing.pull_stream import PullFailed, request_pull, serve_pulls
+from swarm_node.sharing.fanin_ledger import NOT_SERVED, SERVE, PushBook, ServeBook, check_pulled
+from swarm_node.sharing.pull_stream import PullFailed, request_pull, send_push, serve_pulls, serve_pushes
 from swarm_node.transport.base import Delivery, Transport, ValidationResult
 
 Rescore = Callable[[RolloutGroup], list[float]]
@@ -89,6 +96,11 @@ class FaninExchange:
         self._candidates: dict[str, tuple[int, Digest]] = {}  # group id hex -> (the sender's round, digest)
         self._taken: dict[str, Digest] = {}  # pulled or asked this round
         self._recent: list[set[str]] = []  # senders taken from in each of the last rounds
+        self._published_at: dict[str, float] = {}  # our current round's group ids (hex) -> when their digest went out
+        self._pulled: set[str] = set()  # ... and those somebody pulled
+        self._shard_peers: set[str] = set()  # peers whose digests we heard this epoch: push fallback targets
+        self._epoch = -1
+        self.push_book = PushBook(params)
         self._inbox: list[Received] = []
         self._lock = threading.Lock()
         self.round_stats = RoundStats()
@@ -101,11 +113,15 @@ class FaninExchange:
 
     async def start(self) -> None:
         await serve_pulls(self.transport, self._answer, self.limits, self.params.pull_timeout_s, self._drop)
+        await serve_pushes(self.transport, self._on_push, self.limits, self.params.pull_timeout_s, self._drop)
         await self._join_epoch()
 
     async def _join_epoch(self) -> None:
         shards = shard_count(self.n_peers, self.params)
-        self.shards = epoch_shards(self.seed, epoch_of(self.round, self.params), shards, self.params.shards_per_node)
+        epoch = epoch_of(self.round, self.params)
+        if epoch != self._epoch:
+            self._epoch, self._shard_peers = epoch, set()
+        self.shards = epoch_shards(self.seed, epoch, shards, self.params.shards_per_node)
         for shard in self.shards:
             if shard not in self._joined:
                 self._joined.add(shard)
@@ -134,6 +150,7 @@ class FaninExchange:
         msg = self.accepted.take(delivery.data) or decode(delivery.data, self.limits)
         if not isinstance(msg, DigestBatch) or msg.shard not in self.shards:
             return
+        self._shard_peers.add(delivery.from_peer)
         for d in msg.digests:
             key = d.group_id.hex()
             self._candidates[key] = (msg.round, Digest(key, delivery.from_peer, d.task, d.reward_variance,
@@ -161,11 +178,13 @@ class FaninExchange:
         queued groups and publish their digests; returns the digest messages published (0 or 1)."""
         if self._candidates:
             await self.pull()
+        await self._push_unpulled()
         self.on_round(self.round_stats)
         self.round += 1
         self.round_stats = RoundStats(self.round)
         self._recent = [set(d.sender for d in self._taken.values()), *self._recent][:self.params.recent_rounds]
         self._taken, self._candidates = {}, {}
+        self.push_book.new_round()
         await self._join_epoch()
         out, self._outbox = self._outbox[:self.limits.max_digests_per_message], self._outbox[
             self.limits.max_digests_per_message:]
@@ -173,6 +192,8 @@ class FaninExchange:
         book.new_round({g.group_id.hex() for g in out})
         self._served_rounds = {r: v for r, v in self._served_rounds.items() if r == self.round - 1}
         self._served_rounds[self.round] = ({g.group_id: g for g in out}, book)
+        now = self.clock()
+        self._published_at, self._pulled = {g.group_id.hex(): now for g in out}, set()
         if not out:
             return 0
         digests = []
@@ -181,8 +202,36 @@ class FaninExchange:
             digests.append(DigestWire(g.group_id, task_label(g), variance, signal, group_content_hash(g)))
         shard = self.shards[self.round % len(self.shards)]
         await self.transport.publish(digest_topic(shard), encode(DigestBatch(shard, self.round, digests,
-                                                                             self.clock())))
+                                                                             now)))
         return 1
+
+    async def _push_unpulled(self) -> None:
+        due = unpulled(self._published_at, self._pulled, self.clock(), self.params)
+        neighbours = sorted(self._shard_peers - {self.peer_id})
+        if not due or not neighbours:
+            return
+        draw = random.Random(hashlib.sha256(self.seed + b"push" + self.round.to_bytes(8, "big")).digest())
+        served = self.serving(self.round)
+        for key in due:
+            group_id = bytes.fromhex(key)
+            push = PullResponse((PulledGroup(group_id, encode_group(served[group_id])),), (), self.clock())
+            try:
+                await send_push(self.transport, draw.choice(neighbours), push, self.limits, self.params.pull_timeout_s)
+            except PullFailed:
+                continue  # the neighbour left: the group stays with us (pushed once at most)
+            self.round_stats.pushes_sent += 1
+        self._published_at = {}
+
+    def _on_push(self, sender: str, push: PullResponse) -> None:
+        self._count(sum(len(g.data) for g in push.groups))
+        for pulled in push.groups:
+            entry = self._candidates.get(pulled.group_id.hex())
+            digest = entry[1] if entry is not None and entry[1].sender == sender else None
+            reason = self.push_book.accept(sender, digest is not None)
+            if reason or digest is None:
+                self._drop(sender, reason)
+                continue
+            self._accept(sender, pulled, digest)
 
     def _answer(self, requester: str, request: PullRequest) -> PullResponse:
         groups, refused = [], []
@@ -192,6 +241,7 @@ class FaninExchange:
             if outcome == SERVE:
                 groups.append(PulledGroup(group_id, encode_group(served[group_id])))
                 self.round_stats.pulls_served += 1
+                self._pulled.add(group_id.hex())
                 continue
             refused.append(PullRefusal(group_id, outcome))
             if outcome != "busy":  # BUSY is our own cap: the requester did nothing wrong
@@ -230,29 +280,29 @@ class FaninExchange:
             self._taken.pop(refusal.group_id.hex(), None)
             if refusal.reason in ("unoffered_pull", "not_held"):  # its own digest announced it this round
                 self._drop(sender, NOT_SERVED)
-        accepted = 0
-        for pulled in response.groups:
-            digest = by_id[pulled.group_id.hex()]
-            now = self.clock()
-            try:
-                group = decode_pulled(pulled, digest.content_hash, self.limits, now)
-                # The checks a flooded group gets (attribution, our task, tokenizer), then replay by content hash.
-                check_message(RolloutBatch((group,)), TOPIC_ROLLOUTS, sender, self.limits, self.policy, now)
-                if self.replay.is_replay(digest.content_hash, group.created_at, now):
-                    raise ignore("replay", "group already accepted")
-            except WireError as err:
-                self._drop(sender, err.reason)
-                continue
-            self.replay.remember(digest.content_hash, group.created_at, now)
-            signal, variance = reward_stats(self.rescore(group))
-            reason = check_pulled(digest, digest.content_hash, signal, variance)
-            if reason:
-                self._drop(sender, reason)
-                continue
-            with self._lock:
-                self._inbox.append(Received(sender, self.clock(), group))
-            accepted += 1
-        return accepted
+        return sum(self._accept(sender, pulled, by_id[pulled.group_id.hex()]) for pulled in response.groups)
+
+    def _accept(self, sender: str, pulled: PulledGroup, digest: Digest) -> bool:
+        """Queue a pulled or pushed group that passes every check against its digest, else drop it scored."""
+        now = self.clock()
+        try:
+            group = decode_pulled(pulled, digest.content_hash, self.limits, now)
+            # The checks a flooded group gets (attribution, our task, tokenizer), then replay by content hash.
+            check_message(RolloutBatch((group,)), TOPIC_ROLLOUTS, sender, self.limits, self.policy, now)
+            if self.replay.is_replay(digest.content_hash, group.created_at, now):
+                raise ignore("replay", "group already accepted")
+        except WireError as err:
+            self._drop(sender, err.reason)
+            return False
+        self.replay.remember(digest.content_hash, group.created_at, now)
+        signal, variance = reward_stats(self.rescore(group))
+        reason = check_pulled(digest, digest.content_hash, signal, variance)
+        if reason:
+            self._drop(sender, reason)
+            return False
+        with self._lock:
+            self._inbox.append(Received(sender, self.clock(), group))
+        return True
 
     def drain(self) -> list[Received]:
         with self._lock:

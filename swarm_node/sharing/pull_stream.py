@@ -9,6 +9,10 @@ frame and closes.
 - `serve_pulls(transport, answer, limits, timeout_s, on_error)` serves the protocol: per stream it reads one frame
   (bounded in size and time), decodes a PullRequest and writes the frame of `answer(requester, request)`; a
   malformed request resets the stream and reports `on_error(requester, reason)` (reasons are the codec's).
+- The push fallback, over `PUSH_PROTOCOL`: `send_push(transport, peer, groups, limits, timeout_s)` writes one
+  `pulled` frame (no refusals) and closes, expecting no answer (PullFailed as above); `serve_pushes(transport,
+  on_push, limits, timeout_s, on_error)` reads one frame per stream and hands the decoded PullResponse to
+  `on_push(sender, response)`.
 Only the transport interface is used, so the in-memory and libp2p transports both carry pulls.
 """
 
@@ -21,7 +25,7 @@ from collections.abc import Callable
 from protocol.codec import decode, encode
 from protocol.errors import WireError
 from protocol.limits import Limits
-from protocol.messages import PULL_PROTOCOL, PullRequest, PullResponse
+from protocol.messages import PULL_PROTOCOL, PUSH_PROTOCOL, PullRequest, PullResponse
 from swarm_node.transport.base import Stream, Transport, TransportError
 
 LENGTH_BYTES = 4
@@ -95,3 +99,37 @@ async def serve_pulls(transport: Transport, answer: Callable[[str, PullRequest],
             await stream.reset()  # a stalled or vanished requester: nothing to answer
 
     await transport.serve_stream(PULL_PROTOCOL, handle)
+
+
+async def send_push(transport: Transport, peer: str, push: PullResponse, limits: Limits, timeout_s: float) -> None:
+    async def send() -> None:
+        stream = await transport.open_stream(peer, PUSH_PROTOCOL)
+        await stream.write(frame(encode(push)))
+        await stream.close()
+
+    try:
+        await asyncio.wait_for(send(), timeout_s)
+    except TimeoutError as exc:
+        raise PullFailed("timeout", f"push to {peer} not taken in {timeout_s} s") from exc
+    except TransportError as exc:
+        raise PullFailed("transport", str(exc)) from exc
+
+
+async def serve_pushes(transport: Transport, on_push: Callable[[str, PullResponse], None], limits: Limits,
+                       timeout_s: float, on_error: Callable[[str, str], None]) -> None:
+    async def handle(stream: Stream) -> None:
+        try:
+            push = decode(await asyncio.wait_for(read_frame(stream, limits), timeout_s), limits)
+            if not isinstance(push, PullResponse) or push.refused:
+                raise PullFailed("bad_schema", f"{type(push).__name__} on the push protocol")
+        except (PullFailed, WireError) as exc:
+            on_error(stream.remote_peer, exc.reason)
+            await stream.reset()
+            return
+        except (TimeoutError, TransportError):
+            await stream.reset()
+            return
+        await stream.close()
+        on_push(stream.remote_peer, push)
+
+    await transport.serve_stream(PUSH_PROTOCOL, handle)

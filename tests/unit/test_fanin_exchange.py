@@ -5,6 +5,7 @@ requesters."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -191,8 +192,77 @@ def test_flush_hands_the_finished_round_counters_to_on_round() -> None:
     finished, current = out.extra  # type: ignore[misc]
     assert [s.as_status() for s in finished] == [{"round": 1, "inbound_messages": 6, "inbound_bytes":
                                                   finished[0].inbound_bytes, "pulls_sent": 3, "pulls_served": 3,
-                                                  "by_reason": {}}]
+                                                  "pushes_sent": 0, "by_reason": {}}]
     # n0's 3 shard neighbours' digest batches and one pulled group of each: the bytes are exactly theirs.
     assert finished[0].inbound_bytes == sum(_digest_batch_bytes(j) + len(encode_group(_group(j, 0, 1.0)))
                                             for j in (1, 2, 3))
     assert current == RoundStats(2)
+
+
+def test_groups_nobody_pulled_are_pushed_once_to_one_shard_neighbour() -> None:
+    """n0's groups carry no signal, so nobody pulls them; once push_after_s has passed, n0's next flush pushes each
+    to one neighbour of its shard (a peer whose digests it heard), which takes it (it holds the digest) and checks
+    it like a pulled one."""
+    clock = [1_000.0]
+
+    async def main() -> tuple[dict[str, list[Received]], RoundStats]:
+        hub = MemoryHub()
+        transports = {name: MemoryTransport(hub, name) for name in NAMES}
+        exchanges = {name: FaninExchange(transports[name], LIMITS, accept_policy_for(SOURCE), PARAMS, SEEDS[i], 8,
+                                         clock=lambda: clock[0]) for i, name in enumerate(NAMES)}
+        for name in NAMES:
+            await transports[name].start()
+            await exchanges[name].start()
+        for i, a in enumerate(NAMES):
+            for b in NAMES[i + 1:]:
+                await transports[a].connect(memory_addr(b))
+        exchanges["n0"].publish([_no_signal(_group(0, k, clock[0])) for k in (0, 1)])
+        for i, name in enumerate(NAMES[1:], start=1):
+            exchanges[name].publish([_group(i, 0, clock[0]), _group(i, 1, clock[0])])
+        for name in NAMES:
+            await exchanges[name].flush()
+        await hub.settle()
+        await asyncio.gather(*(exchanges[name].pull() for name in NAMES))  # nothing to pull: no signal
+        finished: list[RoundStats] = []
+        exchanges["n0"].on_round = finished.append
+        clock[0] += PARAMS.push_after_s
+        await exchanges["n0"].flush()
+        await _loop_turns()
+        got = {name: exchanges[name].drain() for name in NAMES}
+        for t in transports.values():
+            await t.stop()
+        return got, finished[0]
+
+    got, n0_round = asyncio.run(main())
+    assert n0_round.pushes_sent == 2 and n0_round.pulls_served == 0
+    pushed = sorted((r.group.group_id, name) for name in NAMES for r in got[name]
+                    if r.group is not None and r.sender == "n0")
+    assert [gid for gid, _ in pushed] == [bytes([0, 0]) * 8, bytes([0, 1]) * 8]  # each group exactly once
+    assert {name for _, name in pushed} <= set(_neighbours("n0"))
+    assert all(_drops(got[name]) == [] for name in NAMES)
+
+
+def test_a_push_without_a_digest_or_past_the_caps_is_dropped_unread() -> None:
+    async def pushes(exchanges: dict[str, FaninExchange]) -> object:
+        from protocol.messages import PulledGroup, PullResponse
+        from swarm_node.sharing.pull_stream import send_push
+
+        n4 = exchanges["n4"].transport
+        unknown = PullResponse((PulledGroup(b"\xee" * 16, b"junk"),), (), time.time())
+        await send_push(n4, "n5", unknown, LIMITS, 2.0)  # n5 never heard a digest of it
+        await _loop_turns()
+        return None
+
+    out = _swarm(after_pull=pushes)
+    assert _drops(out.received["n5"]) == [("n4", "unsolicited_push")]
+
+
+async def _loop_turns() -> None:
+    """Let the receivers' stream handlers run (in-process: loop turns, not time)."""
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
+def _no_signal(group: RolloutGroup) -> RolloutGroup:
+    return dataclasses.replace(group, completions=tuple(dataclasses.replace(c, claimed_reward=0.0)
+                                                        for c in group.completions))

@@ -32,7 +32,8 @@ def sample_stats() -> NodeStats:
     stats = NodeStats()
     stats.update(peer_id="12D3KooWSelf", role="peer", listen_addrs=["/ip4/127.0.0.1/tcp/4001"], total_steps=10,
                  pool_size=5, broadcast={"version": 3, "chunks_done": 2, "chunks_total": 8},
-                 exchange=RoundStats(4, 6, 1896, 3, 3, {"hash_mismatch": 1}).as_status(),
+                 exchange=RoundStats(round=4, inbound_messages=6, inbound_bytes=1896, pulls_sent=3, pulls_served=3,
+                                     pushes_sent=1, by_reason={"hash_mismatch": 1}).as_status(),
                  last_checkpoint={"step": 3, "path": "run/ckpt/step-3"})
     stats.set_phase("training")
     for step, reward, acc in ((1, 0.25, 0.0), (2, 0.5, 0.25), (3, 0.75, 0.5)):
@@ -91,7 +92,7 @@ async def test_status_json_reports_the_snapshot(make_client: Make) -> None:
     assert body["pool_size"] == 5
     assert body["broadcast"] == {"version": 3, "chunks_done": 2, "chunks_total": 8}
     assert body["exchange"] == {"round": 4, "inbound_messages": 6, "inbound_bytes": 1896, "pulls_sent": 3,
-                                "pulls_served": 3, "by_reason": {"hash_mismatch": 1}}
+                                "pulls_served": 3, "pushes_sent": 1, "by_reason": {"hash_mismatch": 1}}
     assert body["last_checkpoint"] == {"step": 3, "path": "run/ckpt/step-3"}
     assert body["peers"] == [  # sorted by id
         {"peer_id": "peer-a", "latency_ms": 12.5, "accepted": 9, "rejected": 1, "score": 1.0, "state": "ok"},
