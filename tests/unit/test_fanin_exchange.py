@@ -12,7 +12,15 @@ from dataclasses import dataclass
 
 from protocol.codec import encode, encode_group, group_content_hash
 from protocol.limits import Limits
-from protocol.messages import CompletionWire, DigestBatch, DigestWire, PullRequest, RolloutGroup, TaskRefWire
+from protocol.messages import (
+    CompletionWire,
+    DigestBatch,
+    DigestWire,
+    PullRequest,
+    RolloutGroup,
+    TaskRefWire,
+    digest_topic,
+)
 from swarm_node import tasks
 from swarm_node.model.tokenizer import build_char_tokenizer, tokenizer_hash
 from swarm_node.sharing.exchange import Received, RoundStats, accept_policy_for
@@ -266,3 +274,44 @@ async def _loop_turns() -> None:
 def _no_signal(group: RolloutGroup) -> RolloutGroup:
     return dataclasses.replace(group, completions=tuple(dataclasses.replace(c, claimed_reward=0.0)
                                                         for c in group.completions))
+
+
+def test_a_lying_server_costs_reputation_by_the_ledger_weights() -> None:
+    from swarm_node.sharing.reputation import DEFAULT_WEIGHTS, Reputation
+
+    reputation = Reputation()
+    assert [reputation.weight(kind) for kind in ("hash_mismatch", "digest_reward_mismatch", "unserved_digest",
+                                                 "unoffered_pull", "over_pull", "unsolicited_push")] \
+        == [-5.0, -5.0, -1.0, -1.0, -0.5, -0.5]
+    assert DEFAULT_WEIGHTS["busy"] == 0.0
+
+
+def test_a_new_epoch_moves_the_node_to_its_new_shard_and_the_old_one_is_not_read() -> None:
+    """n4 (seed2) draws shard 0 in epoch 0 and shard 1 in epoch 1 (epoch_rounds 1 here): after its flush opens
+    round 1, a digest batch on shard 0 is ignored unread (not counted) and one on shard 1 is taken."""
+    params = dataclasses.replace(PARAMS, epoch_rounds=1)
+
+    async def main() -> tuple[tuple[int, ...], tuple[int, ...], RoundStats, int]:
+        hub = MemoryHub()
+        n4, n5 = MemoryTransport(hub, "n4"), MemoryTransport(hub, "n5")
+        ex = FaninExchange(n4, LIMITS, accept_policy_for(SOURCE), params, SEEDS[4], 8)
+        for t in (n4, n5):
+            await t.start()
+        await ex.start()
+        before = ex.shards
+        await n4.connect(memory_addr("n5"))
+        await ex.flush()
+        after = ex.shards
+        now = time.time()
+        for shard in (0, 1):
+            digests = (DigestWire(bytes([5, shard]) * 8, "chain_sum:1", 0.25, True, b"\xaa" * 32),)
+            await n5.publish(digest_topic(shard), encode(DigestBatch(shard, 1, digests, now)))
+        await hub.settle()
+        candidates = len(ex._candidates)
+        for t in (n4, n5):
+            await t.stop()
+        return before, after, ex.round_stats, candidates
+
+    before, after, stats, candidates = asyncio.run(main())
+    assert (before, after) == ((0,), (1,))
+    assert (stats.inbound_messages, candidates) == (1, 1)
