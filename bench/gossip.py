@@ -19,7 +19,7 @@
   alternates); both, per run, with the machine's load average, go to gossip_baseline.json.
 - Paired, in gossip.json: `paired_ratio_vs_thread` {groups_per_s, p50_ms, p99_ms, stream_mb_s}, each the median
   of the per-run ratios process / thread (`bench/paired.py`), and `runs[j]` each run's values of both and its ratios.
-`python -m bench.gossip --arch` measures what the network layer costs a training loop in the same process
+`python -m bench.gossip_arch` measures what the network layer costs a training loop in the same process
 (steps/s of a torch + Python loop while receiving 100 groups/s) for both isolations: gossip_arch.json, with
 `paired_steps_per_s_vs_none` {process, thread}: the median of each run's ratio to the same run's loop without a
 network, and each sample's own `steps_per_s_vs_none`.
@@ -42,12 +42,11 @@ from typing import Any
 from bench import provenance
 from bench.child import emit, mesh_commands, serve
 from bench.load_guard import add_loaded_flag
-from bench.paired import paired_ratio_or_none, paired_ratios, paired_runs, ratio_text, round_order
+from bench.paired import paired_ratios, paired_runs, ratio_text, round_order
 from bench.procs import JsonProc, event_is
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ISOLATIONS = ("process", "thread")  # ours, the baseline
-ARCH_ARMS = ("none", "process", "thread")  # the training loop alone (the baseline), then with each isolation
 PAIRED_KEYS = ("groups_per_s", "p50_ms", "p99_ms", "stream_mb_s")
 STREAM_PROTOCOL = "/swarm-node/bench-blob/1.0.0"
 BLOB_BYTES = 20 << 20
@@ -295,12 +294,6 @@ def paired_part(process: list[dict[str, dict[str, float]]], thread: list[dict[st
             "runs": paired_runs(ours, base, PAIRED_KEYS, names=ISOLATIONS)}
 
 
-def arch_paired(samples: dict[str, list[dict[str, Any]]]) -> dict[str, float | None]:
-    """Per isolation, the median over runs of its steps/s over the same run's steps/s without a network."""
-    alone = [s["steps_per_s"] for s in samples["none"]]
-    return {iso: paired_ratio_or_none([s["steps_per_s"] for s in samples[iso]], alone) for iso in ISOLATIONS}
-
-
 def load_average() -> float:
     return os.getloadavg()[0]
 
@@ -345,62 +338,6 @@ async def bench(args: argparse.Namespace, run: provenance.Run) -> None:
           f"{statistics.median(loads):.1f} on {os.cpu_count()} cores)")
 
 
-async def arch_sample(isolation: str, train_s: float) -> dict[str, Any]:
-    """One arm of an arch run: the training loop alone ("none"), or on node A while node B sends 100 groups/s."""
-    if isolation == "none":
-        steps = train_for(train_s)
-        return {"steps_per_s": len(steps) / train_s, "load_avg": load_average()}
-    procs, _ = await start_swarm(2, isolation)
-    try:
-        count = int(100 * train_s)
-        t0 = time.time() + 1.0
-        procs[0].send(cmd="train", seconds=train_s + 1.0)
-        procs[1].send(cmd="go", t0=t0, count=count, rate=100.0)
-        trained = (await next_event(procs[0], "trained", 600))["steps"]
-        await next_event(procs[1], "done", 600)
-        await asyncio.sleep(2.0)
-        procs[0].send(cmd="stats")
-        stats = await next_event(procs[0], "stats")
-        lat = sorted(stats["latencies"])
-        return {"steps_per_s": trained / (train_s + 1.0), "received": sum(stats["received"].values()),
-                "sent": count, "p50_ms": 1000 * lat[len(lat) // 2] if lat else None,
-                "p99_ms": 1000 * lat[int(0.99 * (len(lat) - 1))] if lat else None, "load_avg": load_average()}
-    finally:
-        for proc in procs:
-            await proc.close(quit_grace_s=15)
-
-
-async def arch(args: argparse.Namespace, run: provenance.Run) -> None:
-    """Trainer steps/s on node A while node B sends it 100 groups/s, per isolation, against no network at all.
-
-    Repeated and interleaved (the order rotating each run) because the machine is shared; medians reported, and
-    per isolation the median of each run's ratio to that run's loop alone."""
-    samples: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARCH_ARMS}
-    for j in range(args.runs):
-        for arm in round_order(ARCH_ARMS, j):
-            samples[arm].append(await arch_sample(arm, args.train_s))
-        for iso in ISOLATIONS:
-            alone = samples["none"][j]["steps_per_s"]
-            samples[iso][j]["steps_per_s_vs_none"] = paired_ratio_or_none([samples[iso][j]["steps_per_s"]], [alone])
-    median = {iso: {k: statistics.median(x[k] for x in xs) for k in xs[0] if xs[0][k] is not None}
-              for iso, xs in samples.items()}
-    paired = arch_paired(samples)
-    result = {"note": "trainer stand-in (torch matmuls + Python work, 1 torch thread) on node A while node B "
-                      "publishes 100 groups/s to it; medians of interleaved runs; paired_steps_per_s_vs_none: "
-                      "the median of each run's ratio to the same run's loop alone", "train_s": args.train_s,
-              "cpus": os.cpu_count(), "median": median,
-              "paired_steps_per_s_vs_none": {k: None if v is None else round(v, 4) for k, v in paired.items()},
-              "samples": samples}
-    out = Path(args.results_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gossip_arch.json").write_text(json.dumps(provenance.stamp(result, run, args.runs), indent=2) + "\n")
-    print(f"arch: trainer {median['none']['steps_per_s']:.1f} steps/s alone, {median['process']['steps_per_s']:.1f} "
-          f"with the host in a child process (p50 {median['process']['p50_ms']:.0f} ms), "
-          f"{median['thread']['steps_per_s']:.1f} with it on a thread (p50 {median['thread']['p50_ms']:.0f} ms), "
-          f"receiving 100 groups/s (medians of {args.runs}); paired vs alone: process "
-          f"{ratio_text(paired['process'])}, thread {ratio_text(paired['thread'])}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=4)
@@ -413,18 +350,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16,
                         help="lever: groups per message at most (16: join's default; 1: one message per group)")
     parser.add_argument("--batch-delay-ms", type=float, default=50.0, help="lever: a partial batch waits at most this")
-    parser.add_argument("--arch", action="store_true", help="measure the cost to a training loop instead")
-    parser.add_argument("--train-s", type=float, default=8.0)
     parser.add_argument("--results-dir", default=str(RESULTS),
-                        help="where gossip.json (or gossip_arch.json) goes (a spot check: elsewhere)")
+                        help="where gossip.json goes (a spot check: elsewhere)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--isolation", default="process", help=argparse.SUPPRESS)
     add_loaded_flag(parser)
     args = parser.parse_args()
     if args.worker:
         asyncio.run(worker(args.isolation))
-    elif args.arch:
-        asyncio.run(arch(args, provenance.begin(timed=True, loaded=args.loaded)))
     else:
         asyncio.run(bench(args, provenance.begin(timed=True, loaded=args.loaded)))
 

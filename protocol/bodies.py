@@ -157,7 +157,7 @@ def _task(obj: Any, where: str, limits: Limits) -> TaskRefWire:
                        seed=expect_int(f["seed"], f"{where}.seed"), index=expect_int(f["index"], f"{where}.index"))
 
 
-def _completion(obj: Any, where: str, limits: Limits) -> CompletionWire:
+def _completion(obj: Any, where: str, limits: Limits, vocab: int) -> CompletionWire:
     f = expect_map(obj, COMPLETION_KEYS, where)
     tokens, logprobs = expect_bin(f["tokens"], f"{where}.tokens"), expect_bin(f["logprobs"], f"{where}.logprobs")
     if len(tokens) % 4:
@@ -169,8 +169,8 @@ def _completion(obj: Any, where: str, limits: Limits) -> CompletionWire:
     text = expect_str(f["text"], f"{where}.text", limits.max_text_chars, reason="text_too_long")
     reward = expect_float(f["reward"], f"{where}.reward")
     ids = np.frombuffer(tokens, dtype=_TOKEN_DTYPE)
-    if ids.size and int(ids.max()) >= limits.vocab_size:
-        raise reject("token_out_of_vocab", f"{where}: token id {int(ids.max())} >= vocab {limits.vocab_size}")
+    if ids.size and int(ids.max()) >= vocab:
+        raise reject("token_out_of_vocab", f"{where}: token id {int(ids.max())} >= vocab {vocab}")
     lps = np.frombuffer(logprobs, dtype=_LOGPROB_DTYPE)
     # A log-probability is finite and <= 0; NaN fails the comparison as well.
     if lps.size and not (np.isfinite(lps).all() and (lps <= 0).all()):
@@ -186,11 +186,15 @@ def _group(obj: Any, where: str, limits: Limits) -> RolloutGroup:
         raise reject("bad_schema", f"{where}.id: {len(group_id)} bytes, expected {GROUP_ID_BYTES}")
     completions = expect_list(f["completions"], f"{where}.completions", limits.max_completions_per_group,
                         "too_many_completions")
+    tokenizer = expect_str(f["tokenizer"], f"{where}.tokenizer", limits.max_name_chars)
+    ours = not limits.tokenizer_hash or tokenizer == limits.tokenizer_hash
+    vocab = limits.vocab_size if ours else limits.max_foreign_vocab  # another tokenizer's ids: re-tokenised, not used
     return RolloutGroup(
         group_id=group_id, policy_id=expect_policy_id(f["policy"], f"{where}.policy", limits),
         policy_version=expect_int(f["version"], f"{where}.version"), task=_task(f["task"], f"{where}.task", limits),
-        completions=tuple(_completion(c, f"{where}.completions[{i}]", limits) for i, c in enumerate(completions)),
-        tokenizer_hash=expect_str(f["tokenizer"], f"{where}.tokenizer", limits.max_name_chars),
+        completions=tuple(_completion(c, f"{where}.completions[{i}]", limits, vocab)
+                          for i, c in enumerate(completions)),
+        tokenizer_hash=tokenizer,
         model_family=expect_str(f["family"], f"{where}.family", limits.max_name_chars),
         created_at=expect_timestamp(f["created_at"], f"{where}.created_at"),
         prompt_format=expect_str(f["format"], f"{where}.format", limits.max_name_chars))

@@ -22,7 +22,10 @@ MAX_TIMESTAMP = 1e11
 class Limits:
     """Bounds a receiver enforces on every decoded message.
 
-    vocab_size is the receiver's tokenizer vocabulary (token ids must be below it). Time bounds: a message is
+    vocab_size is the receiver's tokenizer vocabulary: the token ids of a group of the receiver's tokenizer
+    (`tokenizer_hash`; every group when it is empty) must be below it. A group of another tokenizer is re-tokenised
+    from its text by the receiver, its ids only bounded by `max_foreign_vocab` (the largest vocabularies in use:
+    Gemma 3's 262,144). Time bounds: a message is
     fresh when `now - max_age_s <= created_at <= now + max_clock_skew_s`.
     """
 
@@ -32,6 +35,8 @@ class Limits:
     max_tokens_per_completion: int = 4096
     max_text_chars: int = 32768
     vocab_size: int = 262_144
+    tokenizer_hash: str = ""  # the receiver's; "" checks every group's ids against vocab_size
+    max_foreign_vocab: int = 262_144
     max_name_chars: int = 128  # policy ids, dataset names, tokenizer hashes, model families, capabilities
     max_config_chars: int = 2048  # canonical JSON of a task's options
     max_capabilities: int = 32
@@ -46,14 +51,14 @@ class Limits:
 
     def __post_init__(self) -> None:
         for name in ("max_message_bytes", "max_groups_per_message", "max_completions_per_group",
-                     "max_tokens_per_completion", "max_text_chars", "vocab_size", "max_name_chars",
+                     "max_tokens_per_completion", "max_text_chars", "vocab_size", "max_foreign_vocab", "max_name_chars",
                      "max_config_chars", "max_capabilities", "max_policy_bytes", "max_chunks", "max_chunk_bytes",
                      "max_receivers", "max_digests_per_message", "max_pulls_per_request"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
-        if self.vocab_size > 2**32:
-            raise ValueError("Limits.vocab_size must fit the uint32 token blob (<= 2**32)")
+        if max(self.vocab_size, self.max_foreign_vocab) > 2**32:
+            raise ValueError("Limits.vocab_size and max_foreign_vocab must fit the uint32 token blob (<= 2**32)")
         for name in ("max_clock_skew_s", "max_age_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0 <= value < float("inf"):

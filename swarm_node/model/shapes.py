@@ -3,7 +3,8 @@
 A shape is what a real family's directory looks like around its weights: the architecture in config.json, the
 tokenizer's special tokens, EOS and pad, its chat template, the EOS list and sampling defaults of
 generation_config.json, tied or untied embeddings, embedding rows padded past the tokenizer's length. Sizes are
-separate (`SIZES`): `tiny` for tests, `qwen2.5-0.5b` for real dimensions (random weights) in sizing runs.
+separate (`SIZES`): `tiny` for tests, `tiny-h32` the same with head size 32 (vLLM's CPU attention has no kernel
+for `tiny`'s 16), `qwen2.5-0.5b` for real dimensions (random weights) in sizing runs.
 
 - `qwen2.5-instruct`: Qwen2ForCausalLM, ChatML (<|im_start|>, <|im_end|>), EOS <|im_end|>, pad <|endoftext|>,
   generation EOS [<|im_end|>, <|endoftext|>], repetition_penalty 1.1, tied embeddings, padded embedding rows.
@@ -78,6 +79,7 @@ class ModelSize:
 
 SIZES: dict[str, ModelSize] = {
     "tiny": ModelSize(hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate_size=128, max_positions=512),
+    "tiny-h32": ModelSize(hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128, max_positions=512),
     # Qwen2.5-0.5B-Instruct's dimensions: the real memory and compute of a small production model.
     "qwen2.5-0.5b": ModelSize(hidden_size=896, layers=24, heads=14, kv_heads=2, intermediate_size=4864,
                               max_positions=32768, vocab_rows=151936),

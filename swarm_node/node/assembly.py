@@ -14,6 +14,8 @@ collaborators; nothing is patched into a node after it is built (a set-up node r
   sharing/exchanges.EXCHANGES; `exchange`, a class or factory: a simulation's tracks rounds), the
   experience pool (`pool`, a class: a simulation may count what it hands out), the one ingest path. `outbox` adapts
   the exchange the peer publishes through (`join` flushes on the network thread: roles/wiring.BackgroundExchange).
+Once the node is set up, one line says how its model's completions are read: the prompt format (the model's own or
+`--prompt-format`) and every EOS id (`model_line`).
 A node whose config has no run seed runs with 0; `join` first gives it one derived from the node's identity
 (node/build.seeded), so that peers left at the defaults draw different tasks (an explicit seed reproduces a run).
 `Assembly.source()` is what `node.run` iterates (the node's own generation, around which a SAPO peer publishes and
@@ -134,6 +136,12 @@ def share_context(node: Node) -> ShareContext:
                         prompter=node.prompter, terms=node.reward_terms)
 
 
+def model_line(node: Node) -> str:
+    """The prompt format a node reads its model's completions in (and whose choice it is), and every EOS id."""
+    chosen = "--prompt-format" if node.cfg.task.prompt_format else "the model's own"
+    return f"model: prompt format {node.prompter.name} ({chosen}), EOS ids {', '.join(map(str, node.eos_ids))}"
+
+
 def assemble(cfg: NodeConfig, sharing: Sharing = Sharing.NONE, *, transport: Transport | None = None,
              stats: NodeStats | None = None, events: NodeEvents | None = None, model_dir: Path | None = None,
              sampler: Sampler | None = None, salt: int | None = None, push: ScorePush | None = None,
@@ -144,6 +152,7 @@ def assemble(cfg: NodeConfig, sharing: Sharing = Sharing.NONE, *, transport: Tra
     node = Node(cfg, stats, events, model_dir=model_dir, sampler=sampler, salt=salt)
     try:
         node.setup()
+        node.events.log(model_line(node))
         if sharing is Sharing.NONE:
             return Assembly(node)
         guard = PeerGuard.from_config(cfg.peers, node.run_dir, node.stats, time.time(), push=push)

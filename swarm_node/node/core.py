@@ -150,8 +150,9 @@ class Node:
         self._sealed = True
 
     def wire_limits(self) -> Limits:
-        """The wire limits of every exchange a role runs for this node: token ids bounded by our vocabulary."""
-        return Limits(vocab_size=len(self.tokenizer))
+        """The wire limits of every exchange a role runs for this node: the token ids of a group of our tokenizer
+        bounded by our vocabulary (another tokenizer's are re-tokenised from the text)."""
+        return Limits(vocab_size=len(self.tokenizer), tokenizer_hash=self.tokenizer_hash)
 
     def policy_weights(self) -> dict[str, torch.Tensor]:
         """The current policy in the form this node's sampler loads (see `Sampler.weights`)."""

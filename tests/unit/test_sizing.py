@@ -53,6 +53,14 @@ def test_estimate_part_by_part() -> None:
     assert overlapped.reference == 4600 and overlapped.total == FIXED + 4600 + 27821 + 114228
 
 
+def test_autocast_keeps_activations_in_its_dtype_but_the_norm_inputs() -> None:
+    est = estimate(FP, StepRequest(**{**REQ.__dict__, "autocast_bytes": 2}), requested(FP, REQ))
+    # per position and layer: the two norms' fp32 inputs 2 * 8 * 4 = 64, the rest in bf16 (8*8 + 4*16 + 2*10) * 2
+    # = 296: 2 layers * 64 positions * 360 = 46080 * 1.15 = 52992; logits and every other part unchanged
+    assert est == Estimate(runtime=0, weights=4600, optimizer=13800, reference=0, sampler=4600, generation=27821,
+                           activations=52992, logits=17664)
+
+
 def test_lora_trains_few_parameters() -> None:
     fp = Footprint(**{**FP.__dict__, "trainable": 100})
     assert estimate(fp, REQ, requested(fp, REQ)).optimizer == 1380  # 100 * 12 * 1.15
