@@ -15,7 +15,8 @@ Contract (pure: no I/O, no clock; randomness and times are passed in):
 - Push fallback. A group nobody pulled by `push_after_s` after its digest is pushed once, unsolicited, to one
   random neighbour of its shard (`unpulled`): every group reaches some peer in its round, and every sender's
   digests are checked against content (re-scored) somewhere, whether its groups are popular or not.
-- What a receiver accepts, what a server serves and how lies are scored: `sharing/fanin_ledger.py`.
+- What a receiver accepts, what a server serves and how lies are scored: `sharing/fanin_ledger.py`; how many
+  pull and push streams a node serves at once (`serve_streams`, `serve_streams_per_peer`): `sharing/stream_gate.py`.
 """
 
 from __future__ import annotations
@@ -44,11 +45,13 @@ class FanInParams:
     pushes_accepted_per_round: int = 8  # unsolicited groups a receiver takes per round ...
     pushes_accepted_per_sender: int = 4  # ... and per sender (I: a sender has no more groups than that)
     pull_timeout_s: float = 2.0  # a pull with no answer by then is given up (its slot is free again)
+    serve_streams: int = 16  # pull (and, apart, push) streams a node serves at once; more are reset unread
+    serve_streams_per_peer: int = 2  # ... of them from one peer (an honest one opens one per round)
 
     def __post_init__(self) -> None:
         for name in ("shard_size", "shards_per_node", "epoch_rounds", "pull_target", "max_pulls_per_sender",
                      "serve_per_round", "serve_per_requester", "pushes_accepted_per_round",
-                     "pushes_accepted_per_sender"):
+                     "pushes_accepted_per_sender", "serve_streams", "serve_streams_per_peer"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"FanInParams.{name} must be a positive int, got {value!r}")

@@ -1,7 +1,8 @@
 """Bounded fan-in over any `Transport` (interface only): the `sharing.Exchange` of `share.fanin = "bounded"`.
 
 Contract (the design is `sharing/fanin.py`, the bookkeeping `sharing/fanin_ledger.py`, the wire WIRE.md):
-- `await start()` serves the pull protocol (`sharing.pull_stream`) and joins this epoch's shard topics
+- `await start()` serves the pull and push protocols (`sharing.pull_stream`, each within `serve_streams` streams
+  at once, `serve_streams_per_peer` per peer: `sharing.stream_gate`) and joins this epoch's shard topics
   (`epoch_shards` from the node's own secret seed); every digest batch is validated by `validate_gossip`.
 - `publish(groups)` (sync) queues our groups; `await flush()` opens a round: our queued groups become the
   groups we serve this round (`ServeBook`), and their digests go out as one DigestBatch on one of our shards.
@@ -57,8 +58,17 @@ from swarm_node.sharing.fanin import (
     shard_count,
     unpulled,
 )
-from swarm_node.sharing.fanin_ledger import NOT_SERVED, SERVE, PushBook, ServeBook, check_pulled
+from swarm_node.sharing.fanin_ledger import (
+    NOT_SERVED,
+    OVER_PULL,
+    SERVE,
+    UNSOLICITED,
+    PushBook,
+    ServeBook,
+    check_pulled,
+)
 from swarm_node.sharing.pull_stream import PullFailed, request_pull, send_push, serve_pulls, serve_pushes
+from swarm_node.sharing.stream_gate import StreamGate
 from swarm_node.transport.base import Delivery, Transport, ValidationResult
 
 Rescore = Callable[[RolloutGroup], list[float]]
@@ -112,8 +122,11 @@ class FaninExchange:
         return self.transport.peer_id
 
     async def start(self) -> None:
-        await serve_pulls(self.transport, self._answer, self.limits, self.params.pull_timeout_s, self._drop)
-        await serve_pushes(self.transport, self._on_push, self.limits, self.params.pull_timeout_s, self._drop)
+        p = self.params
+        await serve_pulls(self.transport, self._answer, self.limits, p.pull_timeout_s, self._drop,
+                          StreamGate(p.serve_streams, p.serve_streams_per_peer, OVER_PULL))
+        await serve_pushes(self.transport, self._on_push, self.limits, p.pull_timeout_s, self._drop,
+                           StreamGate(p.serve_streams, p.serve_streams_per_peer, UNSOLICITED))
         await self._join_epoch()
 
     async def _join_epoch(self) -> None:

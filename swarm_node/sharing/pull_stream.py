@@ -6,13 +6,15 @@ frame and closes.
 - `request_pull(transport, peer, request, limits, timeout_s)` returns the server's PullResponse, or raises
   `PullFailed` (a transport error, no complete answer within `timeout_s`, a frame out of bounds, a message that
   is not a PullResponse, or one that does not answer exactly the ids asked): the caller counts the pull as lost.
-- `serve_pulls(transport, answer, limits, timeout_s, on_error)` serves the protocol: per stream it reads one frame
-  (bounded in size and time), decodes a PullRequest and writes the frame of `answer(requester, request)`; a
-  malformed request resets the stream and reports `on_error(requester, reason)` (reasons are the codec's).
+- `serve_pulls(transport, answer, limits, timeout_s, on_error, gate)` serves the protocol: per stream it reads one
+  frame (bounded in size), decodes a PullRequest and writes the frame of `answer(requester, request)`, all within
+  one deadline of `timeout_s`; a malformed request resets the stream and reports `on_error(requester, reason)`
+  (reasons are the codec's). `gate` (`sharing.stream_gate`) caps the streams served at once, in all and per peer:
+  a stream past a cap is reset unread and reported with the gate's reason.
 - The push fallback, over `PUSH_PROTOCOL`: `send_push(transport, peer, groups, limits, timeout_s)` writes one
   `pulled` frame (no refusals) and closes, expecting no answer (PullFailed as above); `serve_pushes(transport,
-  on_push, limits, timeout_s, on_error)` reads one frame per stream and hands the decoded PullResponse to
-  `on_push(sender, response)`.
+  on_push, limits, timeout_s, on_error, gate)` reads one frame per stream (the same deadline and caps) and hands
+  the decoded PullResponse to `on_push(sender, response)`.
 Only the transport interface is used, so the in-memory and libp2p transports both carry pulls.
 """
 
@@ -20,15 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from protocol.codec import decode, encode
 from protocol.errors import WireError
 from protocol.limits import Limits
 from protocol.messages import PULL_PROTOCOL, PUSH_PROTOCOL, PullRequest, PullResponse
+from swarm_node.sharing.stream_gate import StreamGate
 from swarm_node.transport.base import Stream, Transport, TransportError
 
 LENGTH_BYTES = 4
+VANISHED = "transport"  # the PullFailed reason of a stream that broke off (reset, ended early, layer down)
 
 
 class PullFailed(Exception):
@@ -51,7 +55,7 @@ async def read_frame(stream: Stream, limits: Limits) -> bytes:
             raise PullFailed("message_too_large", f"frame of {length} bytes")
         return await stream.read_exactly(length)
     except TransportError as exc:
-        raise PullFailed("transport", str(exc)) from exc
+        raise PullFailed(VANISHED, str(exc)) from exc
 
 
 async def request_pull(transport: Transport, peer: str, request: PullRequest, limits: Limits,
@@ -71,7 +75,7 @@ async def request_pull(transport: Transport, peer: str, request: PullRequest, li
     except TimeoutError as exc:
         raise PullFailed("timeout", f"no answer from {peer} in {timeout_s} s") from exc
     except TransportError as exc:
-        raise PullFailed("transport", str(exc)) from exc
+        raise PullFailed(VANISHED, str(exc)) from exc
     except WireError as exc:
         raise PullFailed(exc.reason, exc.detail) from exc
     if not isinstance(response, PullResponse):
@@ -83,22 +87,39 @@ async def request_pull(transport: Transport, peer: str, request: PullRequest, li
 
 
 async def serve_pulls(transport: Transport, answer: Callable[[str, PullRequest], PullResponse], limits: Limits,
-                      timeout_s: float, on_error: Callable[[str, str], None]) -> None:
+                      timeout_s: float, on_error: Callable[[str, str], None], gate: StreamGate) -> None:
+    async def exchange(stream: Stream) -> None:
+        request = decode(await read_frame(stream, limits), limits)
+        if not isinstance(request, PullRequest):
+            raise PullFailed("bad_schema", f"{type(request).__name__} on the pull protocol")
+        await stream.write(frame(encode(answer(stream.remote_peer, request))))
+        await stream.close()
+
+    await transport.serve_stream(PULL_PROTOCOL, gated(exchange, gate, timeout_s, on_error))
+
+
+def gated(exchange: Callable[[Stream], Awaitable[None]], gate: StreamGate, timeout_s: float,
+          on_error: Callable[[str, str], None]) -> Callable[[Stream], Awaitable[None]]:
+    """A stream handler that runs `exchange(stream)` within the gate's caps and one deadline of `timeout_s` for
+    the whole exchange; a refused, malformed, stalled or vanished stream is reset (the first two reported)."""
     async def handle(stream: Stream) -> None:
+        peer = stream.remote_peer
+        refused = gate.enter(peer)
+        if refused:
+            on_error(peer, refused)
+            await stream.reset()
+            return
         try:
-            data = await asyncio.wait_for(read_frame(stream, limits), timeout_s)
-            request = decode(data, limits)
-            if not isinstance(request, PullRequest):
-                raise PullFailed("bad_schema", f"{type(request).__name__} on the pull protocol")
-            await asyncio.wait_for(stream.write(frame(encode(answer(stream.remote_peer, request)))), timeout_s)
-            await stream.close()
+            await asyncio.wait_for(exchange(stream), timeout_s)
         except (PullFailed, WireError) as exc:
-            on_error(stream.remote_peer, exc.reason)
+            if exc.reason != VANISHED:  # a peer that reset its own stream did nothing to report
+                on_error(peer, exc.reason)
             await stream.reset()
         except (TimeoutError, TransportError):
-            await stream.reset()  # a stalled or vanished requester: nothing to answer
-
-    await transport.serve_stream(PULL_PROTOCOL, handle)
+            await stream.reset()  # a stalled or vanished peer: nothing to answer
+        finally:
+            gate.leave(peer)
+    return handle
 
 
 async def send_push(transport: Transport, peer: str, push: PullResponse, limits: Limits, timeout_s: float) -> None:
@@ -112,24 +133,16 @@ async def send_push(transport: Transport, peer: str, push: PullResponse, limits:
     except TimeoutError as exc:
         raise PullFailed("timeout", f"push to {peer} not taken in {timeout_s} s") from exc
     except TransportError as exc:
-        raise PullFailed("transport", str(exc)) from exc
+        raise PullFailed(VANISHED, str(exc)) from exc
 
 
 async def serve_pushes(transport: Transport, on_push: Callable[[str, PullResponse], None], limits: Limits,
-                       timeout_s: float, on_error: Callable[[str, str], None]) -> None:
-    async def handle(stream: Stream) -> None:
-        try:
-            push = decode(await asyncio.wait_for(read_frame(stream, limits), timeout_s), limits)
-            if not isinstance(push, PullResponse) or push.refused:
-                raise PullFailed("bad_schema", f"{type(push).__name__} on the push protocol")
-        except (PullFailed, WireError) as exc:
-            on_error(stream.remote_peer, exc.reason)
-            await stream.reset()
-            return
-        except (TimeoutError, TransportError):
-            await stream.reset()
-            return
+                       timeout_s: float, on_error: Callable[[str, str], None], gate: StreamGate) -> None:
+    async def exchange(stream: Stream) -> None:
+        push = decode(await read_frame(stream, limits), limits)
+        if not isinstance(push, PullResponse) or push.refused:
+            raise PullFailed("bad_schema", f"{type(push).__name__} on the push protocol")
         await stream.close()
         on_push(stream.remote_peer, push)
 
-    await transport.serve_stream(PUSH_PROTOCOL, handle)
+    await transport.serve_stream(PUSH_PROTOCOL, gated(exchange, gate, timeout_s, on_error))
