@@ -58,6 +58,18 @@ async def read_frame(stream: Stream, limits: Limits) -> bytes:
         raise PullFailed(VANISHED, str(exc)) from exc
 
 
+async def read_request(stream: Stream, limits: Limits) -> bytes:
+    """The one frame a client sends, then its half-close: the handler must see the end of the client's side before
+    it returns, or the transport aborts the stream, answer and all (libp2p: `IpcStream.finish`)."""
+    envelope = await read_frame(stream, limits)
+    try:
+        if await stream.read(1):
+            raise PullFailed("bad_schema", "data after the request (half-close after it)")
+    except TransportError as exc:
+        raise PullFailed(VANISHED, str(exc)) from exc
+    return envelope
+
+
 async def request_pull(transport: Transport, peer: str, request: PullRequest, limits: Limits,
                        timeout_s: float) -> PullResponse:
     async def exchange() -> bytes:
@@ -89,7 +101,7 @@ async def request_pull(transport: Transport, peer: str, request: PullRequest, li
 async def serve_pulls(transport: Transport, answer: Callable[[str, PullRequest], PullResponse], limits: Limits,
                       timeout_s: float, on_error: Callable[[str, str], None], gate: StreamGate) -> None:
     async def exchange(stream: Stream) -> None:
-        request = decode(await read_frame(stream, limits), limits)
+        request = decode(await read_request(stream, limits), limits)
         if not isinstance(request, PullRequest):
             raise PullFailed("bad_schema", f"{type(request).__name__} on the pull protocol")
         await stream.write(frame(encode(answer(stream.remote_peer, request))))
@@ -139,7 +151,7 @@ async def send_push(transport: Transport, peer: str, push: PullResponse, limits:
 async def serve_pushes(transport: Transport, on_push: Callable[[str, PullResponse], None], limits: Limits,
                        timeout_s: float, on_error: Callable[[str, str], None], gate: StreamGate) -> None:
     async def exchange(stream: Stream) -> None:
-        push = decode(await read_frame(stream, limits), limits)
+        push = decode(await read_request(stream, limits), limits)
         if not isinstance(push, PullResponse) or push.refused:
             raise PullFailed("bad_schema", f"{type(push).__name__} on the push protocol")
         await stream.close()
