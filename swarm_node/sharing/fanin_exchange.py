@@ -17,8 +17,9 @@ Contract (the design is `sharing/fanin.py`, the bookkeeping `sharing/fanin_ledge
   `push_after_s` ago or more (`fanin.unpulled`) is pushed once to one shard neighbour (a peer whose digests we
   heard this epoch), drawn from our seed. A pushed group is taken only while we hold its digest from that sender,
   within `PushBook`'s caps (else dropped unread, `unsolicited_push`), and then checked as a pulled one.
-Not yet: leaving the previous epoch's shards (the Transport interface has no unsubscribe: digests from shards we
-no longer hold are dropped unread), and the shard count from the swarm's size (`n_peers` is fixed at start).
+- Epochs: when `flush` opens a round of a new epoch (`epoch_rounds`), the node joins its new shards and leaves the
+  ones it no longer holds (`Transport.unsubscribe`: their digests stop reaching it and it stops forwarding them).
+Not yet: the shard count from the swarm's size (`n_peers` is fixed at start).
 """
 
 from __future__ import annotations
@@ -135,6 +136,9 @@ class FaninExchange:
         if epoch != self._epoch:
             self._epoch, self._shard_peers = epoch, set()
         self.shards = epoch_shards(self.seed, epoch, shards, self.params.shards_per_node)
+        for shard in sorted(self._joined - set(self.shards)):  # last epoch's: their digests stop reaching us
+            self._joined.discard(shard)
+            await self.transport.unsubscribe(digest_topic(shard))
         for shard in self.shards:
             if shard not in self._joined:
                 self._joined.add(shard)

@@ -24,7 +24,7 @@ from swarm_node.model.tokenizer import build_char_tokenizer, tokenizer_hash
 from swarm_node.sharing.exchange import Received, RoundStats, accept_policy_for
 from swarm_node.sharing.fanin import FanInParams
 from swarm_node.sharing.fanin_exchange import FaninExchange
-from swarm_node.transport.base import Stream, StreamReset
+from swarm_node.transport.base import Stream, StreamReset, ValidationResult
 from swarm_node.transport.libp2p.ipc import HostSettings
 from swarm_node.transport.libp2p.launch import LibP2PConfig
 from swarm_node.transport.libp2p.transport import LibP2PTransport
@@ -167,3 +167,47 @@ async def _answer_bytes(stream: Stream) -> bytes:
     except StreamReset:
         pass
     return got
+
+
+async def test_unsubscribe_over_libp2p_leaves_the_topic_and_a_new_subscribe_rejoins_it() -> None:
+    """b leaves a shard topic (its peers are told; nothing more is delivered to it), then joins it again."""
+    async with transports(2) as (ta, tb):
+        got: list[bytes] = []
+        validated: list[bytes] = []
+
+        def validator(_signer: str, data: bytes) -> ValidationResult:
+            validated.append(data)
+            return ValidationResult.ACCEPT
+
+        tb.set_validator(SHARD, validator)
+        await tb.subscribe(SHARD, lambda d: got.append(d.data))
+        await ta.subscribe(SHARD, lambda d: None)
+        await ta.connect(tb.listen_addrs()[0])
+
+        async def a_sees_b(subscribed: bool) -> None:
+            async def check() -> bool:
+                return any(p.peer_id == tb.peer_id and (SHARD in p.topics) == subscribed for p in await ta.peers())
+            await until(check, f"a to see b {'on' if subscribed else 'off'} the shard topic")
+
+        async def publish_until_received(prefix: bytes) -> None:
+            async def received() -> bool:
+                await ta.publish(SHARD, prefix + b"-%d" % len(got))
+                await asyncio.sleep(0.3)
+                return any(data.startswith(prefix) for data in got)
+            await until(received, f"b to receive {prefix!r}")
+
+        await a_sees_b(True)
+        await publish_until_received(b"before")
+        await tb.unsubscribe(SHARD)
+        await a_sees_b(False)
+        for i in range(3):
+            await ta.publish(SHARD, b"during-%d" % i)
+        await asyncio.sleep(2 * HostSettings().heartbeat_s)  # gossip to b would have gone out by now
+        assert {data.split(b"-")[0] for data in got + validated} == {b"before"}  # nothing reached b's node
+        # Back on the topic (no validator now); gossip may still hand b what it missed (IHAVE/IWANT).
+        await tb.subscribe(SHARD, lambda d: got.append(d.data))
+        await a_sees_b(True)
+        await publish_until_received(b"after")
+        assert got[0].startswith(b"before") and any(data.startswith(b"after") for data in got)
+        assert {data.split(b"-")[0] for data in validated} == {b"before"}
+        assert (ta.stats.restarts, tb.stats.restarts) == (0, 0)

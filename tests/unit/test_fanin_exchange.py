@@ -286,9 +286,9 @@ def test_a_lying_server_costs_reputation_by_the_ledger_weights() -> None:
     assert DEFAULT_WEIGHTS["busy"] == 0.0
 
 
-def test_a_new_epoch_moves_the_node_to_its_new_shard_and_the_old_one_is_not_read() -> None:
+def test_a_new_epoch_moves_the_node_to_its_new_shard_and_leaves_the_old_one() -> None:
     """n4 (seed2) draws shard 0 in epoch 0 and shard 1 in epoch 1 (epoch_rounds 1 here): after its flush opens
-    round 1, a digest batch on shard 0 is ignored unread (not counted) and one on shard 1 is taken."""
+    round 1 it has left shard 0 (a digest batch there never reaches it) and one on shard 1 is taken."""
     params = dataclasses.replace(PARAMS, epoch_rounds=1)
 
     async def main() -> tuple[tuple[int, ...], tuple[int, ...], RoundStats, int]:
@@ -308,10 +308,12 @@ def test_a_new_epoch_moves_the_node_to_its_new_shard_and_the_old_one_is_not_read
             await n5.publish(digest_topic(shard), encode(DigestBatch(shard, 1, digests, now)))
         await hub.settle()
         candidates = len(ex._candidates)
+        n4_topics = [p.topics for p in await n5.peers()]
         for t in (n4, n5):
             await t.stop()
-        return before, after, ex.round_stats, candidates
+        return before, after, ex.round_stats, candidates, n4_topics
 
-    before, after, stats, candidates = asyncio.run(main())
+    before, after, stats, candidates, n4_topics = asyncio.run(main())
     assert (before, after) == ((0,), (1,))
     assert (stats.inbound_messages, candidates) == (1, 1)
+    assert n4_topics == [(digest_topic(1),)]  # shard 0 left: its digests no longer reach n4 at all
