@@ -4,9 +4,9 @@ Contract: `EXCHANGES[name](transport, limits, policy)` builds a not-yet-started 
 `start()`, `publish(groups)`, `await flush()`, `drain()` and `ignore_signer` (`sharing.exchange.Exchange` and the
 parts `join` drives):
 - "flood": `TransportExchange`, every group gossiped to every peer on the rollout topic.
-- "bounded": `FaninExchange` (issue 32) with `FanInParams()` and a fresh secret shard seed per start. The swarm
-  size that sets the shard count is not known yet, so it runs one shard (digests reach every peer; pulls are
-  bounded) until the node passes its peer count.
+- "bounded": `FaninExchange` (issue 32) with `FanInParams()` and a fresh secret shard seed per start. It starts on
+  one shard (digests reach every peer; pulls are bounded) and sets each next epoch's shard count from the swarm it
+  saw in the last one (`sharing/swarm_size.py`).
 """
 
 from __future__ import annotations
@@ -33,5 +33,5 @@ EXCHANGES.add("flood", TransportExchange)
 @EXCHANGES.register("bounded")
 def bounded(transport: Transport, limits: Limits, policy: AcceptPolicy) -> FaninExchange:
     params = FanInParams()
-    # One shard: shard_count(n) is 1 for n <= shard_size.
+    # One shard to start with (shard_count(n) is 1 for n <= shard_size); later epochs learn the swarm's size.
     return FaninExchange(transport, limits, policy, params, os.urandom(SHARD_SEED_BYTES), n_peers=params.shard_size)

@@ -19,7 +19,9 @@ Contract (the design is `sharing/fanin.py`, the bookkeeping `sharing/fanin_ledge
   within `PushBook`'s caps (else dropped unread, `unsolicited_push`), and then checked as a pulled one.
 - Epochs: when `flush` opens a round of a new epoch (`epoch_rounds`), the node joins its new shards and leaves the
   ones it no longer holds (`Transport.unsubscribe`: their digests stop reaching it and it stops forwarding them).
-Not yet: the shard count from the swarm's size (`n_peers` is fixed at start).
+  The new epoch's shard count M comes from the last one's view of the swarm (`shard_sizer`, a
+  `swarm_size.ShardCount` started at `fanin.shard_count(n_peers)`): distinct digest senders heard on our shards
+  and connected peers, hysteretic and bounded.
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ from swarm_node.sharing.fanin_ledger import (
 )
 from swarm_node.sharing.pull_stream import PullFailed, request_pull, send_push, serve_pulls, serve_pushes
 from swarm_node.sharing.stream_gate import StreamGate
-from swarm_node.transport.base import Delivery, Transport, ValidationResult
+from swarm_node.sharing.swarm_size import ShardCount
+from swarm_node.transport.base import Delivery, Transport, TransportError, ValidationResult
 
 Rescore = Callable[[RolloutGroup], list[float]]
 
@@ -94,7 +97,8 @@ class FaninExchange:
                  seed: bytes, n_peers: int, clock: Callable[[], float] = time.time,
                  rescore: Rescore = claimed_rewards) -> None:
         self.transport, self.limits, self.policy, self.params = transport, limits, policy, params
-        self.seed, self.n_peers, self.clock, self.rescore = seed, n_peers, clock, rescore
+        self.seed, self.clock, self.rescore = seed, clock, rescore
+        self.shard_sizer = ShardCount(params, shard_count(n_peers, params))  # M, learnt epoch by epoch
         self.replay = ReplayGuard(limits.max_age_s)
         self.accepted = AcceptedMessages()
         self.round = 0
@@ -131,11 +135,13 @@ class FaninExchange:
         await self._join_epoch()
 
     async def _join_epoch(self) -> None:
-        shards = shard_count(self.n_peers, self.params)
         epoch = epoch_of(self.round, self.params)
         if epoch != self._epoch:
+            if self._epoch >= 0:  # what the last epoch showed of the swarm sets this one's shard count
+                heard = len(self._shard_peers - {self.peer_id})
+                self.shard_sizer.next_epoch(heard, await self._connected(), len(self.shards))
             self._epoch, self._shard_peers = epoch, set()
-        self.shards = epoch_shards(self.seed, epoch, shards, self.params.shards_per_node)
+        self.shards = epoch_shards(self.seed, epoch, self.shard_sizer.shards, self.params.shards_per_node)
         for shard in sorted(self._joined - set(self.shards)):  # last epoch's: their digests stop reaching us
             self._joined.discard(shard)
             await self.transport.unsubscribe(digest_topic(shard))
@@ -144,6 +150,12 @@ class FaninExchange:
                 self._joined.add(shard)
                 self.transport.set_validator(digest_topic(shard), self._validator(shard))
                 await self.transport.subscribe(digest_topic(shard), self._on_digests)
+
+    async def _connected(self) -> int:
+        try:
+            return len(await self.transport.peers())
+        except TransportError:  # the network layer is restarting: the digests heard still count
+            return 0
 
     def _validator(self, shard: int) -> Callable[[str, bytes], ValidationResult]:
         topic = digest_topic(shard)

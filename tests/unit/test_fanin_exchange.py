@@ -24,7 +24,7 @@ from protocol.messages import (
 from swarm_node import tasks
 from swarm_node.model.tokenizer import build_char_tokenizer, tokenizer_hash
 from swarm_node.sharing.exchange import Received, RoundStats, accept_policy_for
-from swarm_node.sharing.fanin import FanInParams
+from swarm_node.sharing.fanin import FanInParams, epoch_shards
 from swarm_node.sharing.fanin_exchange import FaninExchange, claimed_rewards, reward_stats, task_label
 from swarm_node.sharing.pull_stream import request_pull
 from swarm_node.transport.memory import MemoryHub, MemoryTransport, memory_addr
@@ -289,7 +289,8 @@ def test_a_lying_server_costs_reputation_by_the_ledger_weights() -> None:
 def test_a_new_epoch_moves_the_node_to_its_new_shard_and_leaves_the_old_one() -> None:
     """n4 (seed2) draws shard 0 in epoch 0 and shard 1 in epoch 1 (epoch_rounds 1 here): after its flush opens
     round 1 it has left shard 0 (a digest batch there never reaches it) and one on shard 1 is taken."""
-    params = dataclasses.replace(PARAMS, epoch_rounds=1)
+    # A wide hysteresis band holds M at 2 although n4 sees only n5: the epoch's rotation alone moves it.
+    params = dataclasses.replace(PARAMS, epoch_rounds=1, shard_hysteresis=0.9)
 
     async def main() -> tuple[tuple[int, ...], tuple[int, ...], RoundStats, int]:
         hub = MemoryHub()
@@ -317,3 +318,42 @@ def test_a_new_epoch_moves_the_node_to_its_new_shard_and_leaves_the_old_one() ->
     assert (before, after) == ((0,), (1,))
     assert (stats.inbound_messages, candidates) == (1, 1)
     assert n4_topics == [(digest_topic(1),)]  # shard 0 left: its digests no longer reach n4 at all
+
+
+def test_the_next_epoch_takes_its_shard_count_from_the_digest_senders_heard() -> None:
+    """8 nodes in a ring (2 connected peers each), all started on one shard (n_peers 1). In epoch 0 each hears the
+    digests of the 7 others, so epoch 1's estimate is 8 (the ring's 3 connected would say less), which with shards
+    of 4 and no hysteresis is 2 shards; each node then holds its epoch-1 shard of 2 and only that topic."""
+    params = dataclasses.replace(PARAMS, epoch_rounds=2, shard_hysteresis=0.0)
+
+    async def main() -> tuple[dict[str, tuple[int, int]], dict[str, tuple[str, ...]]]:
+        hub = MemoryHub()
+        transports = {name: MemoryTransport(hub, name) for name in NAMES}
+        exchanges = {name: FaninExchange(transports[name], LIMITS, accept_policy_for(SOURCE), params, SEEDS[i], 1)
+                     for i, name in enumerate(NAMES)}
+        for name in NAMES:
+            await transports[name].start()
+            await exchanges[name].start()
+        for i, name in enumerate(NAMES):
+            await transports[name].connect(memory_addr(NAMES[(i + 1) % len(NAMES)]))
+        now = time.time()
+        for i, name in enumerate(NAMES):
+            exchanges[name].publish([_group(i, 0, now)])
+        for name in NAMES:
+            await exchanges[name].flush()  # round 1, still epoch 0: digests on the one shard
+        await hub.settle()
+        for name in NAMES:
+            await exchanges[name].flush()  # round 2, epoch 1
+        await hub.settle()
+        sizes = {n: (exchanges[n].shard_sizer.shards, exchanges[n].shard_sizer.estimate) for n in NAMES}
+        topics = {}
+        for i, name in enumerate(NAMES):  # as the ring's next node sees them
+            seen = await transports[NAMES[(i + 1) % len(NAMES)]].peers()
+            topics[name] = next(p.topics for p in seen if p.peer_id == name)
+        for t in transports.values():
+            await t.stop()
+        return sizes, topics
+
+    sizes, topics = asyncio.run(main())
+    assert sizes == {name: (2, 8) for name in NAMES}
+    assert topics == {name: (digest_topic(epoch_shards(SEEDS[i], 1, 2, 1)[0]),) for i, name in enumerate(NAMES)}
