@@ -42,6 +42,8 @@ class FanInParams:
     recent_rounds: int = 3  # senders heard from within this many rounds rank after the others
     serve_per_round: int = 12  # a node serves at most this many pulls per round, refusing the rest
     serve_per_requester: int = 1  # ... and at most this many to one requester (it asked for more: over-pull)
+    serve_for_s: float = 30.0  # a round's groups stay served this long after its digest (and the previous round's)
+    serve_rounds: int = 16  # ... of at most this many rounds (a node stepping fast holds no more than that)
     push_after_s: float = 4.0  # a group still unpulled this long after its digest is pushed to one neighbour
     pushes_accepted_per_round: int = 8  # unsolicited groups a receiver takes per round ...
     pushes_accepted_per_sender: int = 4  # ... and per sender (I: a sender has no more groups than that)
@@ -54,13 +56,13 @@ class FanInParams:
 
     def __post_init__(self) -> None:
         for name in ("shard_size", "shards_per_node", "epoch_rounds", "pull_target", "max_pulls_per_sender",
-                     "serve_per_round", "serve_per_requester", "pushes_accepted_per_round",
+                     "serve_per_round", "serve_per_requester", "serve_rounds", "pushes_accepted_per_round",
                      "pushes_accepted_per_sender", "serve_streams", "serve_streams_per_peer", "max_shard_step",
                      "max_swarm_estimate"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"FanInParams.{name} must be a positive int, got {value!r}")
-        for name in ("push_after_s", "pull_timeout_s"):
+        for name in ("push_after_s", "pull_timeout_s", "serve_for_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"FanInParams.{name} must be a finite number > 0, got {value!r}")

@@ -5,7 +5,8 @@ Contract (the design is `sharing/fanin.py`, the bookkeeping `sharing/fanin_ledge
   at once, `serve_streams_per_peer` per peer: `sharing.stream_gate`) and joins this epoch's shard topics
   (`epoch_shards` from the node's own secret seed); every digest batch is validated by `validate_gossip`.
 - `publish(groups)` (sync) queues our groups; `await flush()` opens a round: our queued groups become the
-  groups we serve this round (`ServeBook`), and their digests go out as one DigestBatch on one of our shards.
+  groups we serve for this round (`served_rounds.ServedRounds`: recent rounds stay served, since peers step at
+  their own pace), and their digests go out as one DigestBatch on one of our shards.
 - Digests heard on our shards are pull candidates of that round; `await pull()` picks pulls with `choose_pulls`
   (signal only, capped per sender, up to `pull_target`), asks each sender once, checks every served group against
   its digest's hash before decoding it and against its re-scored rewards (`rescore`), and queues the groups that
@@ -62,15 +63,18 @@ from swarm_node.sharing.fanin import (
     unpulled,
 )
 from swarm_node.sharing.fanin_ledger import (
+    BUSY,
+    NOT_HELD,
     NOT_SERVED,
     OVER_PULL,
     SERVE,
+    UNOFFERED,
     UNSOLICITED,
     PushBook,
-    ServeBook,
     check_pulled,
 )
 from swarm_node.sharing.pull_stream import PullFailed, request_pull, send_push, serve_pulls, serve_pushes
+from swarm_node.sharing.served_rounds import ServedRounds
 from swarm_node.sharing.stream_gate import StreamGate
 from swarm_node.sharing.swarm_size import ShardCount
 from swarm_node.transport.base import Delivery, Transport, TransportError, ValidationResult
@@ -105,9 +109,7 @@ class FaninExchange:
         self.shards: tuple[int, ...] = ()
         self._joined: set[int] = set()
         self._outbox: list[RolloutGroup] = []
-        # round -> (its groups, its serving book), for this round and the one before: peers' rounds are not in
-        # step with ours, so a digest heard just before we open a round is still served.
-        self._served_rounds: dict[int, tuple[dict[bytes, RolloutGroup], ServeBook]] = {}
+        self.served = ServedRounds(params)  # our groups of recent rounds (peers' rounds are not in step with ours)
         self._candidates: dict[str, tuple[int, Digest]] = {}  # group id hex -> (the sender's round, digest)
         self._taken: dict[str, Digest] = {}  # pulled or asked this round
         self._recent: list[set[str]] = []  # senders taken from in each of the last rounds
@@ -199,8 +201,8 @@ class FaninExchange:
         self._outbox.extend(groups)
 
     def serving(self, round_index: int) -> dict[bytes, RolloutGroup]:
-        """The groups we serve for `round_index` (this round's and the previous one's; else none)."""
-        return self._served_rounds[round_index][0] if round_index in self._served_rounds else {}
+        """The groups we serve for `round_index` (none once it is no longer held: `served_rounds`)."""
+        return self.served.groups(round_index)
 
     async def flush(self) -> int:
         """Pull what the digests heard since the last flush offer (`pull`), then open the next round: serve the
@@ -217,11 +219,8 @@ class FaninExchange:
         await self._join_epoch()
         out, self._outbox = self._outbox[:self.limits.max_digests_per_message], self._outbox[
             self.limits.max_digests_per_message:]
-        book = ServeBook(self.params)
-        book.new_round({g.group_id.hex() for g in out})
-        self._served_rounds = {r: v for r, v in self._served_rounds.items() if r == self.round - 1}
-        self._served_rounds[self.round] = ({g.group_id: g for g in out}, book)
         now = self.clock()
+        self.served.open_round(self.round, out, now)
         self._published_at, self._pulled = {g.group_id.hex(): now for g in out}, set()
         if not out:
             return 0
@@ -265,15 +264,14 @@ class FaninExchange:
     def _answer(self, requester: str, request: PullRequest) -> PullResponse:
         groups, refused = [], []
         for group_id in request.group_ids:
-            served, book = self._served_rounds.get(request.round, ({}, None))
-            outcome = book.request(requester, group_id.hex()) if book is not None else "unoffered_pull"
+            outcome = self.served.request(requester, request.round, group_id)
             if outcome == SERVE:
-                groups.append(PulledGroup(group_id, encode_group(served[group_id])))
+                groups.append(PulledGroup(group_id, encode_group(self.served.groups(request.round)[group_id])))
                 self.round_stats.pulls_served += 1
                 self._pulled.add(group_id.hex())
                 continue
             refused.append(PullRefusal(group_id, outcome))
-            if outcome != "busy":  # BUSY is our own cap: the requester did nothing wrong
+            if outcome not in (BUSY, NOT_HELD):  # our own cap, or a requester too late: nothing wrong
                 self._drop(requester, outcome)
         return PullResponse(tuple(groups), tuple(refused), self.clock())
 
@@ -286,15 +284,14 @@ class FaninExchange:
         recent = set().union(*self._recent) if self._recent else set()
         chosen = choose_pulls([d for _, d in self._candidates.values()], self._taken, per_sender,
                               {d.task for d in self._taken.values()}, recent, self.params, self.seed)
-        by_sender: dict[str, list[Digest]] = {}
+        asks: dict[tuple[str, int], list[Digest]] = {}  # one request per sender and round of its digests
         for d in chosen:
             self._taken[d.group_id] = d
-            by_sender.setdefault(d.sender, []).append(d)
-        results = await asyncio.gather(*(self._pull_from(sender, ds) for sender, ds in by_sender.items()))
+            asks.setdefault((d.sender, self._candidates[d.group_id][0]), []).append(d)
+        results = await asyncio.gather(*(self._pull_from(sender, r, ds) for (sender, r), ds in asks.items()))
         return sum(results)
 
-    async def _pull_from(self, sender: str, digests: list[Digest]) -> int:
-        sender_round = self._candidates[digests[0].group_id][0]
+    async def _pull_from(self, sender: str, sender_round: int, digests: list[Digest]) -> int:
         request = PullRequest(sender_round, tuple(bytes.fromhex(d.group_id) for d in digests), self.clock())
         self.round_stats.pulls_sent += len(digests)
         try:
@@ -307,7 +304,7 @@ class FaninExchange:
         by_id = {d.group_id: d for d in digests}
         for refusal in response.refused:
             self._taken.pop(refusal.group_id.hex(), None)
-            if refusal.reason in ("unoffered_pull", "not_held"):  # its own digest announced it this round
+            if refusal.reason == UNOFFERED:  # its own digest announced it in that round
                 self._drop(sender, NOT_SERVED)
         return sum(self._accept(sender, pulled, by_id[pulled.group_id.hex()]) for pulled in response.groups)
 

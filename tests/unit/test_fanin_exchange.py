@@ -167,7 +167,7 @@ def test_pulls_are_capped_per_requester_and_unoffered_pulls_are_scored() -> None
     assert out.stats["n0"].pulls_served == 4
 
 
-def test_the_previous_round_is_still_served_and_older_ones_are_not() -> None:
+def test_recent_rounds_stay_served_and_an_expired_one_is_refused_unscored() -> None:
     async def pull_old_rounds(exchanges: dict[str, FaninExchange]) -> object:
         n0, n4 = exchanges["n0"], exchanges["n4"]
         first = sorted(n0.serving(1))
@@ -178,14 +178,25 @@ def test_the_previous_round_is_still_served_and_older_ones_are_not() -> None:
             asked = PullRequest(round_index, (first[0],), time.time())
             response = await request_pull(n4.transport, "n0", asked, LIMITS, 2.0)
             answers.append(([g.group_id for g in response.groups], [r.reason for r in response.refused]))
-        await n0.flush()  # round 3: round 1 is gone
+        await n0.flush()  # round 3, at once: round 1 is younger than serve_for_s, still served
         response = await request_pull(n4.transport, "n0", PullRequest(1, (first[1],), time.time()), LIMITS, 2.0)
         answers.append(([g.group_id for g in response.groups], [r.reason for r in response.refused]))
-        return answers
+        n0.clock = lambda: time.time() + PARAMS.serve_for_s
+        await n0.flush()  # round 4, serve_for_s later: round 3 (the previous) is kept, 1 and 2 are not
+        for round_index in (1, 3, 5):
+            response = await request_pull(n4.transport, "n0", PullRequest(round_index, (first[0],), time.time()),
+                                          LIMITS, 2.0)
+            answers.append(([g.group_id for g in response.groups], [r.reason for r in response.refused]))
+        return answers, n0.served.held_rounds()
 
     out = _swarm(after_pull=pull_old_rounds)
-    first = bytes([0, 0]) * 8
-    assert out.extra == [([first], []), ([], ["unoffered_pull"]), ([], ["unoffered_pull"])]
+    first = sorted([bytes([0, 0]) * 8, bytes([0, 1]) * 8])
+    answers, held = out.extra  # type: ignore[misc]
+    assert answers == [([first[0]], []), ([], ["unoffered_pull"]), ([first[1]], []),
+                       ([], ["not_held"]), ([], ["unoffered_pull"]), ([], ["unoffered_pull"])]
+    assert held == [3, 4]
+    # Scored: the id round 2 never announced, the id round 3 never announced and the round n0 has not reached.
+    assert _drops(out.received["n0"]) == [("n4", "unoffered_pull")] * 3
 
 
 def test_flush_hands_the_finished_round_counters_to_on_round() -> None:
