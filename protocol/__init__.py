@@ -30,16 +30,29 @@ from protocol.chunks import (
     frame_length,
     frame_limit,
 )
-from protocol.codec import check_fresh, decode, encode, replay_keys
+from protocol.codec import (
+    check_fresh,
+    decode,
+    decode_pulled,
+    encode,
+    encode_group,
+    group_content_hash,
+    replay_keys,
+)
 from protocol.errors import Verdict, WireError, ignore, reject
 from protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_INT, MAX_TIMESTAMP, Limits
 from protocol.messages import (
     GROUP_ID_BYTES,
+    MAX_SHARD,
+    PULL_PROTOCOL,
+    PULL_REFUSALS,
+    PUSH_PROTOCOL,
     ROLES,
     SCHEMA_VERSION,
     SHA256_BYTES,
     TAG_TYPES,
     TOPIC_CONTROL,
+    TOPIC_DIGESTS_PREFIX,
     TOPIC_POLICY,
     TOPIC_ROLLOUTS,
     TOPIC_STATUS,
@@ -47,15 +60,23 @@ from protocol.messages import (
     TYPE_TAGS,
     WORKER_ACTIONS,
     CompletionWire,
+    DigestBatch,
+    DigestWire,
     Message,
     PolicyAnnounce,
+    PulledGroup,
+    PullRefusal,
+    PullRequest,
+    PullResponse,
     RolloutBatch,
     RolloutGroup,
     Status,
     TaskRefWire,
     WorkerControl,
     created_at_values,
+    digest_topic,
     policy_owner,
+    topic_type,
 )
 from protocol.relay import (
     DEFAULT_SCHEDULE,
@@ -94,9 +115,11 @@ __all__ = [
     "SCHEMA_VERSION", "TOPIC_ROLLOUTS", "TOPIC_POLICY", "TOPIC_STATUS", "TOPIC_CONTROL", "ROLES", "WORKER_ACTIONS",
     "GROUP_ID_BYTES", "SHA256_BYTES", "TaskRefWire", "CompletionWire", "RolloutGroup", "RolloutBatch",
     "PolicyAnnounce", "Status", "WorkerControl", "Message", "TYPE_TAGS", "TAG_TYPES", "TOPIC_TYPES", "policy_owner",
-    "created_at_values",
+    "created_at_values", "TOPIC_DIGESTS_PREFIX", "PULL_PROTOCOL", "PUSH_PROTOCOL", "PULL_REFUSALS", "MAX_SHARD",
+    "DigestWire", "DigestBatch", "PullRequest", "PulledGroup", "PullRefusal", "PullResponse", "digest_topic",
+    "topic_type",
     # encode / decode
-    "encode", "decode", "replay_keys", "check_fresh",
+    "encode", "decode", "replay_keys", "check_fresh", "encode_group", "group_content_hash", "decode_pulled",
     # limits
     "Limits", "DEFAULT_MAX_MESSAGE_BYTES", "MAX_INT", "MAX_TIMESTAMP",
     # validation

@@ -30,12 +30,20 @@ from protocol.fields import (
 from protocol.limits import Limits
 from protocol.messages import (
     GROUP_ID_BYTES,
+    MAX_SHARD,
+    PULL_REFUSALS,
     ROLES,
     SHA256_BYTES,
     WORKER_ACTIONS,
     CompletionWire,
+    DigestBatch,
+    DigestWire,
     Message,
     PolicyAnnounce,
+    PulledGroup,
+    PullRefusal,
+    PullRequest,
+    PullResponse,
     RolloutBatch,
     RolloutGroup,
     Status,
@@ -54,6 +62,12 @@ ANNOUNCE_KEYS = ("owner", "version", "base_version", "size", "sha256", "chunks",
                  "chunk_sha256", "state", "schedule", "receivers")
 STATUS_KEYS = ("role", "capabilities", "throughput", "policy_version", "follows", "created_at")
 CONTROL_KEYS = ("target", "action", "created_at")
+DIGEST_BATCH_KEYS = ("shard", "round", "digests", "created_at")
+DIGEST_KEYS = ("id", "task", "variance", "signal", "hash")
+PULL_KEYS = ("round", "ids", "created_at")
+PULLED_KEYS = ("groups", "refused", "created_at")
+PULLED_GROUP_KEYS = ("id", "group")
+REFUSAL_KEYS = ("id", "reason")
 
 
 # ---------------------------------------------------------------------------------------------------- encode
@@ -98,8 +112,34 @@ def _rollouts_obj(b: RolloutBatch) -> dict[str, Any]:
     return {"groups": [group_obj(g) for g in b.groups]}
 
 
+def _digest_obj(d: DigestWire) -> dict[str, Any]:
+    if type(d.signal) is not bool:
+        raise reject("unencodable", f"digest signal must be a bool, got {type(d.signal).__name__}")
+    return {"id": bytes(d.group_id), "task": d.task, "variance": float(d.reward_variance), "signal": d.signal,
+            "hash": bytes(d.content_hash)}
+
+
+def _digests_obj(b: DigestBatch) -> dict[str, Any]:
+    return {"shard": b.shard, "round": b.round, "digests": [_digest_obj(d) for d in b.digests],
+            "created_at": float(b.created_at)}
+
+
+def _pull_obj(r: PullRequest) -> dict[str, Any]:
+    # Group ids travel as one blob of 16-byte ids: one bin instead of an array of objects to parse.
+    if any(len(i) != GROUP_ID_BYTES for i in r.group_ids):
+        raise reject("unencodable", f"ids: every group id must be {GROUP_ID_BYTES} bytes")
+    return {"round": r.round, "ids": b"".join(bytes(i) for i in r.group_ids), "created_at": float(r.created_at)}
+
+
+def _pulled_obj(r: PullResponse) -> dict[str, Any]:
+    return {"groups": [{"id": bytes(g.group_id), "group": bytes(g.data)} for g in r.groups],
+            "refused": [{"id": bytes(x.group_id), "reason": x.reason} for x in r.refused],
+            "created_at": float(r.created_at)}
+
+
 _BODY_ENCODERS: dict[type, Callable[[Any], dict[str, Any]]] = {
     RolloutBatch: _rollouts_obj, PolicyAnnounce: _announce_obj, Status: _status_obj, WorkerControl: _control_obj,
+    DigestBatch: _digests_obj, PullRequest: _pull_obj, PullResponse: _pulled_obj,
 }
 
 
@@ -158,6 +198,11 @@ def _group(obj: Any, where: str, limits: Limits) -> RolloutGroup:
         model_family=expect_str(f["family"], f"{where}.family", limits.max_name_chars),
         created_at=expect_timestamp(f["created_at"], f"{where}.created_at"),
         prompt_format=expect_str(f["format"], f"{where}.format", limits.max_name_chars))
+
+
+def decode_group(obj: Any, limits: Limits) -> RolloutGroup:
+    """One group map outside a batch (a pulled group's decoded bytes)."""
+    return _group(obj, "group", limits)
 
 
 def _rollouts(obj: Any, limits: Limits) -> RolloutBatch:
@@ -232,6 +277,80 @@ def _control(obj: Any, limits: Limits) -> WorkerControl:
                          created_at=expect_timestamp(f["created_at"], "created_at"))
 
 
+def _group_id(value: Any, where: str) -> bytes:
+    group_id = expect_bin(value, where)
+    if len(group_id) != GROUP_ID_BYTES:
+        raise reject("bad_schema", f"{where}: {len(group_id)} bytes, expected {GROUP_ID_BYTES}")
+    return group_id
+
+
+def _digest(obj: Any, where: str, limits: Limits) -> DigestWire:
+    f = expect_map(obj, DIGEST_KEYS, where)
+    content_hash = expect_bin(f["hash"], f"{where}.hash")
+    if len(content_hash) != SHA256_BYTES:
+        raise reject("bad_schema", f"{where}.hash: {len(content_hash)} bytes, expected {SHA256_BYTES}")
+    variance = expect_float(f["variance"], f"{where}.variance")
+    if variance < 0:
+        raise reject("out_of_range", f"{where}.variance: {variance} < 0")
+    if type(f["signal"]) is not bool:
+        raise reject("bad_schema", f"{where}.signal: expected a bool, got {type(f['signal']).__name__}")
+    return DigestWire(group_id=_group_id(f["id"], f"{where}.id"),
+                      task=expect_str(f["task"], f"{where}.task", limits.max_name_chars),
+                      reward_variance=variance, signal=f["signal"], content_hash=content_hash)
+
+
+def _digests(obj: Any, limits: Limits) -> DigestBatch:
+    f = expect_map(obj, DIGEST_BATCH_KEYS, "body")
+    raw = expect_list(f["digests"], "digests", limits.max_digests_per_message, "too_many_digests")
+    digests = tuple(_digest(d, f"digests[{i}]", limits) for i, d in enumerate(raw))
+    if len({d.group_id for d in digests}) != len(digests):
+        raise reject("duplicate_group", "two digests in one batch share a group id")
+    return DigestBatch(shard=expect_int(f["shard"], "shard", 0, MAX_SHARD), round=expect_int(f["round"], "round"),
+                       digests=digests, created_at=expect_timestamp(f["created_at"], "created_at"))
+
+
+def _pull(obj: Any, limits: Limits) -> PullRequest:
+    f = expect_map(obj, PULL_KEYS, "body")
+    blob = expect_bin(f["ids"], "ids")
+    if not blob or len(blob) % GROUP_ID_BYTES:
+        raise reject("bad_schema", f"ids: {len(blob)} bytes, expected a positive multiple of {GROUP_ID_BYTES}")
+    if len(blob) // GROUP_ID_BYTES > limits.max_pulls_per_request:
+        raise reject("too_many_pulls", f"ids: {len(blob) // GROUP_ID_BYTES} > {limits.max_pulls_per_request}")
+    ids = tuple(blob[i:i + GROUP_ID_BYTES] for i in range(0, len(blob), GROUP_ID_BYTES))
+    if len(set(ids)) != len(ids):
+        raise reject("duplicate_group", "a pull request names a group id twice")
+    return PullRequest(round=expect_int(f["round"], "round"), group_ids=ids,
+                       created_at=expect_timestamp(f["created_at"], "created_at"))
+
+
+def _pulled(obj: Any, limits: Limits) -> PullResponse:
+    f = expect_map(obj, PULLED_KEYS, "body")
+    raw_groups = expect_list(f["groups"], "groups", limits.max_pulls_per_request, "too_many_pulls", min_len=0)
+    raw_refused = expect_list(f["refused"], "refused", limits.max_pulls_per_request, "too_many_pulls", min_len=0)
+    if len(raw_groups) + len(raw_refused) > limits.max_pulls_per_request:
+        raise reject("too_many_pulls", f"{len(raw_groups)} groups + {len(raw_refused)} refusals > "
+                                       f"{limits.max_pulls_per_request}")
+    groups = []
+    for i, g in enumerate(raw_groups):
+        m = expect_map(g, PULLED_GROUP_KEYS, f"groups[{i}]")
+        # The group stays bytes here: the receiver checks its hash against the digest before decoding it.
+        groups.append(PulledGroup(group_id=_group_id(m["id"], f"groups[{i}].id"),
+                                  data=expect_bin(m["group"], f"groups[{i}].group")))
+    refused = []
+    for i, r in enumerate(raw_refused):
+        m = expect_map(r, REFUSAL_KEYS, f"refused[{i}]")
+        reason = expect_str(m["reason"], f"refused[{i}].reason", limits.max_name_chars)
+        if reason not in PULL_REFUSALS:
+            raise reject("bad_schema", f"refused[{i}].reason: {reason[:40]!r} not in {PULL_REFUSALS}")
+        refused.append(PullRefusal(group_id=_group_id(m["id"], f"refused[{i}].id"), reason=reason))
+    ids = [g.group_id for g in groups] + [r.group_id for r in refused]
+    if len(set(ids)) != len(ids):
+        raise reject("duplicate_group", "a pull response answers a group id twice")
+    return PullResponse(groups=tuple(groups), refused=tuple(refused),
+                        created_at=expect_timestamp(f["created_at"], "created_at"))
+
+
 BODY_DECODERS: dict[type, Callable[[Any, Limits], Message]] = {
     RolloutBatch: _rollouts, PolicyAnnounce: _announce, Status: _status, WorkerControl: _control,
+    DigestBatch: _digests, PullRequest: _pull, PullResponse: _pulled,
 }

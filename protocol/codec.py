@@ -27,10 +27,17 @@ from protocol.bodies import (
     BODY_DECODERS,
     COMPLETION_KEYS,
     CONTROL_KEYS,
+    DIGEST_BATCH_KEYS,
+    DIGEST_KEYS,
     GROUP_KEYS,
+    PULL_KEYS,
+    PULLED_GROUP_KEYS,
+    PULLED_KEYS,
+    REFUSAL_KEYS,
     STATUS_KEYS,
     TASK_KEYS,
     body_obj,
+    decode_group,
     group_obj,
 )
 from protocol.errors import ignore, reject
@@ -42,7 +49,9 @@ from protocol.messages import (
     TAG_TYPES,
     TYPE_TAGS,
     Message,
+    PulledGroup,
     RolloutBatch,
+    RolloutGroup,
     created_at_values,
 )
 
@@ -83,6 +92,20 @@ def replay_keys(msg: Message) -> list[tuple[bytes, float]]:
     if isinstance(msg, RolloutBatch):
         return [(hashlib.sha256(_pack(group_obj(g))).digest(), g.created_at) for g in msg.groups]
     return [(hashlib.sha256(encode(msg)).digest(), msg.created_at)]
+
+
+def encode_group(group: RolloutGroup) -> bytes:
+    """The canonical encoding of one group map (what a pull response carries and a digest's hash covers)."""
+    try:
+        obj = group_obj(group)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise reject("unencodable", str(exc)) from exc
+    return _pack(obj)
+
+
+def group_content_hash(group: RolloutGroup) -> bytes:
+    """A digest's content hash: SHA-256 of `encode_group` (the same id replay protection keeps per group)."""
+    return hashlib.sha256(encode_group(group)).digest()
 
 
 # ---------------------------------------------------------------------------------------------------- decode
@@ -138,14 +161,22 @@ def _object_budget(limits: Limits) -> int:
         + completions * (1 + len(COMPLETION_KEYS)) + 1
     status = (1 + len(STATUS_KEYS)) + (1 + limits.max_capabilities + 1)
     announce = (1 + len(ANNOUNCE_KEYS) + 1) + (1 + limits.max_receivers + 1)
-    return 2 * (envelope + max(groups * per_group, status, announce, 1 + len(CONTROL_KEYS) + 1))
+    digests = limits.max_digests_per_message + 1
+    digest_batch = (1 + len(DIGEST_BATCH_KEYS) + 1) + (1 + digests) + digests * (1 + len(DIGEST_KEYS) + 1)
+    answers = limits.max_pulls_per_request + 1
+    pulled = (1 + len(PULLED_KEYS) + 1) + 2 * (1 + answers) \
+        + answers * (2 + len(PULLED_GROUP_KEYS) + len(REFUSAL_KEYS) + 2)
+    pull = 1 + len(PULL_KEYS) + 1
+    return 2 * (envelope + max(groups * per_group, status, announce, 1 + len(CONTROL_KEYS) + 1, digest_batch,
+                               pulled, pull))
 
 
 def _unpack(data: bytes, limits: Limits) -> Any:
     # Bounds one past each schema limit: a count just over a limit still reaches the schema check and gets its
     # precise reason; anything larger is refused by msgpack before the container is allocated.
     max_chars = max(limits.max_text_chars, limits.max_config_chars, limits.max_name_chars)
-    max_other_array = max(limits.max_groups_per_message, limits.max_completions_per_group) + 1
+    max_other_array = max(limits.max_groups_per_message, limits.max_completions_per_group,
+                          limits.max_digests_per_message, limits.max_pulls_per_request) + 1
     on_list, on_pairs = _container_hooks(_object_budget(limits), max_other_array)
     try:
         return msgpack.unpackb(
@@ -155,7 +186,8 @@ def _unpack(data: bytes, limits: Limits) -> Any:
             max_bin_len=max(4 * (limits.max_tokens_per_completion + 1), 64,
                             min(SHA256_BYTES * (limits.max_chunks + 1), limits.max_message_bytes)),
             max_array_len=max(limits.max_groups_per_message, limits.max_completions_per_group,
-                              limits.max_capabilities, limits.max_receivers) + 1,
+                              limits.max_capabilities, limits.max_receivers, limits.max_digests_per_message,
+                              limits.max_pulls_per_request) + 1,
             max_map_len=_MAX_MAP_LEN, max_ext_len=0)
     except _DuplicateKey as exc:
         raise reject("duplicate_key", "a map repeats a key") from exc
@@ -205,3 +237,22 @@ def decode(data: bytes, limits: Limits, now: float | None = None) -> Message:
     if now is not None:
         check_fresh(msg, limits, now)
     return msg
+
+
+def decode_pulled(pulled: PulledGroup, content_hash: bytes, limits: Limits, now: float | None = None
+                  ) -> RolloutGroup:
+    """A pulled group, checked against its digest's `content_hash` BEFORE any byte of it is parsed: REJECT
+    "hash_mismatch" (the server lied or the bytes were corrupted; nothing was decoded), then the same bounded
+    parse and schema check as a group in a batch, "group_id_mismatch" when the group is not the one asked for,
+    and (with `now`) the freshness window. Raises WireError and nothing else."""
+    data = pulled.data
+    if len(data) > limits.max_message_bytes:
+        raise reject("message_too_large", f"{len(data)} bytes > {limits.max_message_bytes}")
+    if hashlib.sha256(data).digest() != content_hash:
+        raise reject("hash_mismatch", f"group {pulled.group_id.hex()}: content differs from its digest")
+    group = decode_group(_unpack(data, limits), limits)
+    if group.group_id != pulled.group_id:
+        raise reject("group_id_mismatch", f"asked for {pulled.group_id.hex()}, got {group.group_id.hex()}")
+    if now is not None:
+        check_fresh(RolloutBatch((group,)), limits, now)
+    return group

@@ -13,12 +13,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # 2: a rollout group names the prompt format its completions were generated in (`format`).
-SCHEMA_VERSION = 2
+# 3: bounded fan-in: digest batches on shard topics, pull requests and responses (issue 32).
+SCHEMA_VERSION = 3
 
 TOPIC_ROLLOUTS = f"swarm-node/rollouts/{SCHEMA_VERSION}"
 TOPIC_POLICY = f"swarm-node/policy/{SCHEMA_VERSION}"
 TOPIC_STATUS = f"swarm-node/status/{SCHEMA_VERSION}"
 TOPIC_CONTROL = f"swarm-node/control/{SCHEMA_VERSION}"
+# Digest batches travel on one topic per shard: this prefix, then the shard index in decimal.
+TOPIC_DIGESTS_PREFIX = f"swarm-node/digests/{SCHEMA_VERSION}/"
+# Pull requests and responses travel over a direct request/response protocol, never on gossip.
+PULL_PROTOCOL = f"/swarm-node/pull/{SCHEMA_VERSION}"
+# The push fallback: a sender's group nobody pulled goes to one shard neighbour, unasked, as a `pulled` envelope.
+PUSH_PROTOCOL = f"/swarm-node/push/{SCHEMA_VERSION}"
 DEFAULT_PROMPT_FORMAT = "answer-line"  # the embedded model's prompt format
 
 ROLES = ("peer", "learner", "worker")
@@ -145,15 +152,105 @@ class WorkerControl:
     created_at: float
 
 
-Message = RolloutBatch | PolicyAnnounce | Status | WorkerControl
+@dataclass(frozen=True)
+class DigestWire:
+    """What a sender announces about one of its groups (bounded fan-in): enough to choose it without fetching
+    it. `task` is the sender's task label ("dataset:index"), `content_hash` the SHA-256 of the group's canonical
+    encoding (`protocol.codec.group_content_hash`); the sender is the gossip signer."""
+
+    group_id: bytes
+    task: str
+    reward_variance: float
+    signal: bool  # the group's rewards are not all equal
+    content_hash: bytes
+
+
+@dataclass(frozen=True)
+class DigestBatch:
+    """One round's digests of one sender's groups, gossiped on the topic of `shard` (`digest_topic`)."""
+
+    shard: int
+    round: int
+    digests: tuple[DigestWire, ...]
+    created_at: float
+
+    def __post_init__(self) -> None:
+        _set(self, "digests", tuple(self.digests))
+
+
+@dataclass(frozen=True)
+class PullRequest:
+    """A receiver asks a sender for groups its digests announced in `round` (over `PULL_PROTOCOL`)."""
+
+    round: int
+    group_ids: tuple[bytes, ...]
+    created_at: float
+
+    def __post_init__(self) -> None:
+        _set(self, "group_ids", tuple(self.group_ids))
+
+
+@dataclass(frozen=True)
+class PulledGroup:
+    """One served group: its id and its canonical encoding (a group map, not an envelope). The receiver hashes
+    `data` against the digest's content hash before it decodes a byte of it."""
+
+    group_id: bytes
+    data: bytes
+
+
+@dataclass(frozen=True)
+class PullRefusal:
+    """A requested group the server does not serve, and why (`protocol.messages.PULL_REFUSALS`)."""
+
+    group_id: bytes
+    reason: str
+
+
+# Why a server refuses a pull (the names of `swarm_node.sharing.fanin_ledger`'s outcomes, plus "not_held").
+PULL_REFUSALS = ("unoffered_pull", "over_pull", "busy", "not_held")
+
+
+@dataclass(frozen=True)
+class PullResponse:
+    """The answer to a PullRequest: every requested id is either served or refused, in request order."""
+
+    groups: tuple[PulledGroup, ...]
+    refused: tuple[PullRefusal, ...]
+    created_at: float
+
+    def __post_init__(self) -> None:
+        _set(self, "groups", tuple(self.groups))
+        _set(self, "refused", tuple(self.refused))
+
+
+Message = RolloutBatch | PolicyAnnounce | Status | WorkerControl | DigestBatch | PullRequest | PullResponse
 
 # The envelope's type tag for each message type, and back.
 TYPE_TAGS: dict[type, str] = {RolloutBatch: "rollouts", PolicyAnnounce: "policy_announce", Status: "status",
-                              WorkerControl: "worker_control"}
+                              WorkerControl: "worker_control", DigestBatch: "digests", PullRequest: "pull",
+                              PullResponse: "pulled"}
 TAG_TYPES: dict[str, type] = {tag: cls for cls, tag in TYPE_TAGS.items()}
-# Each topic carries exactly one message type.
+# Each topic carries exactly one message type (the shard topics: `topic_type`).
 TOPIC_TYPES: dict[str, type] = {TOPIC_ROLLOUTS: RolloutBatch, TOPIC_POLICY: PolicyAnnounce, TOPIC_STATUS: Status,
                                 TOPIC_CONTROL: WorkerControl}
+MAX_SHARD = 2**16 - 1  # shard indices a digest topic may name
+
+
+def digest_topic(shard: int) -> str:
+    """The gossip topic of one shard's digest batches."""
+    return f"{TOPIC_DIGESTS_PREFIX}{shard}"
+
+
+def topic_type(topic: str) -> type | None:
+    """The one message type a gossip topic carries, or None for a topic that is not ours."""
+    if topic.startswith(TOPIC_DIGESTS_PREFIX):
+        shard = topic[len(TOPIC_DIGESTS_PREFIX):]
+        # canonical decimal only ("07" or "+7" would be a second topic for the same shard)
+        if shard.isascii() and shard.isdigit() and str(int(shard)) == shard and int(shard) <= MAX_SHARD:
+            return DigestBatch
+        return None
+    return TOPIC_TYPES.get(topic)
 
 
 def policy_owner(policy_id: str) -> str:

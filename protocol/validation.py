@@ -18,12 +18,14 @@ from protocol.codec import check_fresh, decode, replay_keys
 from protocol.errors import Verdict, WireError, ignore, reject
 from protocol.limits import MAX_INT, Limits
 from protocol.messages import (
-    TOPIC_TYPES,
+    DigestBatch,
     Message,
     PolicyAnnounce,
     RolloutBatch,
     TaskRefWire,
+    digest_topic,
     policy_owner,
+    topic_type,
 )
 
 
@@ -76,11 +78,13 @@ def check_attribution(msg: Message, signer_peer_id: str,
 
 def check_topic(topic: str, msg: Message) -> None:
     """REJECT a message type that does not belong on the topic it arrived on."""
-    expected = TOPIC_TYPES.get(topic)
+    expected = topic_type(topic)
     if expected is None:
         raise reject("wrong_topic", f"unknown topic {topic[:80]!r}")
     if not isinstance(msg, expected):
         raise reject("wrong_topic", f"{type(msg).__name__} on {topic}")
+    if isinstance(msg, DigestBatch) and digest_topic(msg.shard) != topic:
+        raise reject("wrong_topic", f"digests of shard {msg.shard} on {topic}")
 
 
 class ReplayGuard:

@@ -120,6 +120,9 @@ class ShareConfig:
     per_peer_pool_cap: int = 64
     per_peer_batch_cap: int = 0  # 0: no per-peer limit within one batch beyond external_groups
     selection: str = "uniform"  # variants.SELECTIONS (sharing/selection.py)
+    # variants.EXCHANGES (sharing/exchanges.py): "flood" gossips every group to everyone; "bounded" (issue 32, not
+    # the default until it is measured in a real run) gossips digests in shards and pulls J groups.
+    fanin: str = "flood"
     # A peer's completion that is not well-formed (tasks.well_formed: the answer alone, then EOS) is re-scored 0.
     # false only to measure what the defence is worth (bench/attack.py): peers' verifier-passing junk then counts.
     require_well_formed: bool = True
@@ -135,3 +138,4 @@ class ShareConfig:
         positive(self, "pool_size", "per_peer_pool_cap")
         self.correction.validate()
         one_of(self, "selection", variants.SELECTIONS)
+        one_of(self, "fanin", variants.EXCHANGES)

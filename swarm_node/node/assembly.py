@@ -10,7 +10,8 @@ collaborators; nothing is patched into a node after it is built (a set-up node r
   guard's hook (graylisted, banned and denied signers IGNOREd before decoding); `learner()` / `worker()` the ECHO-2
   logic with the config's bound, batch, codec and publish interval (the one place they are built).
 - `SAPO` (`join --role peer`, simulations): that, and the SAPO peer over `transport` (sharing/peer.py): its
-  exchange (started by the caller on the transport's loop; `exchange`, a class: a simulation's tracks rounds), the
+  exchange (started by the caller on the transport's loop; by default the config's `share.fanin` from
+  sharing/exchanges.EXCHANGES; `exchange`, a class or factory: a simulation's tracks rounds), the
   experience pool (`pool`, a class: a simulation may count what it hands out), the one ingest path. `outbox` adapts
   the exchange the peer publishes through (`join` flushes on the network thread: roles/wiring.BackgroundExchange).
 Once the node is set up, one line says how its model's completions are read: the prompt format (the model's own or
@@ -40,6 +41,7 @@ from swarm_node.node.run_files import NodeEvents, RunSummary
 from swarm_node.node.sources import Item, RolloutSource, SharingSource
 from swarm_node.sampler.base import Sampler
 from swarm_node.sharing.exchange import Exchange, TransportExchange, accept_policy_for
+from swarm_node.sharing.exchanges import EXCHANGES, ExchangeFactory, NetworkExchange
 from swarm_node.sharing.ingest import Ingest, PeerGuard, ScorePush
 from swarm_node.sharing.peer import SapoPeer
 from swarm_node.sharing.pool import ExperiencePool
@@ -61,7 +63,7 @@ class Assembly:
     guard: PeerGuard | None = None
     context: ShareContext | None = None
     signer: GroupSigner | None = None
-    exchange: TransportExchange | None = None  # the SAPO peer's, not started
+    exchange: NetworkExchange | None = None  # the SAPO peer's, not started
     peer: SapoPeer | None = None
 
     def source(self) -> RolloutSource:
@@ -111,8 +113,9 @@ class Assembly:
 
 
 def exchange_for(node: Node, transport: Transport, guard: PeerGuard | None, policy: AcceptPolicy | None = None,
-                 kind: type[TransportExchange] = TransportExchange) -> TransportExchange:
+                 kind: ExchangeFactory = TransportExchange) -> NetworkExchange:
     exchange = kind(transport, node.wire_limits(), policy or accept_policy_for(node.task_source))
+    exchange.on_round = lambda finished: node.stats.update(exchange=finished.as_status())
     if guard is not None:
         exchange.ignore_signer = guard.blocked
     return exchange
@@ -144,7 +147,7 @@ def assemble(cfg: NodeConfig, sharing: Sharing = Sharing.NONE, *, transport: Tra
              sampler: Sampler | None = None, salt: int | None = None, push: ScorePush | None = None,
              outbox: Callable[[TransportExchange], Exchange] | None = None,
              pool: type[ExperiencePool] = ExperiencePool,
-             exchange: type[TransportExchange] = TransportExchange) -> Assembly:
+             exchange: ExchangeFactory | None = None) -> Assembly:
     """A set-up node and its collaborators (see the module contract); the node is closed if assembly fails."""
     node = Node(cfg, stats, events, model_dir=model_dir, sampler=sampler, salt=salt)
     try:
@@ -159,7 +162,7 @@ def assemble(cfg: NodeConfig, sharing: Sharing = Sharing.NONE, *, transport: Tra
             return Assembly(node, guard, context, signer)
         if transport is None:
             raise ValueError("a SAPO peer needs a transport")
-        rollouts = exchange_for(node, transport, guard, kind=exchange)
+        rollouts = exchange_for(node, transport, guard, kind=exchange or EXCHANGES[cfg.share.fanin])
         sh = cfg.share
         peer = SapoPeer(outbox(rollouts) if outbox is not None else rollouts,
                         # Groups without signal reach the pool too: it tells their copies apart, then drops them.

@@ -12,7 +12,9 @@
 - `selection.py`: which pooled groups an update takes, registry `SELECTIONS`.
 - `corrections.py`: external groups as training samples, registry `CORRECTIONS` (none, is, ftis, decoupled).
 - `fanin.py`: bounded fan-in (issue 32): shards joined per epoch from the receiver's own seed, digests, which
-  digests to pull, the push fallback for groups nobody pulled; `fanin_ledger.py`: serve and push caps, scoring.
+  digests to pull, the push fallback for groups nobody pulled; `fanin_ledger.py`: serve and push caps, scoring;
+  `fanin_exchange.py`: `FaninExchange`, that design over any `Transport` (digests on shard topics, pulls over
+  `pull_stream.py`'s request/response streams); `exchanges.py`: registry `EXCHANGES` (flood, bounded: `share.fanin`).
 - `peer.py`: the SAPO peer around a node's steps: publish each draft, and just before each update drain, ingest,
   pool, expire and take J external groups into the draft (node/sources.SharingSource makes it a rollout source).
 """

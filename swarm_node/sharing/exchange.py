@@ -7,6 +7,9 @@ Contract:
   reuses the message its validation decoded (`sharing.accepted.AcceptedMessages`) instead of decoding it again.
 - `publish(groups)` (sync, from the node loop) queues our groups; `await flush()` sends them as RolloutBatch
   messages of at most `max_groups_per_message` groups each. `drain()` (sync) returns and clears what arrived.
+- A round runs from one flush to the next: `round_stats` counts its inbound messages and bytes (every message
+  validated; pulls stay 0 here), and `flush` hands the finished round's to `on_round` (the node's /status), then
+  starts the next. `sharing.fanin_exchange.FaninExchange` keeps the same counters, so the two compare.
 - `swarm_node.roles.wiring.BackgroundExchange` adapts it for a node loop running in another thread (`swarm-node join`).
 Imports only the transport interface, never an implementation.
 """
@@ -16,8 +19,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
 
 from protocol.codec import decode, encode
 from protocol.errors import Verdict
@@ -37,6 +40,27 @@ class Received:
     received_at: float
     group: RolloutGroup | None
     reason: str = ""
+
+
+@dataclass
+class RoundStats:
+    """What one exchange round (flush to flush) took in: messages and bytes validated (gossip, pull responses),
+    group pulls sent and served, and drops by reason."""
+
+    round: int = 0
+    inbound_messages: int = 0
+    inbound_bytes: int = 0
+    pulls_sent: int = 0
+    pulls_served: int = 0
+    pushes_sent: int = 0  # bounded fan-in's push fallback: our groups nobody pulled, sent to one neighbour each
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+    def as_status(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def ignore_round(_stats: RoundStats) -> None:
+    """The default `on_round`: nobody reads the round's counters."""
 
 
 class Exchange(Protocol):
@@ -69,6 +93,8 @@ class TransportExchange:
         self._outbox: list[RolloutGroup] = []
         self._inbox: list[Received] = []
         self._lock = threading.Lock()  # inbox is filled on the transport's loop, drained by the node thread
+        self.round_stats = RoundStats()
+        self.on_round: Callable[[RoundStats], None] = ignore_round
         # A graylisted, banned or denied signer (ingest.PeerGuard.blocked): IGNOREd before its message is decoded.
         self.ignore_signer: Callable[[str], bool] = lambda _signer: False
 
@@ -84,9 +110,13 @@ class TransportExchange:
         if self.ignore_signer(signer):  # not decoded, not queued: it costs one lookup
             return ValidationResult.IGNORE
         now = self.clock()
+        self.round_stats.inbound_messages += 1
+        self.round_stats.inbound_bytes += len(data)
         result = validate_gossip(TOPIC_ROLLOUTS, data, signer, limits=self.limits, policy=self.policy, now=now,
                                  replay=self.replay)
         if result.verdict is not Verdict.ACCEPT:
+            reasons = self.round_stats.by_reason
+            reasons[result.reason] = reasons.get(result.reason, 0) + 1
             with self._lock:
                 self._inbox.append(Received(signer, now, None, result.reason))
             return ValidationResult.of(result.verdict)
@@ -106,7 +136,9 @@ class TransportExchange:
         self._outbox.extend(groups)
 
     async def flush(self) -> int:
-        """Send queued groups; returns the number of messages published."""
+        """Close the round (`on_round`), then send queued groups; returns the number of messages published."""
+        self.on_round(self.round_stats)
+        self.round_stats = RoundStats(self.round_stats.round + 1)
         out, self._outbox = self._outbox, []
         per = self.limits.max_groups_per_message
         messages = 0

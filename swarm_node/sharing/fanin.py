@@ -1,7 +1,8 @@
 """Bounded fan-in (issue 32): a node takes in what its J needs per round, not every group N peers publish.
 
 Contract (pure: no I/O, no clock; randomness and times are passed in):
-- Shards. The rollout topic is split into `shard_count(n_peers)` shards of about `shard_size` nodes. For each
+- Shards. The rollout topic is split into `shard_count(n_peers)` shards of about `shard_size` nodes (a node
+  learns n_peers from what it sees, hysteretically: `sharing/swarm_size.py`). For each
   epoch of `epoch_rounds` rounds a node joins `shards_per_node` of them, chosen by `epoch_shards(seed, epoch, ...)`
   from a seed the node draws itself at start (secret, never derived from a peer id: ids are free to mint, so
   anything computed from them alone can be ground). Nobody else can steer which shards a node hears.
@@ -15,7 +16,8 @@ Contract (pure: no I/O, no clock; randomness and times are passed in):
 - Push fallback. A group nobody pulled by `push_after_s` after its digest is pushed once, unsolicited, to one
   random neighbour of its shard (`unpulled`): every group reaches some peer in its round, and every sender's
   digests are checked against content (re-scored) somewhere, whether its groups are popular or not.
-- What a receiver accepts, what a server serves and how lies are scored: `sharing/fanin_ledger.py`.
+- What a receiver accepts, what a server serves and how lies are scored: `sharing/fanin_ledger.py`; how many
+  pull and push streams a node serves at once (`serve_streams`, `serve_streams_per_peer`): `sharing/stream_gate.py`.
 """
 
 from __future__ import annotations
@@ -40,22 +42,34 @@ class FanInParams:
     recent_rounds: int = 3  # senders heard from within this many rounds rank after the others
     serve_per_round: int = 12  # a node serves at most this many pulls per round, refusing the rest
     serve_per_requester: int = 1  # ... and at most this many to one requester (it asked for more: over-pull)
+    serve_for_s: float = 30.0  # a round's groups stay served this long after its digest (and the previous round's)
+    serve_rounds: int = 16  # ... of at most this many rounds (a node stepping fast holds no more than that)
     push_after_s: float = 4.0  # a group still unpulled this long after its digest is pushed to one neighbour
     pushes_accepted_per_round: int = 8  # unsolicited groups a receiver takes per round ...
     pushes_accepted_per_sender: int = 4  # ... and per sender (I: a sender has no more groups than that)
     pull_timeout_s: float = 2.0  # a pull with no answer by then is given up (its slot is free again)
+    shard_hysteresis: float = 0.25  # the swarm estimate must leave M's band by this fraction to change M
+    max_shard_step: int = 4  # M grows or shrinks by at most this factor per epoch
+    max_swarm_estimate: int = 1_000_000  # what the node may believe the swarm's size to be, at most
+    serve_streams: int = 16  # pull (and, apart, push) streams a node serves at once; more are reset unread
+    serve_streams_per_peer: int = 2  # ... of them from one peer (an honest one opens one per round)
 
     def __post_init__(self) -> None:
         for name in ("shard_size", "shards_per_node", "epoch_rounds", "pull_target", "max_pulls_per_sender",
-                     "serve_per_round", "serve_per_requester", "pushes_accepted_per_round",
-                     "pushes_accepted_per_sender"):
+                     "serve_per_round", "serve_per_requester", "serve_rounds", "pushes_accepted_per_round",
+                     "pushes_accepted_per_sender", "serve_streams", "serve_streams_per_peer", "max_shard_step",
+                     "max_swarm_estimate"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"FanInParams.{name} must be a positive int, got {value!r}")
-        for name in ("push_after_s", "pull_timeout_s"):
+        for name in ("push_after_s", "pull_timeout_s", "serve_for_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"FanInParams.{name} must be a finite number > 0, got {value!r}")
+        if self.max_shard_step < 2:
+            raise ValueError(f"FanInParams.max_shard_step must be >= 2 (1 would freeze M), got {self.max_shard_step}")
+        if not 0 <= self.shard_hysteresis < 1:
+            raise ValueError(f"FanInParams.shard_hysteresis must be in [0, 1), got {self.shard_hysteresis!r}")
 
 
 @dataclass(frozen=True)

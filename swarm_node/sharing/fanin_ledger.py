@@ -29,6 +29,7 @@ SERVE, UNOFFERED, OVER_PULL, BUSY = "serve", "unoffered_pull", "over_pull", "bus
 HASH_MISMATCH = "hash_mismatch"
 REWARD_MISMATCH = "digest_reward_mismatch"
 NOT_SERVED = "unserved_digest"
+NOT_HELD = "not_held"  # a round the server no longer holds (sharing/served_rounds.py): scored on neither side
 UNSOLICITED = "unsolicited_push"
 VARIANCE_TOLERANCE = 1e-6  # rewards are re-scored by the same verifier: honest statistics agree exactly
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from swarm_node.sharing.fanin_ledger import FANIN_WEIGHTS
+
 OK, GRAYLISTED, BANNED, ALLOWED, DENIED = "ok", "graylisted", "banned", "allowed", "denied"
 STATES = (OK, GRAYLISTED, BANNED, ALLOWED, DENIED)
 BLOCKED = frozenset({GRAYLISTED, BANNED, DENIED})
@@ -64,6 +66,8 @@ DEFAULT_WEIGHTS: Mapping[str, float] = MappingProxyType({
     "prompt_format_mismatch": 0.0,
     "too_old": 0.0, "pool_full": 0.0, "peer_cap": 0.0, "node_budget": 0.0,
     GRAYLISTED: 0.0, BANNED: 0.0, DENIED: 0.0,
+    # bounded fan-in: a server lying about a group's content or statistics, greedy or probing requesters
+    **FANIN_WEIGHTS,
 })
 DEFAULT_WEIGHT = -1.0  # any other drop reason: malformed or out-of-bounds data, bad log-probs, non-finite rewards
 

@@ -42,6 +42,8 @@ class NodeStats:
     pool_size: int = 0
     training_signal: dict[str, Any] | None = None  # set while no group has had signal for a while (train/signal.py)
     broadcast: dict[str, Any] = field(default_factory=dict)
+    # the rollout exchange's last finished round: inbound messages, bytes, pulls (sharing/exchange.RoundStats)
+    exchange: dict[str, Any] = field(default_factory=dict)
     network: dict[str, Any] = field(default_factory=dict)  # reachability, relays, relayed bytes (transport.nat_report)
     groups: Counter = field(default_factory=Counter)  # produced / received / used
     dropped: Counter = field(default_factory=Counter)  # reason -> count
@@ -132,6 +134,7 @@ class NodeStats:
                 "training_signal": self.training_signal,
                 "staleness": {str(k): v for k, v in sorted(self.staleness.items())},
                 "broadcast": dict(self.broadcast),
+                "exchange": dict(self.exchange),
                 "network": dict(self.network),
                 "last_checkpoint": self.last_checkpoint,
                 "peers": [vars(p).copy() for p in self.peers.values()],

@@ -8,6 +8,8 @@ Contract (every implementation: `memory.MemoryTransport`, `libp2p.transport.LibP
 - Our own publishes are not delivered to our own handlers.
 - `subscribe(topic, handler)`: `handler(Delivery)` is called on the event loop for every message from another peer
   that passed the topic's validator. `Delivery.from_peer` is the signer (StrictSign), not the forwarder.
+- `unsubscribe(topic)`: we leave the topic (our peers are told): its handlers and validator are dropped, and
+  its messages are neither delivered to us nor forwarded by us any more. Unknown topics are a no-op.
 - `set_validator(topic, fn)`: `fn(signer_peer_id, data) -> ValidationResult` runs before a message is delivered
   or forwarded to other peers. ACCEPT: deliver and forward. REJECT: drop and penalise the peer that forwarded it
   (malformed, forged). IGNORE: drop without penalty (stale, unknown version, duplicate). A validator that raises
@@ -160,6 +162,9 @@ class Transport(ABC):
 
     @abstractmethod
     async def subscribe(self, topic: str, handler: DeliveryHandler) -> None: ...
+
+    @abstractmethod
+    async def unsubscribe(self, topic: str) -> None: ...
 
     @abstractmethod
     def set_validator(self, topic: str, validator: Validator) -> None: ...

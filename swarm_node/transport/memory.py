@@ -250,6 +250,10 @@ class MemoryTransport(Transport):
     async def subscribe(self, topic: str, handler: DeliveryHandler) -> None:
         self._handlers.setdefault(topic, []).append(handler)
 
+    async def unsubscribe(self, topic: str) -> None:
+        self._handlers.pop(topic, None)
+        self._validators.pop(topic, None)
+
     def set_validator(self, topic: str, validator: Validator) -> None:
         self._validators[topic] = validator
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 
+from protocol.codec import encode
 from protocol.limits import Limits
-from protocol.messages import CompletionWire, RolloutGroup, TaskRefWire
+from protocol.messages import CompletionWire, RolloutBatch, RolloutGroup, TaskRefWire
 from swarm_node import tasks
 from swarm_node.model.tokenizer import build_char_tokenizer, tokenizer_hash
-from swarm_node.sharing.exchange import Received, TransportExchange, accept_policy_for
+from swarm_node.sharing.exchange import Received, RoundStats, TransportExchange, accept_policy_for
 from swarm_node.transport.memory import MemoryHub, MemoryTransport, memory_addr
 
 TOK = build_char_tokenizer()
@@ -60,3 +61,35 @@ def test_a_rejected_message_is_queued_as_a_drop_with_its_reason() -> None:
     _first, _second, third = _exchange_pair(Limits(vocab_size=len(TOK)))
     assert len(third) == 1 and third[0].group is None and third[0].sender == "peerA"
     assert third[0].reason  # e.g. a token id beyond the vocabulary
+
+
+def test_a_round_counts_every_message_validated_and_flush_hands_it_on() -> None:
+    limits = Limits(vocab_size=len(TOK))
+
+    async def main() -> tuple[list[RoundStats], RoundStats, int]:
+        hub = MemoryHub()
+        a, b = MemoryTransport(hub, "peerA"), MemoryTransport(hub, "peerB")
+        ea, eb = (TransportExchange(t, limits, accept_policy_for(SOURCE)) for t in (a, b))
+        finished: list[RoundStats] = []
+        eb.on_round = finished.append
+        for t, e in ((a, ea), (b, eb)):
+            await t.start()
+            await e.start()
+        await a.connect(memory_addr("peerB"))
+        groups = [_group("peerA", 1), _group("peerA", 2)]
+        ea.publish(groups)
+        await ea.flush()
+        ea.publish([_group("peerA", 3, vocab_id=limits.vocab_size + 7)])  # rejected: out of the vocabulary
+        await ea.flush()
+        await hub.settle()
+        await eb.flush()
+        for t in (a, b):
+            await t.stop()
+        return finished, eb.round_stats, len(encode(RolloutBatch(tuple(groups))))
+
+    finished, current, batch_bytes = asyncio.run(main())
+    assert len(finished) == 1 and current == RoundStats(1)
+    assert finished[0].inbound_messages == 2 and finished[0].pulls_sent == finished[0].pulls_served == 0
+    assert finished[0].by_reason == {"token_out_of_vocab": 1}
+    bad = _group("peerA", 3, vocab_id=limits.vocab_size + 7)
+    assert finished[0].inbound_bytes == batch_bytes + len(encode(RolloutBatch((bad,))))

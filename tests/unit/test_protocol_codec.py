@@ -62,7 +62,7 @@ def fails(data: bytes, limits: Limits = Limits(), now: float | None = None) -> W
 def test_status_exact_bytes() -> None:
     expected = (
         b"\x83"                                         # fixmap, 3 entries: the envelope
-        b"\xa1v" b"\x02"                                # "v": 2
+        b"\xa1v" b"\x03"                                # "v": 3
         b"\xa4type" b"\xa6status"                       # "type": "status"
         b"\xa4body" b"\x86"                             # "body": fixmap, 6 entries
         b"\xa4role" b"\xa4peer"
@@ -78,7 +78,7 @@ def test_status_exact_bytes() -> None:
 
 def test_rollout_exact_bytes_with_little_endian_blobs() -> None:
     expected = (
-        b"\x83\xa1v\x02\xa4type\xa8rollouts\xa4body"
+        b"\x83\xa1v\x03\xa4type\xa8rollouts\xa4body"
         b"\x81\xa6groups\x91"                           # {"groups": [ one group ]}
         b"\x89"                                         # the group: 9 keys
         b"\xa2id\xc4\x10" + bytes(range(16))            # bin8 of 16 bytes
@@ -151,7 +151,8 @@ def test_encode_refuses_unencodable_values() -> None:
 
 SMALL = Limits(max_message_bytes=4096, max_groups_per_message=2, max_completions_per_group=2,
                max_tokens_per_completion=4, max_text_chars=8, vocab_size=300, max_name_chars=24,
-               max_config_chars=32, max_capabilities=2, max_policy_bytes=1000, max_chunks=10)
+               max_config_chars=32, max_capabilities=2, max_policy_bytes=1000, max_chunks=10,
+               max_digests_per_message=2, max_pulls_per_request=2)
 
 
 def raw(msg: Any) -> Any:
@@ -288,21 +289,23 @@ def test_largest_valid_message_fits_the_parse_budget() -> None:
 
 
 def test_unknown_version_is_ignored_even_with_an_unknown_body() -> None:
-    for data in (pack({"v": 3, "type": "status", "body": raw(status())["body"]}),
-                 pack({"v": 3, "kind": "something new", "payload": [1, 2, 3]}),
+    for data in (pack({"v": 4, "type": "status", "body": raw(status())["body"]}),
+                 pack({"v": 4, "kind": "something new", "payload": [1, 2, 3]}),
                  pack({"v": 0})):
         err = fails(data)
         assert (err.reason, err.verdict) == ("unknown_version", Verdict.IGNORE)
 
 
 def test_a_peer_of_another_schema_version_is_refused_naming_both_versions() -> None:
-    """Schema 2 added the group's prompt format: a schema-1 peer's messages are ignored, the reason one line."""
-    assert SCHEMA_VERSION == 2
-    old = raw(status())
-    old["v"] = 1
-    err = fails(pack(old))
-    assert (err.reason, err.verdict) == ("unknown_version", Verdict.IGNORE)
-    assert err.detail == "the sender speaks schema version 1, this node speaks 2"
+    """Schema 3 added bounded fan-in's digests and pulls: a schema-2 peer's messages are ignored (so are schema 1's),
+    the reason one line naming both versions."""
+    assert SCHEMA_VERSION == 3
+    for old_version in (2, 1):
+        old = raw(status())
+        old["v"] = old_version
+        err = fails(pack(old))
+        assert (err.reason, err.verdict) == ("unknown_version", Verdict.IGNORE)
+        assert err.detail == f"the sender speaks schema version {old_version}, this node speaks 3"
 
 
 def test_freshness_window_ignores_stale_and_future() -> None:

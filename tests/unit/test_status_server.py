@@ -20,6 +20,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from swarm_node.errors import UserError
+from swarm_node.sharing.exchange import RoundStats
 from swarm_node.status.server import DEFAULT_STATUS_PORT, StatusServer, build_app, is_loopback
 from swarm_node.status.stats import NodeStats
 
@@ -31,6 +32,8 @@ def sample_stats() -> NodeStats:
     stats = NodeStats()
     stats.update(peer_id="12D3KooWSelf", role="peer", listen_addrs=["/ip4/127.0.0.1/tcp/4001"], total_steps=10,
                  pool_size=5, broadcast={"version": 3, "chunks_done": 2, "chunks_total": 8},
+                 exchange=RoundStats(round=4, inbound_messages=6, inbound_bytes=1896, pulls_sent=3, pulls_served=3,
+                                     pushes_sent=1, by_reason={"hash_mismatch": 1}).as_status(),
                  last_checkpoint={"step": 3, "path": "run/ckpt/step-3"})
     stats.set_phase("training")
     for step, reward, acc in ((1, 0.25, 0.0), (2, 0.5, 0.25), (3, 0.75, 0.5)):
@@ -88,6 +91,8 @@ async def test_status_json_reports_the_snapshot(make_client: Make) -> None:
     assert body["staleness"] == {"0": 10, "2": 5}
     assert body["pool_size"] == 5
     assert body["broadcast"] == {"version": 3, "chunks_done": 2, "chunks_total": 8}
+    assert body["exchange"] == {"round": 4, "inbound_messages": 6, "inbound_bytes": 1896, "pulls_sent": 3,
+                                "pulls_served": 3, "pushes_sent": 1, "by_reason": {"hash_mismatch": 1}}
     assert body["last_checkpoint"] == {"step": 3, "path": "run/ckpt/step-3"}
     assert body["peers"] == [  # sorted by id
         {"peer_id": "peer-a", "latency_ms": 12.5, "accepted": 9, "rejected": 1, "score": 1.0, "state": "ok"},

@@ -98,6 +98,25 @@ async def test_unsubscribed_topic_and_unconnected_peer_get_nothing() -> None:
     assert [d.data for d in got["b"]] == [b"y"] and lonely_got == []
 
 
+async def test_unsubscribe_stops_delivery_and_forwarding_and_a_new_subscribe_restores_both() -> None:
+    hub = MemoryHub()
+    (a, b, c), got = await make_line(hub, ["a", "b", "c"])
+    b.set_validator("t", lambda signer, data: ValidationResult.ACCEPT)
+    await a.publish("t", b"before")
+    await hub.settle()
+    await b.unsubscribe("t")
+    await b.unsubscribe("never-subscribed")  # a no-op
+    assert [p.topics for p in await a.peers()] == [()]
+    await a.publish("t", b"during")  # b neither takes nor forwards it: c, behind b, misses it too
+    await hub.settle()
+    assert b.stats.validated["ACCEPT"] == 1  # its validator went with the subscription
+    await b.subscribe("t", got["b"].append)
+    await a.publish("t", b"after")
+    await hub.settle()
+    assert [d.data for d in got["b"]] == [b"before", b"after"]
+    assert [d.data for d in got["c"]] == [b"before", b"after"]
+
+
 async def test_stream_request_response_with_half_close() -> None:
     hub = MemoryHub()
     (a, b), _ = await make_line(hub, ["a", "b"])

@@ -26,6 +26,7 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
     from swarm_node.sampler.factory import SAMPLERS
     from swarm_node.sampler.kinds import SAMPLER_PLANS
     from swarm_node.sharing.corrections import CORRECTIONS
+    from swarm_node.sharing.exchanges import EXCHANGES
     from swarm_node.sharing.selection import SELECTIONS
     from swarm_node.train.partial import ROLLOUT_MODES
 
@@ -39,7 +40,8 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
             (SAMPLER_CONFIGS, variants.SAMPLER_KINDS), (SAMPLER_PLANS, variants.SAMPLER_KINDS),
             (STALE_CORRECTIONS, variants.STALE_CORRECTIONS), (STALE_CORRECTION_CONFIGS, variants.STALE_CORRECTIONS),
             (tasks.PROMPT_FORMATS, variants.PROMPT_FORMATS), (tasks.REWARD_TERMS, variants.REWARD_TERMS),
-            (ROLLOUT_MODES, variants.ROLLOUT_MODES), (ROLLOUT_CONFIGS, variants.ROLLOUT_MODES)]
+            (ROLLOUT_MODES, variants.ROLLOUT_MODES), (ROLLOUT_CONFIGS, variants.ROLLOUT_MODES),
+            (EXCHANGES, variants.EXCHANGES)]
 
 
 def test_every_declared_name_is_registered() -> None:

@@ -6,7 +6,7 @@ a remote crash in py-libp2p ends only that process) or on a trio thread (`launch
   1.1.0, StrictSign, default message ids, heartbeat 1 s, library spam limiter off: our validators and peer score
   do that job; `router.py`: our own messages flood-published, gossip to backed-off peers), answers READY(peer id,
   listen addrs, advertised addrs), then serves CALLs until the node's socket closes, then returns.
-- CALL methods: subscribe(topic, validated), publish(topic, data), connect(multiaddr) -> peer id,
+- CALL methods: subscribe(topic, validated), unsubscribe(topic), publish(topic, data), connect(multiaddr) -> peer id,
   peers() -> [[id, addrs, latency_ms | None, topics]], serve(protocol), open_stream(peer, protocol) -> sid,
   counters() -> {name: count} of what the guards and validation dropped, nat_status() -> nat.py's view.
 - NAT traversal (`nat.NatServices`, in the same nursery): DHT rendezvous, AutoNAT, circuit relay v2,
@@ -96,9 +96,9 @@ class NetworkHost:
         self.app_scores: dict[str, float] = {}  # the node's reputation scores (SCORES), by base58 peer id
         self._nursery: trio.Nursery | None = None
         self._methods = {
-            "subscribe": self.subscribe, "publish": self.publish, "connect": self.connect, "peers": self.peers,
-            "serve": self.serve, "open_stream": self.open_stream, "counters": self.get_counters,
-            "nat_status": self.nat_status,
+            "subscribe": self.subscribe, "unsubscribe": self.unsubscribe, "publish": self.publish,
+            "connect": self.connect, "peers": self.peers, "serve": self.serve, "open_stream": self.open_stream,
+            "counters": self.get_counters, "nat_status": self.nat_status,
         }
         if settings.crash_guards:
             install_signature_guard(self.counters)
@@ -265,9 +265,18 @@ class NetworkHost:
         assert self._nursery is not None
         self._nursery.start_soon(self._drain, topic, subscription)
 
+    async def unsubscribe(self, topic: str) -> None:
+        """Leave `topic` (peers are told; the router leaves its mesh); its subscription channel closes, which ends
+        its drain."""
+        self._validated.discard(topic)
+        await self.pubsub.unsubscribe(topic)
+
     async def _drain(self, topic: str, subscription: Any) -> None:
         while True:
-            msg = await subscription.get()
+            try:
+                msg = await subscription.get()
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                return  # unsubscribed
             if msg.from_id == self.my_id_bytes:
                 continue  # our own publish
             self.send(Op.DELIVER, topic, msg.data, ID(msg.from_id).to_base58(), time.time())

@@ -310,6 +310,15 @@ class LibP2PTransport(Transport):
         if self._up.is_set():
             await self._call("subscribe", topic, topic in self._validators)
 
+    async def unsubscribe(self, topic: str) -> None:
+        """Handlers and validator go at once (nothing more is delivered to us); the host leaves the topic when it is
+        up (while it is down there is nothing to leave: `_restore` re-subscribes only the topics still handled)."""
+        if self._handlers.pop(topic, None) is None:
+            return
+        self._validators.pop(topic, None)
+        if self._up.is_set():
+            await self._call("unsubscribe", topic)
+
     def set_validator(self, topic: str, validator: Validator) -> None:
         """Effective at once for later messages; if already subscribed, the host is told in the background (the
         host learns which topics are validated through subscribe). Set it before subscribing to be sure."""

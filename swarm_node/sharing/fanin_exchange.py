@@ -1,0 +1,336 @@
+"""Bounded fan-in over any `Transport` (interface only): the `sharing.Exchange` of `share.fanin = "bounded"`.
+
+Contract (the design is `sharing/fanin.py`, the bookkeeping `sharing/fanin_ledger.py`, the wire WIRE.md):
+- `await start()` serves the pull and push protocols (`sharing.pull_stream`, each within `serve_streams` streams
+  at once, `serve_streams_per_peer` per peer: `sharing.stream_gate`) and joins this epoch's shard topics
+  (`epoch_shards` from the node's own secret seed); every digest batch is validated by `validate_gossip`.
+- `publish(groups)` (sync) queues our groups; `await flush()` opens a round: our queued groups become the
+  groups we serve for this round (`served_rounds.ServedRounds`: recent rounds stay served, since peers step at
+  their own pace), and their digests go out as one DigestBatch on one of our shards.
+- Digests heard on our shards are pull candidates of that round; `await pull()` picks pulls with `choose_pulls`
+  (signal only, capped per sender, up to `pull_target`), asks each sender once, checks every served group against
+  its digest's hash before decoding it and against its re-scored rewards (`rescore`), and queues the groups that
+  pass; lies are queued as drops with their fan-in reason (`hash_mismatch`, `digest_reward_mismatch`,
+  `unserved_digest`), as are requesters that pull unoffered groups or past their share.
+- `drain()` (sync) returns and clears what arrived, like `TransportExchange`; `round_stats` counts this round's
+  inbound messages, bytes and pulls, handed to `on_round` when `flush` closes the round (the node's /status).
+- Push fallback: when `flush` closes a round, each of its groups that nobody pulled and whose digest went out
+  `push_after_s` ago or more (`fanin.unpulled`) is pushed once to one shard neighbour (a peer whose digests we
+  heard this epoch), drawn from our seed. A pushed group is taken only while we hold its digest from that sender,
+  within `PushBook`'s caps (else dropped unread, `unsolicited_push`), and then checked as a pulled one.
+- Epochs: when `flush` opens a round of a new epoch (`epoch_rounds`), the node joins its new shards and leaves the
+  ones it no longer holds (`Transport.unsubscribe`: their digests stop reaching it and it stops forwarding them).
+  The new epoch's shard count M comes from the last one's view of the swarm (`shard_sizer`, a
+  `swarm_size.ShardCount` started at `fanin.shard_count(n_peers)`): distinct digest senders heard on our shards
+  and connected peers, hysteretic and bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable
+
+from protocol.codec import decode, decode_pulled, encode, encode_group, group_content_hash
+from protocol.errors import Verdict, WireError, ignore
+from protocol.limits import Limits
+from protocol.messages import (
+    TOPIC_ROLLOUTS,
+    DigestBatch,
+    DigestWire,
+    PulledGroup,
+    PullRefusal,
+    PullRequest,
+    PullResponse,
+    RolloutBatch,
+    RolloutGroup,
+    digest_topic,
+)
+from protocol.validation import AcceptPolicy, ReplayGuard, check_message, validate_gossip
+from swarm_node.sharing.accepted import AcceptedMessages
+from swarm_node.sharing.exchange import Received, RoundStats, ignore_round
+from swarm_node.sharing.fanin import (
+    Digest,
+    FanInParams,
+    choose_pulls,
+    epoch_of,
+    epoch_shards,
+    shard_count,
+    unpulled,
+)
+from swarm_node.sharing.fanin_ledger import (
+    BUSY,
+    NOT_HELD,
+    NOT_SERVED,
+    OVER_PULL,
+    SERVE,
+    UNOFFERED,
+    UNSOLICITED,
+    PushBook,
+    check_pulled,
+)
+from swarm_node.sharing.pull_stream import PullFailed, request_pull, send_push, serve_pulls, serve_pushes
+from swarm_node.sharing.served_rounds import ServedRounds
+from swarm_node.sharing.stream_gate import StreamGate
+from swarm_node.sharing.swarm_size import ShardCount
+from swarm_node.transport.base import Delivery, Transport, TransportError, ValidationResult
+
+Rescore = Callable[[RolloutGroup], list[float]]
+
+
+def claimed_rewards(group: RolloutGroup) -> list[float]:
+    """The sender's own rewards (what its digest states; a receiver re-scores with its verifier instead)."""
+    return [c.claimed_reward for c in group.completions]
+
+
+def reward_stats(rewards: list[float]) -> tuple[bool, float]:
+    """(signal, population variance) of a group's rewards: signal when they are not all equal."""
+    return len(set(rewards)) > 1, statistics.pvariance(rewards) if rewards else 0.0
+
+
+def task_label(group: RolloutGroup) -> str:
+    return f"{group.task.dataset}:{group.task.index}"
+
+
+class FaninExchange:
+    def __init__(self, transport: Transport, limits: Limits, policy: AcceptPolicy, params: FanInParams,
+                 seed: bytes, n_peers: int, clock: Callable[[], float] = time.time,
+                 rescore: Rescore = claimed_rewards) -> None:
+        self.transport, self.limits, self.policy, self.params = transport, limits, policy, params
+        self.seed, self.clock, self.rescore = seed, clock, rescore
+        self.shard_sizer = ShardCount(params, shard_count(n_peers, params))  # M, learnt epoch by epoch
+        self.replay = ReplayGuard(limits.max_age_s)
+        self.accepted = AcceptedMessages()
+        self.round = 0
+        self.shards: tuple[int, ...] = ()
+        self._joined: set[int] = set()
+        self._outbox: list[RolloutGroup] = []
+        self.served = ServedRounds(params)  # our groups of recent rounds (peers' rounds are not in step with ours)
+        self._candidates: dict[str, tuple[int, Digest]] = {}  # group id hex -> (the sender's round, digest)
+        self._taken: dict[str, Digest] = {}  # pulled or asked this round
+        self._recent: list[set[str]] = []  # senders taken from in each of the last rounds
+        self._published_at: dict[str, float] = {}  # our current round's group ids (hex) -> when their digest went out
+        self._pulled: set[str] = set()  # ... and those somebody pulled
+        self._shard_peers: set[str] = set()  # peers whose digests we heard this epoch: push fallback targets
+        self._epoch = -1
+        self.push_book = PushBook(params)
+        self._inbox: list[Received] = []
+        self._lock = threading.Lock()
+        self.round_stats = RoundStats()
+        self.on_round: Callable[[RoundStats], None] = ignore_round
+        self.ignore_signer: Callable[[str], bool] = lambda _signer: False
+
+    @property
+    def peer_id(self) -> str:
+        return self.transport.peer_id
+
+    async def start(self) -> None:
+        p = self.params
+        await serve_pulls(self.transport, self._answer, self.limits, p.pull_timeout_s, self._drop,
+                          StreamGate(p.serve_streams, p.serve_streams_per_peer, OVER_PULL))
+        await serve_pushes(self.transport, self._on_push, self.limits, p.pull_timeout_s, self._drop,
+                           StreamGate(p.serve_streams, p.serve_streams_per_peer, UNSOLICITED))
+        await self._join_epoch()
+
+    async def _join_epoch(self) -> None:
+        epoch = epoch_of(self.round, self.params)
+        if epoch != self._epoch:
+            if self._epoch >= 0:  # what the last epoch showed of the swarm sets this one's shard count
+                heard = len(self._shard_peers - {self.peer_id})
+                self.shard_sizer.next_epoch(heard, await self._connected(), len(self.shards))
+            self._epoch, self._shard_peers = epoch, set()
+        self.shards = epoch_shards(self.seed, epoch, self.shard_sizer.shards, self.params.shards_per_node)
+        for shard in sorted(self._joined - set(self.shards)):  # last epoch's: their digests stop reaching us
+            self._joined.discard(shard)
+            await self.transport.unsubscribe(digest_topic(shard))
+        for shard in self.shards:
+            if shard not in self._joined:
+                self._joined.add(shard)
+                self.transport.set_validator(digest_topic(shard), self._validator(shard))
+                await self.transport.subscribe(digest_topic(shard), self._on_digests)
+
+    async def _connected(self) -> int:
+        try:
+            return len(await self.transport.peers())
+        except TransportError:  # the network layer is restarting: the digests heard still count
+            return 0
+
+    def _validator(self, shard: int) -> Callable[[str, bytes], ValidationResult]:
+        topic = digest_topic(shard)
+
+        def validate(signer: str, data: bytes) -> ValidationResult:
+            if self.ignore_signer(signer) or shard not in self.shards:  # not ours this epoch: unread
+                return ValidationResult.IGNORE
+            self._count(len(data))
+            result = validate_gossip(topic, data, signer, limits=self.limits, policy=self.policy, now=self.clock(),
+                                     replay=self.replay)
+            if result.verdict is not Verdict.ACCEPT:
+                self._drop(signer, result.reason)
+            else:
+                assert result.message is not None  # ACCEPT carries it
+                self.accepted.remember(data, result.message)
+            return ValidationResult.of(result.verdict)
+        return validate
+
+    def _on_digests(self, delivery: Delivery) -> None:
+        # The validator's decoding when we have it; else decoded again (bounded by the limits).
+        msg = self.accepted.take(delivery.data) or decode(delivery.data, self.limits)
+        if not isinstance(msg, DigestBatch) or msg.shard not in self.shards:
+            return
+        self._shard_peers.add(delivery.from_peer)
+        for d in msg.digests:
+            key = d.group_id.hex()
+            self._candidates[key] = (msg.round, Digest(key, delivery.from_peer, d.task, d.reward_variance,
+                                                       d.signal, d.content_hash))
+
+    def _count(self, n_bytes: int) -> None:
+        self.round_stats.inbound_messages += 1
+        self.round_stats.inbound_bytes += n_bytes
+
+    def _drop(self, sender: str, reason: str) -> None:
+        self.round_stats.by_reason[reason] = self.round_stats.by_reason.get(reason, 0) + 1
+        with self._lock:
+            self._inbox.append(Received(sender, self.clock(), None, reason))
+
+    # -- our groups -----------------------------------------------------------------------------------------
+    def publish(self, groups: list[RolloutGroup]) -> None:
+        self._outbox.extend(groups)
+
+    def serving(self, round_index: int) -> dict[bytes, RolloutGroup]:
+        """The groups we serve for `round_index` (none once it is no longer held: `served_rounds`)."""
+        return self.served.groups(round_index)
+
+    async def flush(self) -> int:
+        """Pull what the digests heard since the last flush offer (`pull`), then open the next round: serve the
+        queued groups and publish their digests; returns the digest messages published (0 or 1)."""
+        if self._candidates:
+            await self.pull()
+        await self._push_unpulled()
+        self.on_round(self.round_stats)
+        self.round += 1
+        self.round_stats = RoundStats(self.round)
+        self._recent = [set(d.sender for d in self._taken.values()), *self._recent][:self.params.recent_rounds]
+        self._taken, self._candidates = {}, {}
+        self.push_book.new_round()
+        await self._join_epoch()
+        out, self._outbox = self._outbox[:self.limits.max_digests_per_message], self._outbox[
+            self.limits.max_digests_per_message:]
+        now = self.clock()
+        self.served.open_round(self.round, out, now)
+        self._published_at, self._pulled = {g.group_id.hex(): now for g in out}, set()
+        if not out:
+            return 0
+        digests = []
+        for g in out:
+            signal, variance = reward_stats(claimed_rewards(g))
+            digests.append(DigestWire(g.group_id, task_label(g), variance, signal, group_content_hash(g)))
+        shard = self.shards[self.round % len(self.shards)]
+        await self.transport.publish(digest_topic(shard), encode(DigestBatch(shard, self.round, digests,
+                                                                             now)))
+        return 1
+
+    async def _push_unpulled(self) -> None:
+        due = unpulled(self._published_at, self._pulled, self.clock(), self.params)
+        neighbours = sorted(self._shard_peers - {self.peer_id})
+        if not due or not neighbours:
+            return
+        draw = random.Random(hashlib.sha256(self.seed + b"push" + self.round.to_bytes(8, "big")).digest())
+        served = self.serving(self.round)
+        for key in due:
+            group_id = bytes.fromhex(key)
+            push = PullResponse((PulledGroup(group_id, encode_group(served[group_id])),), (), self.clock())
+            try:
+                await send_push(self.transport, draw.choice(neighbours), push, self.limits, self.params.pull_timeout_s)
+            except PullFailed:
+                continue  # the neighbour left: the group stays with us (pushed once at most)
+            self.round_stats.pushes_sent += 1
+        self._published_at = {}
+
+    def _on_push(self, sender: str, push: PullResponse) -> None:
+        self._count(sum(len(g.data) for g in push.groups))
+        for pulled in push.groups:
+            entry = self._candidates.get(pulled.group_id.hex())
+            digest = entry[1] if entry is not None and entry[1].sender == sender else None
+            reason = self.push_book.accept(sender, digest is not None)
+            if reason or digest is None:
+                self._drop(sender, reason)
+                continue
+            self._accept(sender, pulled, digest)
+
+    def _answer(self, requester: str, request: PullRequest) -> PullResponse:
+        groups, refused = [], []
+        for group_id in request.group_ids:
+            outcome = self.served.request(requester, request.round, group_id)
+            if outcome == SERVE:
+                groups.append(PulledGroup(group_id, encode_group(self.served.groups(request.round)[group_id])))
+                self.round_stats.pulls_served += 1
+                self._pulled.add(group_id.hex())
+                continue
+            refused.append(PullRefusal(group_id, outcome))
+            if outcome not in (BUSY, NOT_HELD):  # our own cap, or a requester too late: nothing wrong
+                self._drop(requester, outcome)
+        return PullResponse(tuple(groups), tuple(refused), self.clock())
+
+    # -- pulling --------------------------------------------------------------------------------------------
+    async def pull(self) -> int:
+        """Pull what `choose_pulls` picks among this round's digests; returns the groups accepted."""
+        per_sender: dict[str, int] = {}
+        for d in self._taken.values():
+            per_sender[d.sender] = per_sender.get(d.sender, 0) + 1
+        recent = set().union(*self._recent) if self._recent else set()
+        chosen = choose_pulls([d for _, d in self._candidates.values()], self._taken, per_sender,
+                              {d.task for d in self._taken.values()}, recent, self.params, self.seed)
+        asks: dict[tuple[str, int], list[Digest]] = {}  # one request per sender and round of its digests
+        for d in chosen:
+            self._taken[d.group_id] = d
+            asks.setdefault((d.sender, self._candidates[d.group_id][0]), []).append(d)
+        results = await asyncio.gather(*(self._pull_from(sender, r, ds) for (sender, r), ds in asks.items()))
+        return sum(results)
+
+    async def _pull_from(self, sender: str, sender_round: int, digests: list[Digest]) -> int:
+        request = PullRequest(sender_round, tuple(bytes.fromhex(d.group_id) for d in digests), self.clock())
+        self.round_stats.pulls_sent += len(digests)
+        try:
+            response = await request_pull(self.transport, sender, request, self.limits, self.params.pull_timeout_s)
+        except PullFailed:
+            for d in digests:  # lost: the slots are free again
+                self._taken.pop(d.group_id, None)
+            return 0
+        self._count(sum(len(g.data) for g in response.groups))
+        by_id = {d.group_id: d for d in digests}
+        for refusal in response.refused:
+            self._taken.pop(refusal.group_id.hex(), None)
+            if refusal.reason == UNOFFERED:  # its own digest announced it in that round
+                self._drop(sender, NOT_SERVED)
+        return sum(self._accept(sender, pulled, by_id[pulled.group_id.hex()]) for pulled in response.groups)
+
+    def _accept(self, sender: str, pulled: PulledGroup, digest: Digest) -> bool:
+        """Queue a pulled or pushed group that passes every check against its digest, else drop it scored."""
+        now = self.clock()
+        try:
+            group = decode_pulled(pulled, digest.content_hash, self.limits, now)
+            # The checks a flooded group gets (attribution, our task, tokenizer), then replay by content hash.
+            check_message(RolloutBatch((group,)), TOPIC_ROLLOUTS, sender, self.limits, self.policy, now)
+            if self.replay.is_replay(digest.content_hash, group.created_at, now):
+                raise ignore("replay", "group already accepted")
+        except WireError as err:
+            self._drop(sender, err.reason)
+            return False
+        self.replay.remember(digest.content_hash, group.created_at, now)
+        signal, variance = reward_stats(self.rescore(group))
+        reason = check_pulled(digest, digest.content_hash, signal, variance)
+        if reason:
+            self._drop(sender, reason)
+            return False
+        with self._lock:
+            self._inbox.append(Received(sender, self.clock(), group))
+        return True
+
+    def drain(self) -> list[Received]:
+        with self._lock:
+            got, self._inbox = self._inbox, []
+        return got

@@ -1,0 +1,370 @@
+"""FaninExchange over MemoryTransport: 8 in-process nodes in 2 shards of 4 (seeds chosen so, asserted below);
+each node gets its J groups, one per shard neighbour, hears only its shard, and scores lying servers and greedy
+requesters."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from protocol.codec import encode, encode_group, group_content_hash
+from protocol.limits import Limits
+from protocol.messages import (
+    CompletionWire,
+    DigestBatch,
+    DigestWire,
+    PullRequest,
+    RolloutGroup,
+    TaskRefWire,
+    digest_topic,
+)
+from swarm_node import tasks
+from swarm_node.model.tokenizer import build_char_tokenizer, tokenizer_hash
+from swarm_node.sharing.exchange import Received, RoundStats, accept_policy_for
+from swarm_node.sharing.fanin import FanInParams, epoch_shards
+from swarm_node.sharing.fanin_exchange import FaninExchange, claimed_rewards, reward_stats, task_label
+from swarm_node.sharing.pull_stream import request_pull
+from swarm_node.transport.memory import MemoryHub, MemoryTransport, memory_addr
+
+TOK = build_char_tokenizer()
+SOURCE = tasks.TaskSource()
+LIMITS = Limits(vocab_size=len(TOK))
+PARAMS = FanInParams(shard_size=4, pull_target=3, max_pulls_per_sender=1)
+# n0..n3 draw shard 1 and n4..n7 shard 0 in epoch 0 (2 shards for 8 nodes of shard size 4).
+SEEDS = [b"seed0", b"seed1", b"seed5", b"seed8", b"seed2", b"seed3", b"seed4", b"seed6"]
+NAMES = [f"n{i}" for i in range(8)]
+SHARD_OF = {name: (1 if i < 4 else 0) for i, name in enumerate(NAMES)}
+
+
+def _group(node: int, k: int, created_at: float) -> RolloutGroup:
+    ids = (5, TOK.eos_token_id)
+    completions = (CompletionWire(ids, "x", (-0.5, -0.5), 0.0), CompletionWire(ids, "y", (-0.5, -0.5), 1.0))
+    return RolloutGroup(bytes([node, k]) * 8, NAMES[node], 0,
+                        TaskRefWire(SOURCE.name, SOURCE.config, SOURCE.seed, 2 * node + k), completions,
+                        tokenizer_hash(TOK), "qwen2", created_at)
+
+
+@dataclass
+class Outcome:
+    received: dict[str, list[Received]]
+    stats: dict[str, RoundStats]
+    shards: dict[str, tuple[int, ...]]
+    extra: object = None
+
+
+Hook = Callable[[dict[str, FaninExchange]], object]
+
+
+def _swarm(rescore_for: Callable[[str], Callable[[RolloutGroup], list[float]]] | None = None,
+           after_flush: Hook | None = None, after_pull: Callable[[dict[str, FaninExchange]], object] | None = None
+           ) -> Outcome:
+    async def main() -> Outcome:
+        hub = MemoryHub()
+        transports = {name: MemoryTransport(hub, name) for name in NAMES}
+        exchanges = {name: FaninExchange(transports[name], LIMITS, accept_policy_for(SOURCE), PARAMS, SEEDS[i], 8,
+                                         rescore=rescore_for(name) if rescore_for else claimed_rewards)
+                     for i, name in enumerate(NAMES)}
+        for name in NAMES:
+            await transports[name].start()
+            await exchanges[name].start()
+        for i, a in enumerate(NAMES):  # a full mesh: gossip reaches a shard's members directly
+            for b in NAMES[i + 1:]:
+                await transports[a].connect(memory_addr(b))
+        now = time.time()
+        for i, name in enumerate(NAMES):
+            exchanges[name].publish([_group(i, 0, now), _group(i, 1, now)])
+        for name in NAMES:
+            assert await exchanges[name].flush() == 1
+        await hub.settle()
+        if after_flush:
+            after_flush(exchanges)
+        await asyncio.gather(*(exchanges[name].pull() for name in NAMES))
+        await hub.settle()
+        extra = await after_pull(exchanges) if after_pull else None  # type: ignore[misc]
+        out = Outcome({n: exchanges[n].drain() for n in NAMES}, {n: exchanges[n].round_stats for n in NAMES},
+                      {n: exchanges[n].shards for n in NAMES}, extra)
+        for t in transports.values():
+            await t.stop()
+        return out
+
+    return asyncio.run(main())
+
+
+def _digest_batch_bytes(node: int) -> int:
+    digests = [DigestWire(g.group_id, task_label(g), *reversed(reward_stats(claimed_rewards(g))),
+                          group_content_hash(g)) for g in (_group(node, 0, 1.0), _group(node, 1, 1.0))]
+    return len(encode(DigestBatch(SHARD_OF[NAMES[node]], 1, digests, 1.0)))
+
+
+def _senders(got: list[Received]) -> list[str]:
+    return sorted(r.sender for r in got if r.group is not None)
+
+
+def _drops(got: list[Received]) -> list[tuple[str, str]]:
+    return sorted((r.sender, r.reason) for r in got if r.group is None)
+
+
+def _neighbours(name: str) -> list[str]:
+    return sorted(n for n in NAMES if n != name and SHARD_OF[n] == SHARD_OF[name])
+
+
+def test_each_node_gets_its_j_groups_one_per_shard_neighbour_and_hears_only_its_shard() -> None:
+    out = _swarm()
+    assert out.shards == {name: (SHARD_OF[name],) for name in NAMES}
+    for name in NAMES:
+        got = out.received[name]
+        assert _senders(got) == _neighbours(name), name  # J = 3 groups, at most 1 per sender
+        assert _drops(got) == []
+        # Every group is one its sender published, intact.
+        for r in got:
+            assert r.group is not None and r.group.policy_id == r.sender
+        # 3 digest batches (its shard's other members; the other shard's 4 never reach it) + 3 pull responses.
+        stats = out.stats[name]
+        assert (stats.inbound_messages, stats.pulls_sent, stats.pulls_served) == (6, 3, 3), name
+
+
+def test_a_server_whose_bytes_differ_from_its_digest_is_scored_and_nothing_of_it_is_taken() -> None:
+    def swap_n1_content(exchanges: dict[str, FaninExchange]) -> None:
+        liar = exchanges["n1"]
+        served = liar.serving(liar.round)
+        served.update({gid: _group(1, gid[1], g.created_at + 1.0) for gid, g in served.items()})
+
+    out = _swarm(after_flush=swap_n1_content)
+    for name in ("n0", "n2", "n3"):
+        assert _senders(out.received[name]) == [n for n in _neighbours(name) if n != "n1"]
+        assert _drops(out.received[name]) == [("n1", "hash_mismatch")]
+    assert _senders(out.received["n4"]) == _neighbours("n4")  # the other shard is untouched
+
+
+def test_a_digest_that_inflates_its_reward_statistics_is_scored() -> None:
+    def rescore_for(_receiver: str) -> Callable[[RolloutGroup], list[float]]:
+        # Our verifier finds n2's groups all wrong: no signal, although n2's digests claimed one.
+        return lambda g: [0.0, 0.0] if g.policy_id == "n2" else claimed_rewards(g)
+
+    out = _swarm(rescore_for=rescore_for)
+    for name in ("n0", "n1", "n3"):
+        assert _senders(out.received[name]) == [n for n in _neighbours(name) if n != "n2"]
+        assert _drops(out.received[name]) == [("n2", "digest_reward_mismatch")]
+
+
+def test_pulls_are_capped_per_requester_and_unoffered_pulls_are_scored() -> None:
+    async def greedy_n4(exchanges: dict[str, FaninExchange]) -> object:
+        n0 = exchanges["n0"]
+        ours = sorted(n0.serving(n0.round))
+        asked = PullRequest(n0.round, (ours[0], ours[1], b"\xee" * 16), time.time())
+        response = await request_pull(exchanges["n4"].transport, "n0", asked, LIMITS, 2.0)
+        return [g.group_id for g in response.groups], [(r.group_id, r.reason) for r in response.refused]
+
+    out = _swarm(after_pull=greedy_n4)
+    served, refused = out.extra  # type: ignore[misc]
+    n0_groups = sorted([bytes([0, 0]) * 8, bytes([0, 1]) * 8])
+    assert served == [n0_groups[0]]
+    assert refused == [(n0_groups[1], "over_pull"), (b"\xee" * 16, "unoffered_pull")]
+    assert _drops(out.received["n0"]) == [("n4", "over_pull"), ("n4", "unoffered_pull")]
+    assert out.stats["n0"].pulls_served == 4
+
+
+def test_recent_rounds_stay_served_and_an_expired_one_is_refused_unscored() -> None:
+    async def pull_old_rounds(exchanges: dict[str, FaninExchange]) -> object:
+        n0, n4 = exchanges["n0"], exchanges["n4"]
+        first = sorted(n0.serving(1))
+        n0.publish([_group(0, 2, time.time())])
+        await n0.flush()  # round 2: round 1's groups stay served
+        answers = []
+        for round_index in (1, 2):
+            asked = PullRequest(round_index, (first[0],), time.time())
+            response = await request_pull(n4.transport, "n0", asked, LIMITS, 2.0)
+            answers.append(([g.group_id for g in response.groups], [r.reason for r in response.refused]))
+        await n0.flush()  # round 3, at once: round 1 is younger than serve_for_s, still served
+        response = await request_pull(n4.transport, "n0", PullRequest(1, (first[1],), time.time()), LIMITS, 2.0)
+        answers.append(([g.group_id for g in response.groups], [r.reason for r in response.refused]))
+        n0.clock = lambda: time.time() + PARAMS.serve_for_s
+        await n0.flush()  # round 4, serve_for_s later: round 3 (the previous) is kept, 1 and 2 are not
+        for round_index in (1, 3, 5):
+            response = await request_pull(n4.transport, "n0", PullRequest(round_index, (first[0],), time.time()),
+                                          LIMITS, 2.0)
+            answers.append(([g.group_id for g in response.groups], [r.reason for r in response.refused]))
+        return answers, n0.served.held_rounds()
+
+    out = _swarm(after_pull=pull_old_rounds)
+    first = sorted([bytes([0, 0]) * 8, bytes([0, 1]) * 8])
+    answers, held = out.extra  # type: ignore[misc]
+    assert answers == [([first[0]], []), ([], ["unoffered_pull"]), ([first[1]], []),
+                       ([], ["not_held"]), ([], ["unoffered_pull"]), ([], ["unoffered_pull"])]
+    assert held == [3, 4]
+    # Scored: the id round 2 never announced, the id round 3 never announced and the round n0 has not reached.
+    assert _drops(out.received["n0"]) == [("n4", "unoffered_pull")] * 3
+
+
+def test_flush_hands_the_finished_round_counters_to_on_round() -> None:
+    async def next_round(exchanges: dict[str, FaninExchange]) -> object:
+        finished: list[RoundStats] = []
+        n0 = exchanges["n0"]
+        n0.on_round = finished.append
+        await n0.flush()
+        return finished, n0.round_stats
+
+    out = _swarm(after_pull=next_round)
+    finished, current = out.extra  # type: ignore[misc]
+    assert [s.as_status() for s in finished] == [{"round": 1, "inbound_messages": 6, "inbound_bytes":
+                                                  finished[0].inbound_bytes, "pulls_sent": 3, "pulls_served": 3,
+                                                  "pushes_sent": 0, "by_reason": {}}]
+    # n0's 3 shard neighbours' digest batches and one pulled group of each: the bytes are exactly theirs.
+    assert finished[0].inbound_bytes == sum(_digest_batch_bytes(j) + len(encode_group(_group(j, 0, 1.0)))
+                                            for j in (1, 2, 3))
+    assert current == RoundStats(2)
+
+
+def test_groups_nobody_pulled_are_pushed_once_to_one_shard_neighbour() -> None:
+    """n0's groups carry no signal, so nobody pulls them; once push_after_s has passed, n0's next flush pushes each
+    to one neighbour of its shard (a peer whose digests it heard), which takes it (it holds the digest) and checks
+    it like a pulled one."""
+    clock = [1_000.0]
+
+    async def main() -> tuple[dict[str, list[Received]], RoundStats]:
+        hub = MemoryHub()
+        transports = {name: MemoryTransport(hub, name) for name in NAMES}
+        exchanges = {name: FaninExchange(transports[name], LIMITS, accept_policy_for(SOURCE), PARAMS, SEEDS[i], 8,
+                                         clock=lambda: clock[0]) for i, name in enumerate(NAMES)}
+        for name in NAMES:
+            await transports[name].start()
+            await exchanges[name].start()
+        for i, a in enumerate(NAMES):
+            for b in NAMES[i + 1:]:
+                await transports[a].connect(memory_addr(b))
+        exchanges["n0"].publish([_no_signal(_group(0, k, clock[0])) for k in (0, 1)])
+        for i, name in enumerate(NAMES[1:], start=1):
+            exchanges[name].publish([_group(i, 0, clock[0]), _group(i, 1, clock[0])])
+        for name in NAMES:
+            await exchanges[name].flush()
+        await hub.settle()
+        await asyncio.gather(*(exchanges[name].pull() for name in NAMES))  # nothing to pull: no signal
+        finished: list[RoundStats] = []
+        exchanges["n0"].on_round = finished.append
+        clock[0] += PARAMS.push_after_s
+        await exchanges["n0"].flush()
+        await _loop_turns()
+        got = {name: exchanges[name].drain() for name in NAMES}
+        for t in transports.values():
+            await t.stop()
+        return got, finished[0]
+
+    got, n0_round = asyncio.run(main())
+    assert n0_round.pushes_sent == 2 and n0_round.pulls_served == 0
+    pushed = sorted((r.group.group_id, name) for name in NAMES for r in got[name]
+                    if r.group is not None and r.sender == "n0")
+    assert [gid for gid, _ in pushed] == [bytes([0, 0]) * 8, bytes([0, 1]) * 8]  # each group exactly once
+    assert {name for _, name in pushed} <= set(_neighbours("n0"))
+    assert all(_drops(got[name]) == [] for name in NAMES)
+
+
+def test_a_push_without_a_digest_or_past_the_caps_is_dropped_unread() -> None:
+    async def pushes(exchanges: dict[str, FaninExchange]) -> object:
+        from protocol.messages import PulledGroup, PullResponse
+        from swarm_node.sharing.pull_stream import send_push
+
+        n4 = exchanges["n4"].transport
+        unknown = PullResponse((PulledGroup(b"\xee" * 16, b"junk"),), (), time.time())
+        await send_push(n4, "n5", unknown, LIMITS, 2.0)  # n5 never heard a digest of it
+        await _loop_turns()
+        return None
+
+    out = _swarm(after_pull=pushes)
+    assert _drops(out.received["n5"]) == [("n4", "unsolicited_push")]
+
+
+async def _loop_turns() -> None:
+    """Let the receivers' stream handlers run (in-process: loop turns, not time)."""
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
+def _no_signal(group: RolloutGroup) -> RolloutGroup:
+    return dataclasses.replace(group, completions=tuple(dataclasses.replace(c, claimed_reward=0.0)
+                                                        for c in group.completions))
+
+
+def test_a_lying_server_costs_reputation_by_the_ledger_weights() -> None:
+    from swarm_node.sharing.reputation import DEFAULT_WEIGHTS, Reputation
+
+    reputation = Reputation()
+    assert [reputation.weight(kind) for kind in ("hash_mismatch", "digest_reward_mismatch", "unserved_digest",
+                                                 "unoffered_pull", "over_pull", "unsolicited_push")] \
+        == [-5.0, -5.0, -1.0, -1.0, -0.5, -0.5]
+    assert DEFAULT_WEIGHTS["busy"] == 0.0
+
+
+def test_a_new_epoch_moves_the_node_to_its_new_shard_and_leaves_the_old_one() -> None:
+    """n4 (seed2) draws shard 0 in epoch 0 and shard 1 in epoch 1 (epoch_rounds 1 here): after its flush opens
+    round 1 it has left shard 0 (a digest batch there never reaches it) and one on shard 1 is taken."""
+    # A wide hysteresis band holds M at 2 although n4 sees only n5: the epoch's rotation alone moves it.
+    params = dataclasses.replace(PARAMS, epoch_rounds=1, shard_hysteresis=0.9)
+
+    async def main() -> tuple[tuple[int, ...], tuple[int, ...], RoundStats, int]:
+        hub = MemoryHub()
+        n4, n5 = MemoryTransport(hub, "n4"), MemoryTransport(hub, "n5")
+        ex = FaninExchange(n4, LIMITS, accept_policy_for(SOURCE), params, SEEDS[4], 8)
+        for t in (n4, n5):
+            await t.start()
+        await ex.start()
+        before = ex.shards
+        await n4.connect(memory_addr("n5"))
+        await ex.flush()
+        after = ex.shards
+        now = time.time()
+        for shard in (0, 1):
+            digests = (DigestWire(bytes([5, shard]) * 8, "chain_sum:1", 0.25, True, b"\xaa" * 32),)
+            await n5.publish(digest_topic(shard), encode(DigestBatch(shard, 1, digests, now)))
+        await hub.settle()
+        candidates = len(ex._candidates)
+        n4_topics = [p.topics for p in await n5.peers()]
+        for t in (n4, n5):
+            await t.stop()
+        return before, after, ex.round_stats, candidates, n4_topics
+
+    before, after, stats, candidates, n4_topics = asyncio.run(main())
+    assert (before, after) == ((0,), (1,))
+    assert (stats.inbound_messages, candidates) == (1, 1)
+    assert n4_topics == [(digest_topic(1),)]  # shard 0 left: its digests no longer reach n4 at all
+
+
+def test_the_next_epoch_takes_its_shard_count_from_the_digest_senders_heard() -> None:
+    """8 nodes in a ring (2 connected peers each), all started on one shard (n_peers 1). In epoch 0 each hears the
+    digests of the 7 others, so epoch 1's estimate is 8 (the ring's 3 connected would say less), which with shards
+    of 4 and no hysteresis is 2 shards; each node then holds its epoch-1 shard of 2 and only that topic."""
+    params = dataclasses.replace(PARAMS, epoch_rounds=2, shard_hysteresis=0.0)
+
+    async def main() -> tuple[dict[str, tuple[int, int]], dict[str, tuple[str, ...]]]:
+        hub = MemoryHub()
+        transports = {name: MemoryTransport(hub, name) for name in NAMES}
+        exchanges = {name: FaninExchange(transports[name], LIMITS, accept_policy_for(SOURCE), params, SEEDS[i], 1)
+                     for i, name in enumerate(NAMES)}
+        for name in NAMES:
+            await transports[name].start()
+            await exchanges[name].start()
+        for i, name in enumerate(NAMES):
+            await transports[name].connect(memory_addr(NAMES[(i + 1) % len(NAMES)]))
+        now = time.time()
+        for i, name in enumerate(NAMES):
+            exchanges[name].publish([_group(i, 0, now)])
+        for name in NAMES:
+            await exchanges[name].flush()  # round 1, still epoch 0: digests on the one shard
+        await hub.settle()
+        for name in NAMES:
+            await exchanges[name].flush()  # round 2, epoch 1
+        await hub.settle()
+        sizes = {n: (exchanges[n].shard_sizer.shards, exchanges[n].shard_sizer.estimate) for n in NAMES}
+        topics = {}
+        for i, name in enumerate(NAMES):  # as the ring's next node sees them
+            seen = await transports[NAMES[(i + 1) % len(NAMES)]].peers()
+            topics[name] = next(p.topics for p in seen if p.peer_id == name)
+        for t in transports.values():
+            await t.stop()
+        return sizes, topics
+
+    sizes, topics = asyncio.run(main())
+    assert sizes == {name: (2, 8) for name in NAMES}
+    assert topics == {name: (digest_topic(epoch_shards(SEEDS[i], 1, 2, 1)[0]),) for i, name in enumerate(NAMES)}

@@ -1,0 +1,36 @@
+"""What a fan-in node serves: recent rounds by time and by count, one set of caps per round of ours."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from protocol.messages import CompletionWire, RolloutGroup, TaskRefWire
+from swarm_node.sharing.fanin import FanInParams
+from swarm_node.sharing.fanin_ledger import BUSY, NOT_HELD, OVER_PULL, SERVE, UNOFFERED
+from swarm_node.sharing.served_rounds import ServedRounds
+
+P = dataclasses.replace(FanInParams(), serve_for_s=30.0, serve_rounds=3, serve_per_round=2)
+
+
+def _group(k: int) -> RolloutGroup:
+    return RolloutGroup(bytes([k]) * 16, "me", 0, TaskRefWire("chain_sum", "{}", 0, k),
+                        (CompletionWire((1,), "x", (-0.5,), 1.0),), "char-v1", "qwen2", 1.0)
+
+
+def _gid(k: int) -> bytes:
+    return bytes([k]) * 16
+
+
+def test_rounds_stay_served_while_young_and_at_most_serve_rounds_of_them() -> None:
+    served = ServedRounds(P)
+    for r in range(1, 5):  # 4 rounds within 30 s: only the newest 3 are held
+        served.open_round(r, [_group(r)], now=100.0 + r)
+    assert served.held_rounds() == [2, 3, 4]
+    assert [served.request(f"p{r}", r, _gid(r)) for r in (1, 2, 3)] == [NOT_HELD, SERVE, SERVE]
+    assert served.request("p4", 4, _gid(4)) == BUSY  # 2 served this round of ours: serve_per_round
+    served.open_round(5, [], now=140.0)  # 36 s after round 3's digest: only round 4 (the previous) stays
+    assert served.held_rounds() == [4, 5]
+    assert [served.request("p", 3, _gid(3)), served.request("p", 4, _gid(4)), served.request("p", 4, _gid(4)),
+            served.request("q", 4, _gid(9)), served.request("q", 6, _gid(4))] == [NOT_HELD, SERVE, OVER_PULL,
+                                                                                  UNOFFERED, UNOFFERED]
+    assert served.groups(4) == {_gid(4): _group(4)} and served.groups(3) == {}
