@@ -88,9 +88,9 @@ def check_eval(scn: Scenario, candidate: str) -> int:
     refs = source.eval_refs(scn.eval_problems)  # may itself refuse a split too small, in one line
     distinct = len({(r.dataset, tasks.instance(r).question) for r in refs})
     if distinct < scn.eval_problems:
-        raise UserError(f"candidate {candidate!r}: its held-out split gives {distinct} distinct questions, fewer than "
-                        f"the {scn.eval_problems} of --eval-problems; enlarge the mix's options or lower "
-                        f"--eval-problems to {distinct}")
+        raise UserError(f"candidate {candidate!r}: an eval of {scn.eval_problems} held-out problems holds only "
+                        f"{distinct} distinct questions (a repeated one adds no power); enlarge the mix's options, "
+                        "lower --eval-problems, or draw distinct eval questions")
     return distinct
 
 
