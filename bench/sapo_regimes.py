@@ -192,7 +192,8 @@ def plot_gain(regimes: dict[str, Any], path: Path) -> None:
     ax.axhline(0.0, color="grey", linewidth=0.5)
     ax.set_xlabel("fraction of a solo node's groups without signal (8/0)")
     ax.set_ylabel("cumulative reward gain over 8/0 (%)")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # no point before 8/0 and an I/J cell finished a seed
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
