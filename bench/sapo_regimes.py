@@ -112,10 +112,13 @@ def pilot(args: argparse.Namespace, regimes: Regimes) -> dict[str, Any]:
         cell = results[BASELINE][0]
         rows = curves_of(root, results)[BASELINE][0]
         rewards = [float(r["reward_mean"]) for r in rows if r.get("reward_mean") not in (None, "")]
+        steps = [float(r["step_s"]) for r in rows if r.get("step_s") not in (None, "")]
         out[name] = {"no_signal_frac_solo": no_signal_frac(rows), "reward_mean": sum(rewards) / len(rewards),
-                     "final_eval_acc": cell["final_eval_acc"], "s_per_node_step": cell["wall_s"] / (scn.nodes *
-                                                                                                      scn.rounds),
-                     "group_size": regimes.candidates[name].group_size, "seed": cell["seed"]}
+                     "final_eval_acc": cell["final_eval_acc"], "group_size": regimes.candidates[name].group_size,
+                     # the cell's wall time (build, rounds, final eval) per node-step: what the grid's cells cost
+                     "s_per_node_step": cell["wall_s"] / (scn.nodes * scn.rounds),
+                     "step_s_mean": sum(steps) / len(steps) if steps else None,  # a step's own generate + train
+                     "seed": cell["seed"]}
     return out
 
 
@@ -129,6 +132,9 @@ def pilot_lines(measures: dict[str, Any], args: argparse.Namespace, regimes: Reg
         lines.append(f"pilot {name}: no_signal_frac_solo {m['no_signal_frac_solo']:.3f} (fits: "
                      f"{', '.join(fits) or 'no regime'}), mean local reward {m['reward_mean']:.3f}, "
                      f"{m['s_per_node_step']:.2f} s per node-step")
+        lines += [f"  to fix it: [fixed] {regime} = {{ candidate = {json.dumps(name)}, no_signal_frac_solo = "
+                  f"{m['no_signal_frac_solo']:.4f}, pilot = \"<provenance.commit of the pilot's json>\" }}"
+                  for regime in fits]
     plan = grid_plan_of(measures, args, regimes)
     if plan is not None:
         lines.append(plan.line())
@@ -168,6 +174,12 @@ def grid(args: argparse.Namespace, regimes: Regimes) -> dict[str, Any]:
         plot(rows, args.out.with_name(f"{args.out.stem}_{name}.png"),
              f"Regime {name} (candidate {candidate.name}, G = {candidate.group_size}): {scn.nodes} nodes")
     return out
+
+
+def complete(regimes: dict[str, Any], seeds: list[int]) -> bool:
+    """Every cell of every regime reported has finished every seed (a --cells subset is not the grid)."""
+    return all(sorted(r["seeds_done"].get(c, [])) == sorted(seeds) for name, r in regimes.items()
+               for c in regime_cells(name))
 
 
 def plot_gain(regimes: dict[str, Any], path: Path) -> None:
@@ -256,8 +268,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.out.exists():  # keep the other regimes' results when only some are run
             result["regimes"].update(json.loads(args.out.read_text()).get("regimes", {}))
         result["regimes"].update(grid(args, regimes))
-        result["complete"] = all(len(done) == len(args.seeds) for r in result["regimes"].values()
-                                 for done in r["seeds_done"].values())
+        result["complete"] = complete(result["regimes"], args.seeds)
         result.update(eval_problems=args.eval_problems, overrides=args.set, wall_s_this_run=time.monotonic() - started)
         plot_gain(result["regimes"], args.out.with_name(f"{args.out.stem}_gain.png"))
         args.out.write_text(json.dumps(provenance.stamp(result, run, runs=len(args.seeds)), indent=1) + "\n")

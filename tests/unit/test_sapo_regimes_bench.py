@@ -103,6 +103,20 @@ def test_a_cell_summary_has_exactly_the_issue_fields_with_hand_computed_values()
     assert best_ij({"4/4": {"cum_reward_mean": 60.0}}) is None
 
 
+def test_the_cells_of_each_regime_and_when_the_grid_is_complete() -> None:
+    from bench.sapo_regimes import CELLS, complete, regime_cells
+
+    assert regime_cells("medium") == ["8/0", "4/4", "2/6", "4/0", "2/0", "solo_ds"]
+    assert regime_cells("hard") == [*regime_cells("medium"), "4/4-nofilter"]  # the ablation in hard only
+    assert CELLS["solo_ds"] == {"share": {"local_groups": 8, "external_groups": 0},
+                                "run": {"rollout": {"kind": "dynamic", "max_factor": 4}}}
+    assert CELLS["4/4-nofilter"] == {"share": {"local_groups": 4, "external_groups": 4, "filter_no_signal": False}}
+    hard = {"seeds_done": {c: [1, 0] for c in regime_cells("hard")}}
+    assert complete({"hard": hard}, [0, 1]) is True
+    assert complete({"hard": hard}, [0, 1, 2]) is False
+    assert complete({"hard": {"seeds_done": {"8/0": [0, 1]}}}, [0, 1]) is False
+
+
 # -- the harness on the warm tiny model ------------------------------------------------------------------------
 
 BASE = """
@@ -160,7 +174,8 @@ def test_two_cells_write_the_exact_keys_and_the_pilot_reuses_the_grids_8_0(warm_
     args = [*_files(tmp_path), "--set", f"model.path={warm_tiny_model_dir}"]
     main([*args, "--regimes", "hard", "--cells", "8/0", "4/4-nofilter"])
     result = json.loads((tmp_path / "out" / "sapo_regimes.json").read_text())
-    assert (result["seeds"], result["nodes"], result["rounds"], result["complete"]) == ([0], 2, 2, True)
+    assert (result["seeds"], result["nodes"], result["rounds"]) == ([0], 2, 2)
+    assert result["complete"] is False  # two cells of hard's seven are not the grid
     hard = result["regimes"]["hard"]
     assert hard["no_signal_frac_solo"] == 0.5 and hard["candidate"] == "tiny" and hard["group_size"] == 4
     assert list(hard["cells"]) == ["8/0", "4/4-nofilter"]
@@ -177,8 +192,8 @@ def test_two_cells_write_the_exact_keys_and_the_pilot_reuses_the_grids_8_0(warm_
     main([*args, "--pilot", "--candidates", "tiny"])
     pilot = json.loads((tmp_path / "out" / "sapo_regimes_pilot.json").read_text())
     measured = pilot["candidates"]["tiny"]
-    assert set(measured) == {"no_signal_frac_solo", "reward_mean", "final_eval_acc", "s_per_node_step", "group_size",
-                             "seed"}
+    assert set(measured) == {"no_signal_frac_solo", "reward_mean", "final_eval_acc", "s_per_node_step",
+                             "step_s_mean", "group_size", "seed"}
     assert measured["no_signal_frac_solo"] == hard["cells"]["8/0"]["no_signal_frac"]
     assert any(line.startswith("grid projection:") for line in pilot["lines"])
 
@@ -215,6 +230,7 @@ def test_a_cell_killed_between_rounds_resumes_from_its_snapshot(warm_tiny_model_
     assert "resuming cell 8/0/seed0 from round 1" in out
     result = json.loads((tmp_path / "out" / "sapo_regimes.json").read_text())
     cell = result["regimes"]["hard"]["cells"]["8/0"]
-    assert tuple(cell) == CELL_KEYS and len(cell["per_seed"]) == 1 and result["complete"] is True
+    assert tuple(cell) == CELL_KEYS and len(cell["per_seed"]) == 1
+    assert result["regimes"]["hard"]["seeds_done"] == {"8/0": [0]}
     rows = (tmp_path / "runs" / "tiny" / "8-0" / "seed0" / "metrics.csv").read_text().splitlines()
     assert len(rows) == 1 + 2 * 2  # header, then each (node, round) once
