@@ -51,7 +51,7 @@ from swarm_node.sharing.corrections import CorrectionParams, external_samples
 from swarm_node.status.stats import NodeStats
 from swarm_node.train.evaluate import EvalResult, evaluate, per_task_metrics
 from swarm_node.train.overlap import LatestWeights
-from swarm_node.train.partial import ROLLOUT_MODES, RolloutRequest
+from swarm_node.train.partial import ROLLOUT_MODES, RolloutRequest, StepTurns
 from swarm_node.train.scoring import GroupScorer, to_samples
 from swarm_node.train.signal import AFTER_STEPS as SIGNAL_AFTER_STEPS
 from swarm_node.train.signal import SignalWatch
@@ -239,10 +239,10 @@ class Node:
         assert self._sampler is not None, "generate_groups() is called once setup() has built the sampler"
         count = self.hardware.sizes.prompts_per_step
         source = self.task_source
-        turn = self._draws * count
+        turns = StepTurns(self._draws * count, self._draws)  # a refill (dynamic sampling) goes on rotating
 
         def draw(n: int) -> list[tuple[tasks.TaskInstance, list[int]]]:
-            insts = [tasks.instance(r) for r in source.draw(self.streams.task, n, turn=turn)]
+            insts = [tasks.instance(r) for r in source.draw(self.streams.task, n, turn=turns.next(n))]
             return [(i, self.prompter.ids(i)) for i in insts]
 
         params = SamplingParams(cfg.sampler.temperature, cfg.sampler.top_p, cfg.sampler.max_new_tokens,

@@ -82,6 +82,22 @@ class Rollouts:
     counts: tuple[tuple[str, int], ...] = ()  # e.g. ("resume_failed", completions discarded)
 
 
+@dataclass
+class StepTurns:
+    """The rotation position (a task selection's `turn`) of each draw of one step: the first at `start`, as every
+    step's single draw; a later one (a dynamic-sampling refill) after the prompts drawn so far, shifted by `shift`
+    (the step's number), so that a rotating selection does not refill from the mix's first specialties every step."""
+
+    start: int
+    shift: int
+    drawn: int = 0
+
+    def next(self, count: int) -> int:
+        turn = self.start if self.drawn == 0 else self.start + self.drawn + self.shift
+        self.drawn += count
+        return turn
+
+
 class RolloutMode(Protocol):
     def step(self, request: RolloutRequest) -> Rollouts: ...
 

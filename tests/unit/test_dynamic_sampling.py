@@ -14,7 +14,7 @@ from swarm_node.node.core import Node, NodeEvents
 from swarm_node.sampler.base import SamplingParams
 from swarm_node.tasks import TaskInstance
 from swarm_node.train.dynamic_sampling import next_count, sample_until_signal
-from swarm_node.train.partial import ROLLOUT_MODES, DynamicRollouts, PendingGroup, RolloutRequest
+from swarm_node.train.partial import ROLLOUT_MODES, DynamicRollouts, PendingGroup, RolloutRequest, StepTurns
 from tests.unit.test_april import EOS, LengthSampler
 
 
@@ -93,6 +93,17 @@ def test_the_dynamic_mode_counts_every_generated_group_and_token() -> None:
     assert sampler.calls == [(4, 64), (2, 64), (2, 64)]  # rows per generate call: count x G
     with pytest.raises(ValueError, match="has_signal"):
         mode.step(RolloutRequest(sampler, draw, 2, 2, SamplingParams(max_new_tokens=64), frozenset({EOS})))
+
+
+def test_a_refill_goes_on_rotating_the_selection_shifted_each_step() -> None:
+    """Step 2 of 8 prompts: its first draw at turn 16 (as a sync step's), refills after the prompts drawn, shifted by
+    the step number; with the balanced selection over 4 specialties the refills of steps 2 and 3 start at 2 and 3."""
+    turns = StepTurns(start=16, shift=2)
+    assert [turns.next(8), turns.next(3), turns.next(1)] == [16, 16 + 8 + 2, 16 + 11 + 2]
+    assert StepTurns(start=24, shift=3).next(8) == 24
+    step3 = StepTurns(start=24, shift=3)
+    step3.next(8)
+    assert step3.next(2) % 4 == 3
 
 
 def test_the_dynamic_rollout_config_is_a_variant_section() -> None:
