@@ -52,7 +52,7 @@ RESULTS = Path(__file__).parent / "results"
 ROUNDS, NODES, SEEDS, EVAL_PROBLEMS = 200, 4, (0, 1, 2), 4000
 CELLS: dict[str, dict[str, Any]] = {  # cell name -> what it changes in 8/0's config
     "8/0": share(8, 0), "4/4": share(4, 4), "2/6": share(2, 6), "4/0": share(4, 0), "2/0": share(2, 0),
-    "solo_ds": {**share(8, 0), "run": {"rollout": {"kind": "dynamic", "max_factor": DEFAULT_MAX_FACTOR}}},  # DYNAMIC
+    "solo_ds": {**share(8, 0), "run": {"rollout": {"kind": "dynamic", "max_factor": DEFAULT_MAX_FACTOR}}},
     "4/4-nofilter": share(4, 4, filter_no_signal=False),
 }
 GRID = ("8/0", "4/4", "2/6", "4/0", "2/0", "solo_ds")  # every regime's cells; REGIMES[r].ablations add to them
