@@ -216,6 +216,8 @@ ExternalGroupsOpt = Annotated[int | None, typer.Option("--external-groups", help
     "share.external_groups", "J: external groups per update"))]
 MaxAgeOpt = Annotated[int | None, typer.Option("--max-external-age", help=config_help(
     "share.max_external_age", "K: drop external groups older than K of our steps"))]
+FilterOpt = Annotated[bool | None, typer.Option("--filter-no-signal/--no-filter-no-signal", help=config_help(
+    "share.filter_no_signal", "refuse peers' groups without signal (SAPO's zero-advantage filter; off: an ablation)"))]
 CorrectionOpt = Annotated[str | None, typer.Option("--external-correction", help=config_help(
     "share.correction.kind", f"how peers' completions are weighted: {' | '.join(variants.CORRECTIONS)}"))]
 
@@ -224,8 +226,8 @@ CorrectionOpt = Annotated[str | None, typer.Option("--external-correction", help
 def join(bootstrap: BootstrapOpt = None, listen: ListenOpt = None, announce_addr: AnnounceOpt = None,
          identity: IdentityOpt = None, role: RoleOpt = None, local_groups: LocalGroupsOpt = None,
          external_groups: ExternalGroupsOpt = None, max_external_age: MaxAgeOpt = None,
-         external_correction: CorrectionOpt = None, config: ConfigOpt = None, steps: StepsOpt = None,
-         task: TaskOpt = None, task_option: TaskOptionOpt = None, model: ModelOpt = None,
+         external_correction: CorrectionOpt = None, filter_no_signal: FilterOpt = None, config: ConfigOpt = None,
+         steps: StepsOpt = None, task: TaskOpt = None, task_option: TaskOptionOpt = None, model: ModelOpt = None,
          group_size: GroupOpt = None, prompts_per_step: PromptsOpt = None, seed: SeedOpt = None,
          run_dir: RunDirOpt = None, resume: ResumeOpt = False, sampler: SamplerOpt = None, lr: LrOpt = None,
          minibatches: MinibatchOpt = None, checkpoint_every: CkptOpt = None,

@@ -28,7 +28,7 @@ NODE_KEYS = {
     "identity": "network.identity", "role": "network.role", "learner": "network.learner", "relay": "network.relay",
     "upnp": "network.upnp", "cost_per_hour": "echo.cost_per_hour", "local_groups": "share.local_groups",
     "external_groups": "share.external_groups", "max_external_age": "share.max_external_age",
-    "external_correction": "share.correction.kind",
+    "external_correction": "share.correction.kind", "filter_no_signal": "share.filter_no_signal",
 }
 
 

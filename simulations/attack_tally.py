@@ -31,15 +31,15 @@ from swarm_node.types import PoolEntry
 class TallyPool(ExperiencePool):
     """An experience pool that reports what it hands to an update."""
 
-    def __init__(self, capacity: int, per_peer_cap: int, max_age: int) -> None:
-        super().__init__(capacity, per_peer_cap, max_age)
+    def __init__(self, capacity: int, per_peer_cap: int, max_age: int, keep_no_signal: bool = False) -> None:
+        super().__init__(capacity, per_peer_cap, max_age, keep_no_signal)
         self.on_take: Callable[[list[PoolEntry], set[bytes]], None] | None = None
         self.before: set[bytes] = set()  # content trained on or published by this node so far
 
     @classmethod
     def like(cls, pool: ExperiencePool) -> TallyPool:
         """An empty pool with `pool`'s bounds (a node's pool is empty until its first ingest)."""
-        return cls(pool.capacity, pool.per_peer_cap, pool.max_age)
+        return cls(pool.capacity, pool.per_peer_cap, pool.max_age, pool.keep_no_signal)
 
     def mark_seen(self, keys: Iterable[bytes]) -> None:
         keys = list(keys)

@@ -122,7 +122,7 @@ def row(variant: str, seed: int, n: SimNode, rnd: int, t: float, m: dict[str, An
             "external_used": m.get("external_used"), "external_reward_mean": m.get("external_reward_mean"),
             "pool_size": m.get("pool_size"), "received": m.get("received"), "dropped": sum(dropped.values()),
             "loss": m.get("loss"), "step_s": m.get("step_s"), "gen_tokens": m.get("gen_tokens"),
-            "groups_total": m.get("groups_total")}
+            "groups_total": m.get("groups_total"), "external_signal": m.get("external_signal")}
 
 
 def train_round(active: list[SimNode], drafts: dict[int, Any], variant: str, seed: int, rnd: int, t: float,

@@ -20,7 +20,7 @@ from swarm_node.model.default_model import DefaultModelRecipe
 
 CSV_FIELDS = ["variant", "seed", "node", "round", "time_s", "reward_mean", "accuracy", "groups_used",
               "external_used", "external_reward_mean", "pool_size", "received", "dropped", "loss", "step_s",
-              "gen_tokens", "groups_total"]
+              "gen_tokens", "groups_total", "external_signal"]
 RESULT_FILE = "result.json"
 METRICS_CSV = "metrics.csv"
 _NOT_IN_FINGERPRINT = ("seeds", "run_dir", "variants", "checkpoint_rounds")  # how often a cell snapshots: no result

@@ -186,9 +186,11 @@ class ShareReport:
         object.__setattr__(self, "dropped", MappingProxyType(dict(self.dropped)))
 
     def metrics(self, externals: tuple[PoolEntry, ...]) -> dict[str, Any]:
-        """The peer fields of a step's metrics (absent for a node that does not share)."""
+        """The peer fields of a step's metrics (absent for a node that does not share); `external_signal`: the
+        external groups with signal (all of them unless `[share] filter_no_signal` is off)."""
         rewards = [r for e in externals for r in e.group.rewards]
-        return {"external_used": len(externals), "external_sources": sorted({e.sender for e in externals}),
+        return {"external_used": len(externals), "external_signal": sum(1 for e in externals if e.group.has_signal),
+                "external_sources": sorted({e.sender for e in externals}),
                 "external_reward_mean": sum(rewards) / len(rewards) if rewards else None,
                 "pool_size": self.pool_size, "received": self.received, "external_dropped": dict(self.dropped)}
 

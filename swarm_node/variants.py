@@ -16,7 +16,8 @@ LOSSES = ("grpo",)  # rl/loss.py
 SELECTIONS = ("uniform", "freshest", "variance")  # sharing/selection.py: which external groups an update takes
 CORRECTIONS = ("none", "is", "ftis", "decoupled")  # sharing/corrections.py: how external completions are weighted
 STALE_CORRECTIONS = ("none", "tis", "m2po", "vcpo")  # rl/stale.py: how our own stale rollouts are weighted
-ROLLOUT_MODES = ("sync", "april")  # train/partial.py: a step's rollouts (april: partial rollouts carried over)
+ROLLOUT_MODES = ("sync", "april", "dynamic")  # train/partial.py: a step's rollouts (april: partial rollouts
+# carried over; dynamic: more groups until I have signal, train/dynamic_sampling.py)
 CODECS = ("full", "dense-bf16", "topk")  # policy_sync/codecs.py: policy delta encodings
 WEIGHT_FORMS = ("full", "base", "adapter")  # model/lora.py: the tensors a sampler loads from a LoRA-trained model
 SAMPLER_KINDS = ("auto", "vllm", "hf")  # sampler/factory.py

@@ -21,6 +21,7 @@ from swarm_node.config.peers import PeersConfig
 from swarm_node.config.run import (
     ROLLOUT_CONFIGS,
     AprilRolloutConfig,
+    DynamicRolloutConfig,
     ModelConfig,
     RolloutConfig,
     RunConfig,
@@ -52,7 +53,7 @@ from swarm_node.config.train import (
 )
 
 __all__ = [
-    "CORRECTION_CONFIGS", "RENAMED", "ROLLOUT_CONFIGS", "AprilRolloutConfig", "RolloutConfig",
+    "CORRECTION_CONFIGS", "RENAMED", "ROLLOUT_CONFIGS", "AprilRolloutConfig", "DynamicRolloutConfig", "RolloutConfig",
     "SAMPLER_CONFIGS", "STALE_CORRECTION_CONFIGS", "M2POStaleConfig",
     "StaleCorrectionConfig", "TISStaleConfig", "VCPOStaleConfig", "AutoSamplerConfig", "CappedCorrectionConfig",
     "CorrectionConfig", "DecoupledCorrectionConfig", "EchoConfig", "FTISCorrectionConfig", "HFSamplerConfig",

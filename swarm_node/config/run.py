@@ -51,6 +51,20 @@ class AprilRolloutConfig(RolloutConfig):
         non_negative(self, "over", "max_lag")
 
 
+@ROLLOUT_CONFIGS.register("dynamic")
+@dataclass(frozen=True)
+class DynamicRolloutConfig(RolloutConfig):
+    """Dynamic sampling (DAPO's, for a node alone): generate more groups until B of them have signal, at most
+    `max_factor` x B groups per step; every generated token is counted (train/dynamic_sampling.py)."""
+
+    kind: str = "dynamic"
+    max_factor: int = 4
+
+    def validate(self) -> None:
+        super().validate()
+        positive(self, "max_factor")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     section: ClassVar[str] = "run"
@@ -79,7 +93,8 @@ class RunConfig:
     device: str = "auto"
     memory_budget_mib: int = 0
     memory_guard: bool = True
-    # `[run.rollout] kind`: variants.ROLLOUT_MODES; "april" carries partial rollouts across steps (train/partial.py)
+    # `[run.rollout] kind`: variants.ROLLOUT_MODES; "april" carries partial rollouts across steps, "dynamic" generates
+    # more groups until B have signal (train/partial.py)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
     def validate(self) -> None:
@@ -88,7 +103,7 @@ class RunConfig:
         one_of(self, "rollout_allocation", variants.ROLLOUT_ALLOCATIONS)
         if self.rollout_allocation != "fixed" and self.rollout.kind != "sync":
             raise ConfigError(f"run.rollout_allocation {self.rollout_allocation!r} needs run.rollout.kind 'sync' "
-                              f"(APRIL carries groups of G), got {self.rollout.kind!r}")
+                              f"(APRIL and dynamic sampling draw groups of G), got {self.rollout.kind!r}")
         non_negative(self, "eval_every", "eval_problems", "memory_budget_mib", "checkpoint_every_s")
         if self.seed is not None and self.seed < 0:
             raise ConfigError(f"run.seed must be >= 0, got {self.seed}")

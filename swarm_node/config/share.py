@@ -119,6 +119,10 @@ class ShareConfig:
     pool_size: int = 256
     per_peer_pool_cap: int = 64
     per_peer_batch_cap: int = 0  # 0: no per-peer limit within one batch beyond external_groups
+    # SAPO's zero-advantage filter: a peer's group without signal (every completion scored alike) is refused at the
+    # pool. false only for the ablation (bench/sapo_regimes.py, "4/4-nofilter"): such groups are pooled and taken
+    # as any other, so they count toward J while training nothing.
+    filter_no_signal: bool = True
     selection: str = "uniform"  # variants.SELECTIONS (sharing/selection.py)
     # variants.EXCHANGES (sharing/exchanges.py): "flood" gossips every group to everyone; "bounded" (issue 32, not
     # the default until it is measured in a real run) gossips digests in shards and pulls J groups.

@@ -165,10 +165,12 @@ def assemble(cfg: NodeConfig, sharing: Sharing = Sharing.NONE, *, transport: Tra
         rollouts = exchange_for(node, transport, guard, kind=exchange or EXCHANGES[cfg.share.fanin])
         sh = cfg.share
         peer = SapoPeer(outbox(rollouts) if outbox is not None else rollouts,
-                        # Groups without signal reach the pool too: it tells their copies apart, then drops them.
+                        # Groups without signal reach the pool too: it tells their copies apart, then drops them
+                        # (unless [share] filter_no_signal is off).
                         Ingest(context, node.stats, guard=guard, keep_no_signal=True,
                                pass_rates=node.task_source.book if cfg.task.adaptive_from_peers else None),
-                        pool(sh.pool_size, sh.per_peer_pool_cap, sh.max_external_age), sh, node.streams.share, signer,
+                        pool(sh.pool_size, sh.per_peer_pool_cap, sh.max_external_age,
+                             keep_no_signal=not sh.filter_no_signal), sh, node.streams.share, signer,
                         lambda: node.step)
         return Assembly(node, guard, context, signer, rollouts, peer)
     except BaseException:

@@ -51,8 +51,8 @@ from swarm_node.sharing.corrections import CorrectionParams, external_samples
 from swarm_node.status.stats import NodeStats
 from swarm_node.train.evaluate import EvalResult, evaluate, per_task_metrics
 from swarm_node.train.overlap import LatestWeights
-from swarm_node.train.partial import ROLLOUT_MODES, RolloutRequest
-from swarm_node.train.scoring import score_group, to_samples
+from swarm_node.train.partial import ROLLOUT_MODES, RolloutRequest, StepTurns
+from swarm_node.train.scoring import GroupScorer, to_samples
 from swarm_node.train.signal import AFTER_STEPS as SIGNAL_AFTER_STEPS
 from swarm_node.train.signal import SignalWatch
 from swarm_node.train.trainer import Trainer
@@ -131,6 +131,8 @@ class Node:
         # How prompts ask and answers are read (the model's own format unless --prompt-format), and the reward terms.
         self.prompter = build_prompter(cfg.task.prompt_format, self.tokenizer, cfg.sampler.max_new_tokens)
         self.reward_terms = cfg.task.reward_terms(cfg.sampler.max_new_tokens)
+        self._score = GroupScorer(self.task_source.reward, cfg.train.advantage, self.eos_ids,
+                                  frozenset(self.tokenizer.all_special_ids), self.prompter.fmt, self.reward_terms)
         self._signal = SignalWatch(SIGNAL_AFTER_STEPS, cfg.sampler.max_new_tokens, self.eos_ids,
                                    self.tokenizer.all_special_ids, self.prompter.fmt)
         self.tokenizer_hash = tokenizer_hash(self.tokenizer)
@@ -237,10 +239,10 @@ class Node:
         assert self._sampler is not None, "generate_groups() is called once setup() has built the sampler"
         count = self.hardware.sizes.prompts_per_step
         source = self.task_source
-        turn = self._draws * count
+        turns = StepTurns(self._draws * count, self._draws)  # a refill (dynamic sampling) goes on rotating
 
         def draw(n: int) -> list[tuple[tasks.TaskInstance, list[int]]]:
-            insts = [tasks.instance(r) for r in source.draw(self.streams.task, n, turn=turn)]
+            insts = [tasks.instance(r) for r in source.draw(self.streams.task, n, turn=turns.next(n))]
             return [(i, self.prompter.ids(i)) for i in insts]
 
         params = SamplingParams(cfg.sampler.temperature, cfg.sampler.top_p, cfg.sampler.max_new_tokens,
@@ -253,7 +255,7 @@ class Node:
         started = time.monotonic()
         try:
             rollouts = self._rollouts.step(RolloutRequest(self._sampler, draw, count, cfg.run.group_size, params,
-                                                          frozenset(self.eos_ids), sizes))
+                                                          frozenset(self.eos_ids), sizes, self._score.has_signal))
         except PromptTooLongError as exc:
             # vLLM's context is the prompt budget measured at start + max_new_tokens (docs/SIZING.md).
             raise UserError(f"task {', '.join(source.names)}: {exc} (vLLM: --max-model-len sets it)") from exc
@@ -262,10 +264,7 @@ class Node:
         for reason, n in rollouts.counts:
             if reason in ("stale", "resume_failed") and n:
                 self.stats.count("dropped", f"partial_{reason}", n)
-        special = frozenset(self.tokenizer.all_special_ids)  # a completion must be in the format, then EOS
-        groups = [score_group(g.inst, g.prompt_ids, g.completions, source.reward, cfg.train.advantage,
-                              eos_id=self.eos_ids, special_ids=special, fmt=self.prompter.fmt, terms=self.reward_terms)
-                  for g in rollouts.groups]
+        groups = [self._score(g) for g in rollouts.groups]  # a completion must be in the format, then EOS
         if self._track_rates:  # the adaptive selection's and the allocation's estimates (checkpointed)
             for group in groups:
                 source.book.record(group.inst.ref, group.correctness())

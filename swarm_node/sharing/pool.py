@@ -1,7 +1,9 @@
 """Experience pool: bounded store of re-scored external rollout groups.
 
 Contract: pure logic, no I/O, no clock. Entries arrive already re-scored by `sharing`, with or without signal: a
-group without signal is remembered (a later copy of it is still a copy) and refused ("zero_advantage").
+group without signal is remembered (a later copy of it is still a copy) and refused ("zero_advantage"), unless the
+pool was built with `keep_no_signal` (`[share] filter_no_signal = false`, an ablation): then it is pooled and taken
+like any other entry.
 - `add` refuses content it has seen, also of a group seen earlier and since evicted or used: "duplicate" when the
   content was ours (`mark_seen` records our published groups: a peer replaying them back to us must not make us
   train on them twice; `mark_seen` may run on another thread, each of its steps is one dict call) or the same
@@ -32,12 +34,13 @@ OURS = ""  # the first sender of our own published content
 
 
 class ExperiencePool:
-    def __init__(self, capacity: int, per_peer_cap: int, max_age: int) -> None:
+    def __init__(self, capacity: int, per_peer_cap: int, max_age: int, keep_no_signal: bool = False) -> None:
         if capacity < 1 or per_peer_cap < 1 or max_age < 0:
             raise ValueError("pool capacity and per-peer cap must be >= 1, max_age >= 0")
         self.capacity = capacity
         self.per_peer_cap = per_peer_cap
         self.max_age = max_age
+        self.keep_no_signal = keep_no_signal
         self._entries: OrderedDict[bytes, PoolEntry] = OrderedDict()  # arrival order, oldest first
         self._seen: OrderedDict[bytes, str] = OrderedDict()  # content key -> its first sender ("": ours)
         self.copies = CopyWatch()
@@ -61,7 +64,7 @@ class ExperiencePool:
         if first is not None:
             return [(entry.sender, "copied")]
         self._remember(entry.key, entry.sender)
-        if not entry.group.has_signal:
+        if not entry.group.has_signal and not self.keep_no_signal:
             return [(entry.sender, "zero_advantage")]
         drops: list[tuple[str, str]] = []
         own = [k for k, e in self._entries.items() if e.sender == entry.sender]

@@ -5,6 +5,7 @@
 - `trainer.py`: the GRPO `Trainer` (clipped surrogate, truncated importance weights for off-policy rows).
 - `staleness.py`: the version-lag bound S (drop reasons, the rollout buffer, may-generate).
 - `overlap.py`: generation overlapped with training (ECHO-2), within S.
+- `partial.py`: the rollout modes (sync, APRIL's partial rollouts, dynamic sampling: `dynamic_sampling.py`, pure).
 - `evaluate.py`: greedy accuracy and sampled reward on held-out problems.
 - `signal.py`: saying when nothing is learnt (no group with signal for a while), and the likely cause.
 - `memory_estimate.py`: one step's peak memory, part by part (pure); `sizing.py`: the sizes that fit a budget, the

@@ -16,7 +16,11 @@ Contract:
   `reprefilled_tokens`), so it carries one policy version per token span (`Completion.spans`). Carried groups are
   dropped whole, never trained, when any completion's oldest span lags by more than `max_lag` (counted "stale") or
   when the sampler cannot resume them (another engine, `ResumeError`: counted "resume_failed").
-The bookkeeping helpers are pure; only `AprilRollouts.step` calls the sampler. Carried rollouts live in memory
+- "dynamic" (DAPO's dynamic sampling, for a node alone): rounds of sync generation, each drawing only the groups
+  with signal still missing, until B groups have signal or `max_factor` x B groups were generated
+  (train/dynamic_sampling.py). It needs `request.has_signal` (the node's scoring of a group); every generated group
+  is returned, so the step counts them and their tokens; counters "groups", "signal_groups", "rounds".
+The bookkeeping helpers are pure; only the modes' `step` calls the sampler. Carried rollouts live in memory
 alone: a restarted node starts without them.
 """
 
@@ -30,9 +34,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from swarm_node import variants
-from swarm_node.config import AprilRolloutConfig, RolloutConfig
+from swarm_node.config import AprilRolloutConfig, DynamicRolloutConfig, RolloutConfig
 from swarm_node.sampler.base import ResumeError, Sampler, SamplingParams
 from swarm_node.tasks import TaskInstance
+from swarm_node.train.dynamic_sampling import sample_until_signal
 from swarm_node.train.staleness import span_drop_reason
 from swarm_node.types import Completion
 
@@ -51,6 +56,8 @@ class RolloutRequest:
     eos_ids: frozenset[int]
     # Completions per drawn prompt (run.rollout_allocation; sync mode only); None: G each.
     sizes: Callable[[list[TaskInstance]], list[int]] | None = None
+    # Whether a generated group has signal (the node scores it); only the dynamic mode asks.
+    has_signal: Callable[[PendingGroup], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,22 @@ class Rollouts:
     gen_tokens: int  # tokens sampled this step: for these groups, carried ones and later-discarded ones
     reprefilled_tokens: int = 0  # completion tokens prefilled again to resume partial completions
     counts: tuple[tuple[str, int], ...] = ()  # e.g. ("resume_failed", completions discarded)
+
+
+@dataclass
+class StepTurns:
+    """The rotation position (a task selection's `turn`) of each draw of one step: the first at `start`, as every
+    step's single draw; a later one (a dynamic-sampling refill) after the prompts drawn so far, shifted by `shift`
+    (the step's number), so that a rotating selection does not refill from the mix's first specialties every step."""
+
+    start: int
+    shift: int
+    drawn: int = 0
+
+    def next(self, count: int) -> int:
+        turn = self.start if self.drawn == 0 else self.start + self.drawn + self.shift
+        self.drawn += count
+        return turn
 
 
 class RolloutMode(Protocol):
@@ -208,6 +231,31 @@ class AprilRollouts:
             tokens, prefilled
 
 
+class DynamicRollouts:
+    """Sync rounds until B groups have signal, at most max_factor x B groups (train/dynamic_sampling.py)."""
+
+    def __init__(self, max_factor: int) -> None:
+        self.max_factor = max_factor
+
+    def step(self, request: RolloutRequest) -> Rollouts:
+        if request.has_signal is None:
+            raise ValueError("the dynamic rollout mode needs request.has_signal (the node's scoring of a group)")
+        sampler, engine = request.sampler, request.sampler.engine_id
+        tokens = 0
+
+        def generate(round_: int, count: int) -> list[PendingGroup]:
+            nonlocal tokens
+            drawn = request.draw(count)
+            outputs = sampler.generate([p for _, p in drawn], request.group_size,
+                                       _seeded(request.params, round_, request.params.max_new_tokens))
+            tokens += sum(len(c.token_ids) for out in outputs for c in out)
+            return [PendingGroup(i, p, out, engine) for (i, p), out in zip(drawn, outputs, strict=True)]
+
+        got = sample_until_signal(generate, request.has_signal, request.target, self.max_factor)
+        counts = (("groups", got.generated), ("rounds", got.rounds), ("signal_groups", got.with_signal))
+        return Rollouts(got.groups, tokens, counts=counts)
+
+
 def _april(cfg: RolloutConfig) -> RolloutMode:
     assert isinstance(cfg, AprilRolloutConfig)
     return AprilRollouts(cfg.over, cfg.chunk_tokens, cfg.max_lag)
@@ -217,3 +265,11 @@ ROLLOUT_MODES: variants.Registry[Callable[[RolloutConfig], RolloutMode]] = varia
     "run.rollout.kind", variants.ROLLOUT_MODES)
 ROLLOUT_MODES.add("sync", lambda cfg: SyncRollouts())
 ROLLOUT_MODES.add("april", _april)
+
+
+def _dynamic(cfg: RolloutConfig) -> RolloutMode:
+    assert isinstance(cfg, DynamicRolloutConfig)
+    return DynamicRollouts(cfg.max_factor)
+
+
+ROLLOUT_MODES.add("dynamic", _dynamic)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -45,6 +47,38 @@ def score_group(inst: tasks.TaskInstance, prompt_ids: Sequence[int], completions
     values = torch.tensor(rewards, dtype=torch.float64)
     return ScoredGroup(inst, prompt_ids, completions, rewards, estimator(values).tolist(), origin,
                        estimator.pivot(values), correct)
+
+
+class Generated(Protocol):
+    """A group as generated, not yet scored (train/partial.PendingGroup)."""
+
+    @property
+    def inst(self) -> tasks.TaskInstance: ...
+    @property
+    def prompt_ids(self) -> Sequence[int]: ...
+    @property
+    def completions(self) -> Sequence[Completion]: ...
+
+
+@dataclass(frozen=True)
+class GroupScorer:
+    """How a node scores its own groups: `score_group` with its verifier, estimator, EOS and special ids, format
+    and reward terms. `has_signal` is the dynamic rollout mode's test (scoring a group again costs little against
+    generating it)."""
+
+    reward: Reward
+    advantage: str
+    eos_ids: Collection[int]
+    special_ids: Collection[int]
+    fmt: tasks.PromptFormat
+    terms: tasks.RewardTerms
+
+    def __call__(self, group: Generated) -> ScoredGroup:
+        return score_group(group.inst, group.prompt_ids, group.completions, self.reward, self.advantage,
+                           eos_id=self.eos_ids, special_ids=self.special_ids, fmt=self.fmt, terms=self.terms)
+
+    def has_signal(self, group: Generated) -> bool:
+        return self(group).has_signal
 
 
 def to_samples(groups: Sequence[ScoredGroup], off_policy: Sequence[bool] | None = None,

@@ -132,6 +132,24 @@ def test_an_assembled_node_refuses_attribute_assignment(tiny_model_dir: Path, tm
         assembly.close()
 
 
+@pytest.mark.parametrize(("overrides", "keeps"), [({}, False), ({"share.filter_no_signal": False}, True)])
+def test_the_zero_advantage_filter_setting_reaches_the_pool(tiny_model_dir: Path, tmp_path: Path,
+                                                            overrides: dict[str, object], keeps: bool) -> None:
+    from swarm_node.node.assembly import Sharing, assemble
+    from swarm_node.transport.memory import MemoryHub, MemoryTransport
+
+    cfg = load_config(None, {"model.path": str(tiny_model_dir), "sampler.kind": "hf", "run.steps": 1,
+                             "run.prompts_per_step": 2, "run.group_size": 4, "run.eval_problems": 0,
+                             "run.run_dir": str(tmp_path / "run"), "train.threads": 1, "status.port": -1,
+                             **overrides})
+    assembly = assemble(cfg, Sharing.SAPO, transport=MemoryTransport(MemoryHub(), "node0"),
+                        events=NodeEvents(log=lambda _m: None))
+    try:
+        assert assembly.peer is not None and assembly.peer.pool.keep_no_signal is keeps
+    finally:
+        assembly.close()
+
+
 def test_a_solo_node_builds_no_sharing(tiny_model_dir: Path, tmp_path: Path) -> None:
     from swarm_node.node.assembly import assemble
 

@@ -124,3 +124,33 @@ def test_copy_watch_needs_min_copies_and_the_fraction() -> None:
     watch.observe("y", True)
     watch.observe("z", True)  # two senders at most: x is forgotten
     assert watch.observe("x", True) is False
+
+
+def flat(sender: str, key: str) -> PoolEntry:
+    """A group without signal: every completion scored alike, every advantage 0."""
+    ref = tasks.TaskRef("chain_sum", "{}", 0, 0)
+    inst = tasks.TaskInstance(ref, "q", "a", "q\nAnswer: ", {})
+    group = ScoredGroup(inst, [5], [Completion([7], "x", [-0.1], 0) for _ in range(2)], [0.0, 0.0], [0.0, 0.0],
+                        Origin.peer(sender))
+    return PoolEntry(group, sender, key.encode(), 0)
+
+
+@pytest.mark.parametrize(("keep_no_signal", "accepted", "refused"), [(False, 3, 3), (True, 6, 0)])
+def test_the_zero_advantage_filter_is_switchable(keep_no_signal: bool, accepted: int, refused: int) -> None:
+    """[share] filter_no_signal (default on) refuses peers' groups without signal; off (the 4/4-nofilter ablation)
+    they are pooled and taken like any other, counting toward J."""
+    from swarm_node.types import ShareReport
+
+    pool = ExperiencePool(capacity=16, per_peer_cap=16, max_age=10, keep_no_signal=keep_no_signal)
+    drops = []
+    for i in range(3):
+        drops += pool.add(entry("a", f"s{i}"))
+        drops += pool.add(flat("b", f"z{i}"))
+    assert len(pool) == accepted and drops == [("b", "zero_advantage")] * refused
+    assert pool.add(flat("c", "z0")) == [("c", "copied")]  # a group without signal is remembered either way
+    taken = pool.take(4, "uniform", random.Random(0))
+    assert len(taken) == (4 if keep_no_signal else 3)  # J = 4: the filtered pool holds only 3
+    with_signal = sum(e.group.has_signal for e in taken)
+    assert with_signal == sum(e.sender == "a" for e in taken) and (keep_no_signal or with_signal == 3)
+    metrics = ShareReport(0, {}, len(pool)).metrics(tuple(taken))
+    assert (metrics["external_used"], metrics["external_signal"]) == (len(taken), with_signal)
