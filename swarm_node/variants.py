@@ -28,6 +28,8 @@ ROLLOUT_ALLOCATIONS = ("fixed", "dars")  # tasks/allocation.py: how many complet
 TASK_SELECTIONS = ("uniform", "weighted", "balanced", "adaptive")  # tasks/selection.py: each prompt's pick
 DEVICES = ("auto", "cpu", "cuda", "mps")  # model/device.py: where a node computes ("cuda:N" picks a card)
 PRECISIONS = ("auto", "fp32", "bf16")  # model/device.py: the autocast dtype of the trainer
+# model/recipes.py: the embedded model's recipes; the first is the default (`model.recipe`)
+MODEL_RECIPES = ("bpe-think-answer-v2", "char-answer-line-v1")
 RELAY_MODES = ("auto", "on", "off")  # transport/libp2p/relay.py: serve as a circuit relay (auto: once public)
 
 T = TypeVar("T")

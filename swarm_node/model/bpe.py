@@ -1,15 +1,16 @@
 """Byte-level BPE tokenizers trained offline, shaped like the ones real instruct models ship.
 
 `build_bpe_tokenizer(spec)` trains a byte-level BPE with the `tokenizers` library on a small corpus generated here
-(training problems of the default mix with their think-answer traces, chat-template words, printable ASCII), so the
-same spec always gives the same vocabulary. Digits are split one per token before the byte-level step, as Qwen2.5's
-tokenizer does. Special tokens come after the learned vocabulary (the highest ids, as in Qwen2.5 and Llama 3); an
-optional BOS is added by the post-processor on `encode` (Llama 3), never with `add_special_tokens=False`. The result
-is a `PreTrainedTokenizerFast` carrying its chat template.
+(training problems of the spec's task mix, by default the default mix, with their think-answer traces,
+chat-template words, printable ASCII), so the same spec always gives the same vocabulary. Digits are split one per
+token before the byte-level step, as Qwen2.5's tokenizer does. Special tokens come after the learned vocabulary (the
+highest ids, as in Qwen2.5 and Llama 3); an optional BOS is added by the post-processor on `encode` (Llama 3), never
+with `add_special_tokens=False`. The result is a `PreTrainedTokenizerFast` carrying its chat template.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ class BpeSpec:
     learned_vocab: int = 384  # byte alphabet (256) plus merges
     corpus_problems: int = 600
     corpus_seed: int = 4242
+    corpus_mix: str = ""  # canonical JSON of the task mix the corpus draws from ("": tasks.DEFAULT_MIX)
     model_max_length: int = 2048
 
 
@@ -43,12 +45,12 @@ TEMPLATE_WORDS = ("system", "user", "assistant", "You are a helpful assistant.",
 ASCII_TEXT = "".join(chr(c) for c in range(32, 127)) + "\n"
 
 
-def training_corpus(problems: int, seed: int) -> Iterator[str]:
-    """Deterministic text: printable ASCII, template words, and training problems (never held-out) of the default
-    mix with their think-answer completions."""
+def training_corpus(problems: int, seed: int, mix: str = "") -> Iterator[str]:
+    """Deterministic text: printable ASCII, template words, and training problems (never held-out) of `mix`
+    (canonical JSON; "": the default mix) with their think-answer completions."""
     yield ASCII_TEXT
     yield from TEMPLATE_WORDS
-    source = tasks.TaskSource(seed=seed, selection="balanced", mix=tasks.DEFAULT_MIX)
+    source = tasks.TaskSource(seed=seed, selection="balanced", mix=json.loads(mix) if mix else tasks.DEFAULT_MIX)
     for ref in source.draw(random.Random(seed), problems):
         inst = tasks.instance(ref)
         yield inst.question
@@ -75,7 +77,7 @@ def trained_core(spec: BpeSpec) -> str:
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=spec.learned_vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False, min_frequency=2)
-    core.train_from_iterator(training_corpus(spec.corpus_problems, spec.corpus_seed), trainer)
+    core.train_from_iterator(training_corpus(spec.corpus_problems, spec.corpus_seed, spec.corpus_mix), trainer)
     core.add_special_tokens([AddedToken(tok, special=True, normalized=False) for tok in spec.special_tokens])
     if spec.bos_token is not None:
         bos_id = core.token_to_id(spec.bos_token)

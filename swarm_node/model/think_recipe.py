@@ -1,0 +1,109 @@
+"""`bpe-think-answer-v2`: the embedded default model, a small Qwen2 that writes its steps before its answer.
+
+Shaped like the models users bring (`shapes.SHAPES["qwen2.5-instruct"]`): a byte-level BPE tokenizer trained offline
+on the recipe's mix (digits one per token), ChatML chat template, special tokens, generation_config.json with its
+EOS ids. Warmed up supervised (`warmup.supervised_warm_up`) on the verified think-answer traces of training problems
+of `recipe_mixes.REASONING_MIX`, prompted exactly as a node prompts it (`prompting.build_prompter("think-answer")`:
+the format the node picks for a model with a chat template). Training problems only: the warm-up skips the test
+buckets (the task source does) and the validation buckets (`VALIDATION_BUCKETS`, skipped here), on which the
+recipe's settings were chosen (docs/DEFAULT_MODEL.md). `max_new_tokens` is the model's own generation budget:
+the longest trace of the mix in its tokens, plus a margin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from swarm_node import tasks
+from swarm_node.model.bpe import build_bpe_tokenizer
+from swarm_node.model.prompting import Prompter, build_prompter
+from swarm_node.model.recipe_mixes import REASONING_MIX
+from swarm_node.model.shapes import QWEN_CHAT_TEMPLATE, SHAPES, ModelSize, save_shaped_model_dir, shaped_config
+from swarm_node.model.warmup import DrawFn, WarmupExample, WarmupSettings, supervised_warm_up, think_answer_example
+
+ProgressFn = Callable[[int, int, str], None]
+SHAPE = "qwen2.5-instruct"
+FORMAT = "think-answer"
+# The validation split: hash buckets 15..19 of tasks.heldout.bucket (the test split is 0..14). Never trained on.
+VALIDATION_BUCKETS = range(15, 20)
+
+
+@dataclass(frozen=True)
+class ThinkRecipe:
+    hidden_size: int = 128
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate_size: int = 384
+    max_positions: int = 512
+    learned_vocab: int = 384  # BPE: the byte alphabet (256) and merges, before the special tokens
+    warmup_steps: int = 300
+    warmup_batch: int = 32
+    warmup_lr: float = 3e-3
+    max_new_tokens: int = 192  # the model's own generation budget (EOS included)
+    seed: int = 1234
+    task_seed: int = 987_654  # warm-up problems come from their own stream, not the RL or eval streams
+
+    def key(self) -> str:
+        """Names the cache directory: the recipe, its mix, the shape's template and the format's system prompt."""
+        what = {**asdict(self), "mix": REASONING_MIX, "test_percent": tasks.EVAL_PERCENT,
+                "validation": [VALIDATION_BUCKETS.start, VALIDATION_BUCKETS.stop], "shape": SHAPE, "format": FORMAT,
+                "template": QWEN_CHAT_TEMPLATE, "system": tasks.THINK_ANSWER_SYSTEM}
+        return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
+
+    def facts(self) -> dict[str, Any]:
+        """What `swarm_node_recipe.json` records besides the build time."""
+        return {**asdict(self), "recipe": "bpe-think-answer-v2", "shape": SHAPE, "prompt_format": FORMAT}
+
+    def size(self) -> ModelSize:
+        return ModelSize(hidden_size=self.hidden_size, layers=self.layers, heads=self.heads, kv_heads=self.kv_heads,
+                         intermediate_size=self.intermediate_size, max_positions=self.max_positions)
+
+    def tokenizer(self) -> PreTrainedTokenizerFast:
+        spec = replace(SHAPES[SHAPE].tokenizer, learned_vocab=self.learned_vocab,
+                       corpus_mix=json.dumps(REASONING_MIX, sort_keys=True))
+        return build_bpe_tokenizer(spec)
+
+    def untrained(self) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+        """The randomly initialised model (seeded) and its tokenizer."""
+        tokenizer = self.tokenizer()
+        config = shaped_config(SHAPE, self.size(), tokenizer)
+        torch.manual_seed(self.seed)
+        return SHAPES[SHAPE].model_class(config), tokenizer
+
+    def build(self, path: Path, progress: ProgressFn | None) -> None:
+        """Build, warm up and save the model as a HF directory at `path`."""
+        model, tokenizer = self.untrained()
+        prompter = build_prompter(FORMAT, tokenizer, self.max_new_tokens)
+        source = tasks.TaskSource(seed=self.task_seed, selection="balanced", mix=REASONING_MIX)
+        settings = WarmupSettings(steps=self.warmup_steps, batch=self.warmup_batch, lr=self.warmup_lr, seed=self.seed)
+        supervised_warm_up(model, training_draw(tokenizer, source, prompter), settings, int(tokenizer.pad_token_id),
+                           progress)
+        save_shaped_model_dir(SHAPE, model, tokenizer, path)
+
+
+def in_validation(inst: tasks.TaskInstance) -> bool:
+    return tasks.bucket(inst.ref.dataset, inst.question) in VALIDATION_BUCKETS
+
+
+def training_draw(tokenizer: PreTrainedTokenizerFast, source: tasks.TaskSource, prompter: Prompter) -> DrawFn:
+    """Warm-up examples from `source`'s training draws (no test problem), validation problems skipped."""
+
+    def draw(rng: random.Random, count: int) -> list[WarmupExample]:
+        out: list[WarmupExample] = []
+        while len(out) < count:
+            insts = [tasks.instance(ref) for ref in source.draw(rng, count - len(out))]
+            out.extend(think_answer_example(tokenizer, inst, prompter.ids(inst)) for inst in insts
+                       if not in_validation(inst))
+        return out
+
+    return draw
