@@ -36,6 +36,7 @@ class BpeSpec:
     corpus_problems: int = 600
     corpus_seed: int = 4242
     corpus_mix: str = ""  # canonical JSON of the task mix the corpus draws from ("": tasks.DEFAULT_MIX)
+    corpus_system: str = ""  # a system prompt that comes with each corpus problem, as the model will be prompted
     model_max_length: int = 2048
 
 
@@ -45,14 +46,16 @@ TEMPLATE_WORDS = ("system", "user", "assistant", "You are a helpful assistant.",
 ASCII_TEXT = "".join(chr(c) for c in range(32, 127)) + "\n"
 
 
-def training_corpus(problems: int, seed: int, mix: str = "") -> Iterator[str]:
+def training_corpus(problems: int, seed: int, mix: str = "", system: str = "") -> Iterator[str]:
     """Deterministic text: printable ASCII, template words, and training problems (never held-out) of `mix`
-    (canonical JSON; "": the default mix) with their think-answer completions."""
+    (canonical JSON; "": the default mix) with their think-answer completions, each after `system` when given."""
     yield ASCII_TEXT
     yield from TEMPLATE_WORDS
     source = tasks.TaskSource(seed=seed, selection="balanced", mix=json.loads(mix) if mix else tasks.DEFAULT_MIX)
     for ref in source.draw(random.Random(seed), problems):
         inst = tasks.instance(ref)
+        if system:
+            yield system
         yield inst.question
         yield think_answer_completion(inst)
 
@@ -77,7 +80,8 @@ def trained_core(spec: BpeSpec) -> str:
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=spec.learned_vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False, min_frequency=2)
-    core.train_from_iterator(training_corpus(spec.corpus_problems, spec.corpus_seed, spec.corpus_mix), trainer)
+    corpus = training_corpus(spec.corpus_problems, spec.corpus_seed, spec.corpus_mix, spec.corpus_system)
+    core.train_from_iterator(corpus, trainer)
     core.add_special_tokens([AddedToken(tok, special=True, normalized=False) for tok in spec.special_tokens])
     if spec.bos_token is not None:
         bos_id = core.token_to_id(spec.bos_token)

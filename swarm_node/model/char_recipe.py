@@ -47,6 +47,9 @@ class CharRecipe:
         what = {**asdict(self), "mix": SMALL_MIX, "heldout_percent": tasks.EVAL_PERCENT}
         return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
 
+    def task_mix(self) -> tuple[dict[str, Any], ...]:
+        return SMALL_MIX
+
     def facts(self) -> dict[str, Any]:
         """What `swarm_node_recipe.json` records besides the build time."""
         return {**asdict(self), "recipe": "char-answer-line-v1", "max_new_tokens": ANSWER_LINE_BUDGET}

@@ -60,6 +60,9 @@ class ThinkRecipe:
                 "template": QWEN_CHAT_TEMPLATE, "system": tasks.THINK_ANSWER_SYSTEM}
         return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
 
+    def task_mix(self) -> tuple[dict[str, Any], ...]:
+        return REASONING_MIX
+
     def facts(self) -> dict[str, Any]:
         """What `swarm_node_recipe.json` records besides the build time."""
         return {**asdict(self), "recipe": "bpe-think-answer-v2", "shape": SHAPE, "prompt_format": FORMAT}
@@ -70,7 +73,7 @@ class ThinkRecipe:
 
     def tokenizer(self) -> PreTrainedTokenizerFast:
         spec = replace(SHAPES[SHAPE].tokenizer, learned_vocab=self.learned_vocab,
-                       corpus_mix=json.dumps(REASONING_MIX, sort_keys=True))
+                       corpus_mix=json.dumps(REASONING_MIX, sort_keys=True), corpus_system=tasks.THINK_ANSWER_SYSTEM)
         return build_bpe_tokenizer(spec)
 
     def untrained(self) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
