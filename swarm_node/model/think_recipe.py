@@ -98,15 +98,20 @@ def in_validation(inst: tasks.TaskInstance) -> bool:
     return tasks.bucket(inst.ref.dataset, inst.question) in VALIDATION_BUCKETS
 
 
+def training_instances(source: tasks.TaskSource, rng: random.Random, count: int) -> list[tasks.TaskInstance]:
+    """`count` of `source`'s training draws (no test problem: the source skips them), validation problems skipped."""
+    out: list[tasks.TaskInstance] = []
+    while len(out) < count:
+        insts = [tasks.instance(ref) for ref in source.draw(rng, count - len(out))]
+        out.extend(inst for inst in insts if not in_validation(inst))
+    return out
+
+
 def training_draw(tokenizer: PreTrainedTokenizerFast, source: tasks.TaskSource, prompter: Prompter) -> DrawFn:
-    """Warm-up examples from `source`'s training draws (no test problem), validation problems skipped."""
+    """Warm-up examples of `training_instances`, prompted as a node prompts the model."""
 
     def draw(rng: random.Random, count: int) -> list[WarmupExample]:
-        out: list[WarmupExample] = []
-        while len(out) < count:
-            insts = [tasks.instance(ref) for ref in source.draw(rng, count - len(out))]
-            out.extend(think_answer_example(tokenizer, inst, prompter.ids(inst)) for inst in insts
-                       if not in_validation(inst))
-        return out
+        return [think_answer_example(tokenizer, inst, prompter.ids(inst))
+                for inst in training_instances(source, rng, count)]
 
     return draw

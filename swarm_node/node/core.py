@@ -53,7 +53,7 @@ from swarm_node.train.partial import ROLLOUT_MODES, RolloutRequest
 from swarm_node.train.scoring import score_group, to_samples
 from swarm_node.train.signal import AFTER_STEPS as SIGNAL_AFTER_STEPS
 from swarm_node.train.signal import SignalWatch
-from swarm_node.train.step_metrics import completion_metrics
+from swarm_node.train.step_metrics import completion_lengths, completion_metrics
 from swarm_node.train.trainer import Trainer
 from swarm_node.types import Draft, ScoredGroup, SkippedStep
 
@@ -347,7 +347,7 @@ class Node:
         }
         # the stale correction's statistics (train.stale_correction: m2po's masked_frac, vcpo's ess)
         metrics.update({f"stale_{name}": value for name, value in result.correction.items()})
-        metrics.update(completion_metrics(groups, draft.gen_s, metrics["step_s"]))  # lengths, generation's share
+        metrics.update(completion_metrics(completion_lengths(groups), draft.gen_s, metrics["step_s"]))
         metrics.update(self.hardware.after_step(self._step, self.trainer, self._sampler))  # the memory guard
         metrics.update({f"rollout_{name}": value for name, value in draft.rollout})  # APRIL's counters
         if draft.share is not None:

@@ -18,6 +18,7 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
     from swarm_node import tasks
     from swarm_node.config import CORRECTION_CONFIGS, ROLLOUT_CONFIGS, SAMPLER_CONFIGS, STALE_CORRECTION_CONFIGS
     from swarm_node.model.lora import WEIGHT_FORMS
+    from swarm_node.model.recipes import MODEL_RECIPES
     from swarm_node.policy_sync.codecs import CODECS
     from swarm_node.rl.advantages import ADVANTAGE_ESTIMATORS
     from swarm_node.rl.loss import LOSSES
@@ -39,7 +40,8 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
             (SAMPLER_CONFIGS, variants.SAMPLER_KINDS), (SAMPLER_PLANS, variants.SAMPLER_KINDS),
             (STALE_CORRECTIONS, variants.STALE_CORRECTIONS), (STALE_CORRECTION_CONFIGS, variants.STALE_CORRECTIONS),
             (tasks.PROMPT_FORMATS, variants.PROMPT_FORMATS), (tasks.REWARD_TERMS, variants.REWARD_TERMS),
-            (ROLLOUT_MODES, variants.ROLLOUT_MODES), (ROLLOUT_CONFIGS, variants.ROLLOUT_MODES)]
+            (ROLLOUT_MODES, variants.ROLLOUT_MODES), (ROLLOUT_CONFIGS, variants.ROLLOUT_MODES),
+            (MODEL_RECIPES, variants.MODEL_RECIPES)]
 
 
 def test_every_declared_name_is_registered() -> None:
@@ -65,6 +67,6 @@ def test_config_rejects_an_unknown_name_of_every_kind() -> None:
 
     for key in ["task.reward", "task.selection", "task.prompt_format", "sampler.kind", "train.advantage", "train.loss",
                 "share.correction.kind", "train.stale_correction.kind", "share.selection", "network.role",
-                "echo.encoding"]:
+                "echo.encoding", "model.recipe"]:
         with pytest.raises(ConfigError, match=f"^{key} 'nope' unknown; choose one of "):
             load_config(overrides={key: "nope"})
