@@ -125,6 +125,7 @@ def main() -> None:
     parser.add_argument("--problems", type=int, default=400)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--keep", type=Path, help="also copy the built model directory here")
+    parser.add_argument("--model-dir", type=Path, help="measure this built directory of the recipe (no build)")
     add_loaded_flag(parser)
     args = parser.parse_args()
     run = provenance.begin(timed=True, loaded=args.loaded)  # build seconds
@@ -134,6 +135,23 @@ def main() -> None:
     source = tasks.TaskSource(seed=0, selection="balanced", mix=mix)
     insts = (validation_problems(source, args.problems) if args.split == "validation"
              else [tasks.instance(r) for r in source.eval_refs(args.problems)])
+    if args.model_dir:
+        facts = json.loads((args.model_dir / "swarm_node_recipe.json").read_text())
+        build_s = float(facts["build_seconds"])
+        result = measure(args.model_dir, insts, int(facts["max_new_tokens"]), mix)
+    else:
+        build_s, result = build_and_measure(recipe, args.keep, insts, mix)
+    row = {"recipe": args.recipe, "settings": args.set, "split": args.split, "threads": args.threads,
+           "build_s": round(build_s, 1), "load_avg_1m": round(os.getloadavg()[0], 2),
+           "model_dir": str(args.model_dir or ""), **result}
+    out = RESULTS / "default_model.json"
+    rows = json.loads(out.read_text()).get("rows", []) if out.exists() else []
+    out.write_text(json.dumps(provenance.stamp({"rows": [*rows, row]}, run, len(rows) + 1), indent=1) + "\n")
+    print(json.dumps(row))
+
+
+def build_and_measure(recipe: Any, keep: Path | None, insts: list[tasks.TaskInstance], mix: Any
+                      ) -> tuple[float, dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model"
         path.mkdir()
@@ -145,15 +163,9 @@ def main() -> None:
 
         recipe.build(path, progress)
         build_s = time.monotonic() - started
-        if args.keep:
-            shutil.copytree(path, args.keep, dirs_exist_ok=True)
-        result = measure(path, insts, recipe.facts()["max_new_tokens"], mix)
-    row = {"recipe": args.recipe, "settings": args.set, "split": args.split, "threads": args.threads,
-           "build_s": round(build_s, 1), "load_avg_1m": round(os.getloadavg()[0], 2), **result}
-    out = RESULTS / "default_model.json"
-    rows = json.loads(out.read_text()).get("rows", []) if out.exists() else []
-    out.write_text(json.dumps(provenance.stamp({"rows": [*rows, row]}, run, len(rows) + 1), indent=1) + "\n")
-    print(json.dumps(row))
+        if keep:
+            shutil.copytree(path, keep, dirs_exist_ok=True)
+        return build_s, measure(path, insts, recipe.facts()["max_new_tokens"], mix)
 
 
 if __name__ == "__main__":
