@@ -63,17 +63,6 @@ def completion_loss_sum(model: PreTrainedModel, examples: list[WarmupExample], p
 def supervised_warm_up(model: PreTrainedModel, draw: DrawFn, settings: WarmupSettings, pad_id: int,
                        progress: ProgressFn | None = None) -> list[float]:
     """Train `model` in place; returns each step's mean loss per completion token. Leaves the model in eval mode."""
-    # Denormal floats flushed to zero: as the one-cycle schedule anneals, optimizer states turn denormal and CPU steps
-    # ran ~10x slower (measured on the default recipe).
-    torch.set_flush_denormal(True)
-    try:
-        return _warm_up(model, draw, settings, pad_id, progress)
-    finally:
-        torch.set_flush_denormal(False)
-
-
-def _warm_up(model: PreTrainedModel, draw: DrawFn, settings: WarmupSettings, pad_id: int,
-             progress: ProgressFn | None) -> list[float]:
     torch.manual_seed(settings.seed)
     rng = random.Random(settings.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0)
