@@ -8,7 +8,7 @@ reported on test problems.
 Builds the recipe (with the --set changes) into a scratch directory (never the cache) with `--threads` torch
 threads (a node uses all cores: 2 here), times it, loads it as a node does and generates greedy at the recipe's own
 budget (`max_new_tokens`), prompted in the model's own format (`build_prompter("")`). Splits: `validation` (hash
-buckets 15..19, `think_recipe.VALIDATION_BUCKETS`, from an index stream of its own, distinct questions) and `test`
+buckets 15..19, `tasks.SPLITS["validation"]`, from an index stream of its own, distinct questions) and `test`
 (the held-out eval stream of a node with task seed 0, `TaskSource.eval_refs`). It also measures the longest
 think-answer trace, in the model's tokens with its EOS, of `TRACE_PROBLEMS` training problems per specialty: the
 budget must hold it. Appends one row to bench/results/default_model.json and prints it.

@@ -255,7 +255,7 @@ def heldout_disjoint(scn: Scenario, draws: int = 2000) -> bool:
     cfg = build_config([(scn.config, f" in scenario {scn.name!r}")])
     source = cfg.task.build_source()
     train = {tasks.instance(r).question for r in source.draw(random.Random(0), draws)}
-    held = {tasks.instance(r).question for r in source.eval_refs(min(400, draws))}
+    held = {tasks.instance(r).question for r in source.eval_refs(scn.eval_problems)}
     return not train & held
 
 

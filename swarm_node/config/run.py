@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from swarm_node import variants
 from swarm_node.config.checks import non_negative, one_of, positive
 from swarm_node.errors import ConfigError
-from swarm_node.tasks import DATASET_SIZE, DEFAULT_MIX, RewardTerms, TaskSource, parse_specialties
+from swarm_node.tasks import DATASET_SIZE, DEFAULT_MIX, MIXES, RewardTerms, TaskSource, parse_specialties
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,8 @@ class ModelConfig:
 @dataclass(frozen=True)
 class TaskConfig:
     """The task: by default the embedded mix (`tasks.DEFAULT_MIX`); or one task (`name`, `options`); or a mix:
-    `mix = [{name = "chain_sum", options = {...}, weight = 1.0}, ...]`. `accept`: the (name, options) entries
+    `mix = [{name = "chain_sum", options = {...}, weight = 1.0}, ...]`; or an embedded mix by name (`mix_name`,
+    `tasks.MIXES`: an earlier default stays reproducible). `accept`: the (name, options) entries
     taken from peers, default the mix drawn. `prompt_format`: how prompts ask and answers are read (every peer of a
     swarm uses the same); `format_bonus`, `length_penalty`: the reward terms (tasks/rewards.py), 0 = off."""
 
@@ -125,7 +126,8 @@ class TaskConfig:
     selection: str = "balanced"
     # adaptive: peers' groups, once we re-scored them, feed the pass-rate estimates too (each peer a bounded share)
     adaptive_from_peers: bool = False
-    mix: list[dict[str, Any]] = field(default_factory=list)  # empty: `name`, or else tasks.DEFAULT_MIX
+    mix: list[dict[str, Any]] = field(default_factory=list)  # empty: `mix_name`, `name`, or else tasks.DEFAULT_MIX
+    mix_name: str = ""  # variants.TASK_MIXES: an embedded mix by name, e.g. "small-2026-11" (the first default)
     accept: list[dict[str, Any]] = field(default_factory=list)  # empty: our own mix
     # variants.PROMPT_FORMATS; empty: the model's own (answer-line for the embedded model, think-answer for a model
     # whose tokenizer has a chat template)
@@ -145,15 +147,22 @@ class TaskConfig:
         one_of(self, "selection", variants.TASK_SELECTIONS)
         if self.mix and (self.name or self.options):
             raise ConfigError("task.mix replaces task.name and task.options: set one or the other")
+        if self.mix_name:
+            one_of(self, "mix_name", variants.TASK_MIXES)
+            if self.mix or self.name:
+                raise ConfigError("task.mix_name names a whole mix: set it without task.mix or task.name")
         if self.options and not self.name:
             raise ConfigError("task.options needs task.name (the dataset the options are for)")
         parse_specialties(self.mix, "task.mix")
         parse_specialties(self.accept, "task.accept", weighted=False)
 
     def specialties(self) -> list[dict[str, Any]]:
-        """The mix drawn, as config entries: `mix`, else the one task `name`, else the embedded default mix."""
+        """The mix drawn, as config entries: `mix`, else the embedded mix `mix_name`, else the one task `name`, else
+        the embedded default mix."""
         if self.mix:
             return self.mix
+        if self.mix_name:
+            return copy.deepcopy(list(MIXES[self.mix_name]))
         if self.name:
             return [{"name": self.name, "options": self.options}]
         return copy.deepcopy(list(DEFAULT_MIX))
@@ -162,7 +171,10 @@ class TaskConfig:
         """The reward terms over a generation budget of `budget` ids (sampler.max_new_tokens)."""
         return RewardTerms((("format_bonus", self.format_bonus), ("length_penalty", self.length_penalty)), budget)
 
-    def build_source(self, size: int = DATASET_SIZE) -> TaskSource:
-        """The node's task source (builds every dataset: an unknown dataset or bad options fail here)."""
-        return TaskSource(seed=self.seed, size=size, reward=self.reward, selection=self.selection,
-                          mix=self.specialties(), accept=self.accept)
+    def build_source(self, size: int = DATASET_SIZE, eval_problems: int = 0) -> TaskSource:
+        """The node's task source (builds every dataset: an unknown dataset or bad options fail here, and so does a
+        test split with fewer distinct questions than an eval of `eval_problems` asks of it)."""
+        source = TaskSource(seed=self.seed, size=size, reward=self.reward, selection=self.selection,
+                            mix=self.specialties(), accept=self.accept)
+        source.eval_refs(eval_problems)  # kept: the eval asks for the same questions
+        return source

@@ -5,8 +5,8 @@ on the recipe's mix (digits one per token), ChatML chat template, special tokens
 EOS ids. Warmed up supervised (`warmup.supervised_warm_up`) on the verified think-answer traces of training problems
 of `recipe_mixes.REASONING_MIX`, prompted exactly as a node prompts it (`prompting.build_prompter("think-answer")`:
 the format the node picks for a model with a chat template). Training problems only: the warm-up skips the test
-buckets (the task source does) and the validation buckets (`VALIDATION_BUCKETS`, skipped here), on which the
-recipe's settings were chosen (docs/DEFAULT_MODEL.md). `max_new_tokens` is the model's own generation budget:
+split and the validation split (`tasks.SPLITS`; the task source skips both, `training_instances` checks it), on
+which the recipe's settings were chosen (docs/DEFAULT_MODEL.md). `max_new_tokens` is the model's own generation budget:
 the longest trace of the mix in its tokens, plus a margin.
 """
 
@@ -33,8 +33,6 @@ from swarm_node.model.warmup import DrawFn, WarmupExample, WarmupSettings, super
 ProgressFn = Callable[[int, int, str], None]
 SHAPE = "qwen2.5-instruct"
 FORMAT = "think-answer"
-# The validation split: hash buckets 15..19 of tasks.heldout.bucket (the test split is 0..14). Never trained on.
-VALIDATION_BUCKETS = range(15, 20)
 
 
 @dataclass(frozen=True)
@@ -55,8 +53,9 @@ class ThinkRecipe:
 
     def key(self) -> str:
         """Names the cache directory: the recipe, its mix, the shape's template and the format's system prompt."""
+        validation = tasks.SPLITS["validation"]
         what = {**asdict(self), "mix": REASONING_MIX, "test_percent": tasks.EVAL_PERCENT,
-                "validation": [VALIDATION_BUCKETS.start, VALIDATION_BUCKETS.stop], "shape": SHAPE, "format": FORMAT,
+                "validation": [validation.start, validation.stop], "shape": SHAPE, "format": FORMAT,
                 "template": QWEN_CHAT_TEMPLATE, "system": tasks.THINK_ANSWER_SYSTEM}
         return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -95,7 +94,7 @@ class ThinkRecipe:
 
 
 def in_validation(inst: tasks.TaskInstance) -> bool:
-    return tasks.bucket(inst.ref.dataset, inst.question) in VALIDATION_BUCKETS
+    return tasks.in_split("validation", inst.ref.dataset, inst.question)
 
 
 def training_instances(source: tasks.TaskSource, rng: random.Random, count: int) -> list[tasks.TaskInstance]:

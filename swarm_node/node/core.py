@@ -108,7 +108,7 @@ class Node:
         cfg = self.cfg
         prepare_run_dir(self.run_dir)
         torch.set_num_threads(cfg.train.threads or os.cpu_count() or 1)
-        self.task_source = cfg.task.build_source()
+        self.task_source = cfg.task.build_source(eval_problems=cfg.run.eval_problems)  # too small: fails now
         self._allocation = tasks.ROLLOUT_ALLOCATIONS[cfg.run.rollout_allocation]
         # Pass rates are kept only where something reads them: the adaptive selection, an allocation that needs them.
         self._track_rates = self.task_source.reads_rates or self._allocation.reads_rates
@@ -335,8 +335,7 @@ class Node:
         self._step += 1
         metrics = {
             "step": self._step, "policy_version": self._version, "lag": max(lags, default=0),
-            "reward_mean": sum(rewards) / len(rewards),
-            "accuracy": sum(g.accuracy for g in groups) / len(groups),
+            "reward_mean": sum(rewards) / len(rewards), "accuracy": sum(g.accuracy for g in groups) / len(groups),
             "per_task": per_task_metrics(list(groups)),
             "groups_used": len(used), "groups_total": len(groups),
             "loss": result.loss, "clip_frac": result.clip_frac, "kl": result.kl, "entropy": result.entropy,
@@ -384,14 +383,15 @@ class Node:
         save(self.run_dir, self._step, self.model, self.trainer, self.streams, self.cfg, self.stats, self.events.log,
              version=self._version, skipped_steps=self._skipped_steps)
 
-    def evaluate(self) -> EvalResult:
-        """Held-out eval of the newest policy (with the generator paused when generation overlaps)."""
+    def evaluate(self, split: str = tasks.DEFAULT_SPLIT) -> EvalResult:
+        """Held-out eval of the newest policy on `split` (with the generator paused when generation overlaps)."""
         self.stats.set_phase("evaluating")
         with self._source.paused() if self._source is not None else contextlib.nullcontext():
             self._sync_sampler()
             assert self._sampler is not None
             result = evaluate(self._sampler, self.tokenizer, self.task_source, self.cfg.run.eval_problems,
-                              self.cfg.sampler.max_new_tokens, eos_ids=self.eos_ids, prompter=self.prompter)
+                              self.cfg.sampler.max_new_tokens, eos_ids=self.eos_ids, prompter=self.prompter,
+                              split=split)
         self.stats.set_phase("training")
         return result
 

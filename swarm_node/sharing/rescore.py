@@ -5,8 +5,8 @@ Contract: `accept_external(wire, sender, ctx, now)` checks attribution, sanity-c
 only groups generated in our prompt format ("prompt_format_mismatch": another format's completions cannot be read
 as ours; no reputation cost, it is another configuration), checks the group against OUR bounds (below),
 regenerates question and answer from the task reference and the prompt with OUR prompter (`ctx.prompter`, default
-answer-line), drops a group on a held-out eval question ("heldout", tasks/heldout.py) and RE-SCORES every completion
-with our verifier on the answer our format extracts, plus our own reward terms (`ctx.terms`).
+answer-line), drops a group on a held-out question, test or validation ("heldout", tasks/heldout.py) and RE-SCORES
+every completion with our verifier on the answer our format extracts, plus our own reward terms (`ctx.terms`).
 With our tokenizer hash the token ids are used as they are and the text we score is OUR decoding of those ids
 (the sender's text is ignored); with another tokenizer the sender's text is re-tokenized and the group is marked
 `retokenized`. A completion that is not well-formed (our format's `well_formed`: its shape, then exactly one EOS as
@@ -187,7 +187,7 @@ def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: flo
         token_ids.append(ids)
     # ...then the context, against our own tokenization of the prompt we regenerate.
     inst = tasks.instance(ref)
-    if ctx.task_source.is_heldout(inst):  # an eval problem: a peer must never make us train on it
+    if ctx.task_source.is_heldout(inst):  # a test or validation problem: a peer must never make us train on it
         return Outcome(None, "heldout")
     prompt_ids = prompter.ids(inst)
     if len(prompt_ids) + max(len(ids) for ids in token_ids) > bounds.max_context:

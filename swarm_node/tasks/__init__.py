@@ -5,19 +5,21 @@ Files:
 - `reference.py`: `TaskRef` (dataset, options, seed, index) and `TaskInstance`, regenerated with `instance(ref)`;
   the embedded model's prompt and answer parsing (answer-line), `score` with the dataset's own verifier on the answer
   a format extracts, `well_formed` (answer-line's: the answer alone, then EOS; anything else earns reward 0); the
-  default task.
+  single-task default, and the embedded task mixes by name (`MIXES`; `DEFAULT_MIX` is `MIXES[DEFAULT_MIX_NAME]`).
 - `formats.py`: `PROMPT_FORMATS` (answer-line, think-answer, boxed): each format's prompt text, answer extraction
   and well-formed shape (`PromptFormat`).
 - `rewards.py`: `REWARD_TERMS` (format_bonus, length_penalty) added to a well-formed completion's correctness
   (`RewardTerms`).
 - `source.py`: `TaskSource` over a mix of specialties (`Specialty`, `parse_specialties`): training draws, the
-  held-out eval stream, what peers may send (`allows`), the training reward (`REWARD_MODES`).
+  held-out eval draws (per split), what peers may send (`allows`), the training reward (`REWARD_MODES`).
 - `selection.py`: `TASK_SELECTIONS` (uniform, weighted, balanced, adaptive): which specialty and index each prompt
   gets.
 - `pass_rates.py`: `PassRateBook`: pass-rate estimates per family and instance, a peer's share bounded.
 - `allocation.py`: `ROLLOUT_ALLOCATIONS` (fixed, dars): how many completions each prompt of a step gets.
 - `traces.py`: verified step-by-step traces per specialty (`TRACE_GENERATORS`), the think-answer completion.
-- `heldout.py`: the train/eval partition by a hash of the question text (`EVAL_PERCENT` held out).
+- `heldout.py`: the partition by a hash of the question text: `SPLITS` test (`EVAL_PERCENT`) and validation, never
+  trained on (`is_heldout`); the rest trains.
+- `eval_draw.py`: an eval's distinct questions of one split per specialty (a bounded search; `SplitTooSmall`).
 
 Everything public is re-exported here: `from swarm_node import tasks; tasks.TaskSource(...)`.
 """
@@ -25,6 +27,7 @@ Everything public is re-exported here: `from swarm_node import tasks; tasks.Task
 from __future__ import annotations
 
 from swarm_node.tasks.allocation import ROLLOUT_ALLOCATIONS, RolloutAllocation
+from swarm_node.tasks.eval_draw import GIVE_UP_RUN, SplitTooSmall
 from swarm_node.tasks.formats import (
     ANSWER_LINE,
     ANSWER_PREFIX,
@@ -33,13 +36,24 @@ from swarm_node.tasks.formats import (
     THINK_ANSWER_SYSTEM,
     PromptFormat,
 )
-from swarm_node.tasks.heldout import EVAL_PERCENT, bucket, is_heldout, is_heldout_question
+from swarm_node.tasks.heldout import (
+    DEFAULT_SPLIT,
+    EVAL_PERCENT,
+    HELDOUT_BUCKETS,
+    SPLITS,
+    bucket,
+    in_split,
+    is_heldout,
+    is_heldout_question,
+)
 from swarm_node.tasks.pass_rates import OWN, PassRateBook, PassRateParams
 from swarm_node.tasks.reference import (
     DATASET_SIZE,
     DEFAULT_MIX,
+    DEFAULT_MIX_NAME,
     DEFAULT_TASK,
     DEFAULT_TASK_OPTIONS,
+    MIXES,
     TaskInstance,
     TaskRef,
     available_tasks,
@@ -64,4 +78,6 @@ __all__ = [
     "PassRateParams", "RolloutAllocation", "Specialty", "TaskInstance", "TaskRef", "TaskSelection", "TaskSource",
     "available_tasks", "bucket", "canonical_config", "dataset", "format_prompt", "instance", "is_heldout",
     "is_heldout_question", "parse_answer", "parse_specialties", "resolve_options", "score", "well_formed",
+    "DEFAULT_MIX_NAME", "DEFAULT_SPLIT", "GIVE_UP_RUN", "HELDOUT_BUCKETS", "MIXES", "SPLITS", "SplitTooSmall",
+    "in_split",
 ]

@@ -10,6 +10,10 @@ right answer followed by junk, padded to the budget or never stopped would pass 
 training reward is therefore 0 for a completion that is not well-formed (local and peers' groups alike, every
 reward mode), which gives it a non-positive advantage in any group. The length budget itself is the caller's
 (the sampler's max_new_tokens; `sharing.rescore` bounds peers' ids).
+
+The default task: one task with no options is `DEFAULT_TASK` with `DEFAULT_TASK_OPTIONS`; a config that names no
+task draws the mix `DEFAULT_MIX`, one of the embedded mixes registered by name in `MIXES` (an older one stays
+loadable by its name).
 """
 
 from __future__ import annotations
@@ -20,22 +24,40 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from swarm_node import variants
 from swarm_node.errors import UserError
 from swarm_node.tasks.formats import ANSWER_LINE, PromptFormat
 
 DEFAULT_TASK = "chain_sum"
-# chain_sum without options: one-digit sums and differences (200 distinct problems).
+# chain_sum without options: one-digit sums and differences (200 distinct problems). The single-task default, apart
+# from the default mix: `--task chain_sum` keeps meaning this whatever the mix is.
 DEFAULT_TASK_OPTIONS: dict[str, Any] = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
-# The default task: four specialties the embedded model (8 new tokens, 256-token context, character tokenizer)
-# learns to 10-50% held-out accuracy in its warm-up, leaving RL room on each (measured in docs/TASK_MIX.md).
-DEFAULT_MIX: tuple[dict[str, Any], ...] = (
+# The embedded task mixes by name (docs/TASK_MIX.md): a recipe or config that names one keeps its problems when the
+# default moves on.
+MIXES: variants.Registry[tuple[dict[str, Any], ...]] = variants.Registry("task mix", variants.TASK_MIXES)
+# Four specialties the first embedded model (8 new tokens, character tokenizer) learnt to 10-50% held-out accuracy;
+# their problem spaces (200 to 900 questions) are small enough to memorise.
+MIXES.add("small-2026-11", (
     {"name": "chain_sum", "options": DEFAULT_TASK_OPTIONS},
     {"name": "basic_arithmetic", "options": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
                                              "operators": ["+", "-", "*"], "allow_parentheses": False,
                                              "allow_negation": False}},
     {"name": "gcd", "options": {"min_value": 1, "max_value": 30}},
     {"name": "count_bits", "options": {"min_n": 1, "max_n": 255}},
-)
+))
+# The same four specialties over problem spaces of 30,603 to 2,936,400 questions: too many to memorise, and test
+# splits of thousands of distinct questions each.
+MIXES.add("reasoning-2026-11", (
+    {"name": "chain_sum", "options": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}},
+    {"name": "basic_arithmetic", "options": {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2,
+                                             "operators": ["+", "-", "*"], "allow_parentheses": False,
+                                             "allow_negation": False}},
+    {"name": "gcd", "options": {"min_value": 1, "max_value": 1000}},
+    {"name": "count_bits", "options": {"min_n": 1, "max_n": 65535}},
+))
+DEFAULT_MIX_NAME = "reasoning-2026-11"
+# The default task: the mix a node draws when its config names no task.
+DEFAULT_MIX: tuple[dict[str, Any], ...] = MIXES[DEFAULT_MIX_NAME]
 # Procedural datasets generate entry i from (seed, i); the size only bounds the index.
 DATASET_SIZE = 1_000_000
 

@@ -7,10 +7,12 @@ Contract:
   built); `TaskSource` builds every dataset once, so an unknown dataset or bad options fail at construction.
 - `draw(rng, count, turn)`: training references, in the order the selection (`TASK_SELECTIONS`) picks (`adaptive`
   reads the source's `book`, a `PassRateBook` the node feeds with scored groups); a pick on a held-out problem
-  (`heldout.py`) is replaced by a deterministic redraw that does not touch `rng`, so the stream is the selection's
-  stream wherever it picks a training problem.
-- `eval_refs(count)`: held-out problems only, spread evenly over the specialties, each from its own stream
-  (seed + EVAL_SEED_OFFSET, indices 0, 1, 2, ... that fall in the eval bucket); deterministic.
+  (test or validation, `heldout.py`) is replaced by a deterministic redraw that does not touch `rng`, so the
+  stream is the selection's stream wherever it picks a training problem.
+- `eval_refs(count, split)`: `count` distinct questions of one held-out split (`heldout.SPLITS`: "test" by default,
+  "validation" for choosing hyper-parameters), spread evenly over the specialties, each from its own stream
+  (`eval_draw.py`: seed + EVAL_SEED_OFFSET, each question once); deterministic. A specialty whose split has fewer
+  distinct questions than its share of the eval is one `UserError` line naming the entry.
 - `allows(ref)`: a peer's reference names an accepted (dataset, options) pair (`accept`, by default the mix, may
   be wider) with an index in bounds. Held-out questions are refused after regeneration (`is_heldout`).
 """
@@ -27,6 +29,7 @@ from typing import Any
 from swarm_node import variants
 from swarm_node.errors import ConfigError, UserError
 from swarm_node.tasks import heldout
+from swarm_node.tasks.eval_draw import EVAL_SEED_OFFSET, SplitStream
 from swarm_node.tasks.formats import ANSWER_LINE, PromptFormat
 from swarm_node.tasks.pass_rates import PassRateBook
 from swarm_node.tasks.reference import (
@@ -42,9 +45,7 @@ from swarm_node.tasks.reference import (
 )
 from swarm_node.tasks.selection import TASK_SELECTIONS, reads_rates
 
-# Held-out evaluation draws from a seed the training stream never uses (and only eval-bucket problems).
-EVAL_SEED_OFFSET = 1_000_003
-# A dataset whose problems almost all fall on one side of the partition cannot feed the other: stop looking.
+# A dataset whose problems are almost all held out cannot feed training: stop looking.
 MAX_SCAN = 10_000
 
 # Reward modes over reasoning-gym's score_answer. "exact" (default): 1 when the verifier says fully right, else 0.
@@ -140,7 +141,7 @@ class TaskSource:
         self.weights = tuple(s.weight for s in self.mix)
         self.turn = 0  # prompts drawn so far (a rotating selection's position when the caller gives none)
         self.book = PassRateBook()  # pass-rate estimates (the adaptive selection's; checkpointed with the streams)
-        self._eval: dict[str, list[TaskRef]] = {}
+        self._eval: dict[tuple[str, str], SplitStream] = {}  # (split, dataset) -> its eval stream so far
 
     def draw(self, rng: random.Random, count: int, turn: int | None = None) -> list[TaskRef]:
         """`count` training references; `turn` (default: this source's own count) positions a rotating selection."""
@@ -170,30 +171,26 @@ class TaskSource:
         reward mode."""
         return REWARD_MODES[self.reward_mode](score(inst, completion_text, fmt, self.size))
 
-    def eval_refs(self, count: int) -> list[TaskRef]:
-        """`count` held-out problems, spread evenly over the mix (the first specialties get the remainder)."""
+    def eval_refs(self, count: int, split: str = heldout.DEFAULT_SPLIT) -> list[TaskRef]:
+        """`count` distinct questions of a held-out split, spread evenly over the mix (the first specialties get the
+        remainder)."""
+        if split not in heldout.SPLITS:
+            raise UserError(f"unknown eval split {split!r}; choose one of {', '.join(heldout.SPLITS)}")
         n = len(self.mix)
         out: list[TaskRef] = []
         for j, spec in enumerate(self.mix):
-            out.extend(self._eval_stream(spec, count // n + (j < count % n)))
+            out.extend(self._eval_stream(spec, split).take(count // n + (j < count % n)))
         return out
 
-    def _eval_stream(self, spec: Specialty, count: int) -> list[TaskRef]:
-        have = self._eval.setdefault(spec.name, [])
-        seed = self.seed + EVAL_SEED_OFFSET
-        index = have[-1].index + 1 if have else 0
-        while len(have) < count:
-            if index >= min(self.size, MAX_SCAN + 100 * count):
-                raise UserError(f"task {spec.name!r}: only {len(have)} held-out problems in its first {index} "
-                                f"instances, {count} wanted (lower run.eval_problems)")
-            ref = TaskRef(spec.name, spec.config, seed, index)
-            if self.is_heldout(instance(ref, self.size)):
-                have.append(ref)
-            index += 1
-        return have[:count]
+    def _eval_stream(self, spec: Specialty, split: str) -> SplitStream:
+        key = (split, spec.name)
+        if key not in self._eval:
+            self._eval[key] = SplitStream(spec.name, spec.config, split, self.seed + EVAL_SEED_OFFSET, self.size)
+        return self._eval[key]
 
     def is_heldout(self, inst: TaskInstance) -> bool:
-        """Whether an instance is an eval problem: never drawn for training, never trained on from a peer."""
+        """Whether an instance is held out (test or validation): never drawn for training, never trained on from a
+        peer."""
         return heldout.is_heldout(inst)
 
     def allows(self, ref: TaskRef) -> bool:

@@ -1,7 +1,9 @@
 """Greedy exact-answer accuracy and sampled mean reward on held-out problems, through any sampler, overall and per
 specialty (dataset) of the task mix; and the per-specialty numbers of one training step's local groups.
 
-Held-out problems come from `TaskSource.eval_refs`: the eval bucket of each dataset, never drawn for training.
+Held-out problems come from `TaskSource.eval_refs`: distinct questions of one held-out split of each dataset
+(`split`: "test" by default, "validation" for choosing hyper-parameters; `tasks.SPLITS`), never drawn for
+training.
 An `EvalResult` keeps each problem's outcome, so that its accuracy carries a 95% interval over distinct questions
 and two evals on the same questions compare pairwise (`train/eval_stats.py`).
 Prompts and answers are the node's prompt format's (`model.prompting.Prompter`; default answer-line).
@@ -50,11 +52,13 @@ class EvalResult:
 
 def evaluate(sampler: Sampler, tokenizer: PreTrainedTokenizerBase, source: tasks.TaskSource, problems: int = 200,
              max_new_tokens: int = 8, samples: int = 0, temperature: float = 1.0, seed: int = 0,
-             batch: int = 100, eos_ids: Collection[int] = (), prompter: Prompter | None = None) -> EvalResult:
+             batch: int = 100, eos_ids: Collection[int] = (), prompter: Prompter | None = None,
+             split: str = tasks.DEFAULT_SPLIT) -> EvalResult:
     """Greedy accuracy (a well-formed completion scoring 1.0 counts as exact: the format's shape, then EOS, as in
     training; `eos_ids`: the model's, default the tokenizer's) and, if samples > 0, mean correctness at
-    `temperature`. `prompter`: the node's prompt format (default answer-line over `tokenizer`)."""
-    insts = [tasks.instance(r) for r in source.eval_refs(problems)]
+    `temperature`. `prompter`: the node's prompt format (default answer-line over `tokenizer`). `split`: the held-out
+    split asked (`tasks.SPLITS`)."""
+    insts = [tasks.instance(r) for r in source.eval_refs(problems, split)]
     eos, special = eos_ids or (tokenizer.eos_token_id,), frozenset(tokenizer.all_special_ids)
     prompter = prompter or plain_prompter(tokenizer)
     fmt = prompter.fmt

@@ -43,6 +43,16 @@ def test_bad_inputs_are_one_line(tmp_path: Path, args: list[str], expected: str)
     assert expected in error_line(run_cli("solo", *SMALL, "--run-dir", str(tmp_path / "r"), *args))
 
 
+def test_an_eval_larger_than_a_test_split_is_one_line_before_training(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """One-digit chain_sum has 32 distinct test questions: an eval of 33 fails at the start, naming the entry."""
+    line = error_line(run_cli("solo", *SMALL, "--model", str(tiny_model_dir), "--run-dir", str(tmp_path / "r"),
+                              "--task", "chain_sum", "--eval-problems", "33"))
+    assert line == ("error: task mix entry chain_sum {max_digits: 1, max_terms: 2, min_digits: 1, min_terms: 2}: its "
+                    "test split has 32 distinct questions, fewer than the 33 the eval asks for; enlarge its options "
+                    "or lower --eval-problems")
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()  # not a step was trained
+
+
 def test_non_hf_model_dir_and_config_typo(tmp_path: Path) -> None:
     assert "has no config.json" in error_line(run_cli("solo", *SMALL, "--model", str(tmp_path)))
     cfg = tmp_path / "c.toml"

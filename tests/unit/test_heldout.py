@@ -7,11 +7,14 @@ import os
 import random
 import subprocess
 import sys
+from collections import Counter
 
+import pytest
 import torch
 
 from protocol.messages import CompletionWire, RolloutGroup, TaskRefWire
 from swarm_node import tasks
+from swarm_node.errors import UserError
 from swarm_node.model.tokenizer import build_char_tokenizer, tokenizer_hash
 from swarm_node.sampler.base import Completion, Sampler, SamplingParams
 from swarm_node.sharing.exchange import Received
@@ -41,23 +44,31 @@ def test_bucket_is_the_same_in_another_process_and_for_every_seed() -> None:
         for i in range(1000):
             inst = tasks.instance(tasks.TaskRef(source.name, source.config, seed, i))
             assert by_question.setdefault(inst.question, tasks.is_heldout(inst)) == tasks.is_heldout(inst)
-    held = sum(by_question.values()) / len(by_question)
-    assert len(by_question) >= 190 and 0.10 <= held <= 0.20  # the default task: 200 problems, ~15% held out
+    splits = Counter("test" if tasks.in_split("test", "chain_sum", q) else "validation" if held else "train"
+                     for q, held in by_question.items())
+    # the default task: 200 problems, ~15% test and ~5% validation (exactly 32 and 10: test_splits.py)
+    assert len(by_question) >= 190 and 0.10 <= splits["test"] / len(by_question) <= 0.20
+    assert 0.15 <= (splits["test"] + splits["validation"]) / len(by_question) <= 0.25
 
 
 def test_training_and_eval_draws_never_share_a_question() -> None:
     eval_questions: set[str] = set()
+    validation_questions: set[str] = set()
     train_questions: set[str] = set()
     for seed in (0, 1):
         source = tasks.TaskSource(seed=seed)
-        eval_refs = source.eval_refs(300)
-        assert eval_refs == tasks.TaskSource(seed=seed).eval_refs(300)  # deterministic
+        eval_refs = source.eval_refs(32)  # the whole test split, each question once
+        assert eval_refs == tasks.TaskSource(seed=seed).eval_refs(32)  # deterministic
         eval_questions |= questions(eval_refs)
+        validation_questions |= questions(source.eval_refs(10, "validation"))
         rng = random.Random(seed)
         train_questions |= questions([r for _ in range(100) for r in source.draw(rng, 16)])  # 1600 draws
     assert eval_questions and train_questions and not eval_questions & train_questions
-    assert all(tasks.is_heldout_question("chain_sum", q) for q in eval_questions)
-    assert len(eval_questions) + len(train_questions) == 200  # together they cover the whole problem space
+    assert not validation_questions & (eval_questions | train_questions)
+    assert all(tasks.is_heldout_question("chain_sum", q) for q in eval_questions | validation_questions)
+    assert (len(eval_questions), len(validation_questions)) == (32, 10)
+    # together they cover the whole problem space
+    assert len(eval_questions) + len(validation_questions) + len(train_questions) == 200
 
 
 TOK = build_char_tokenizer()
@@ -143,7 +154,9 @@ def test_heldout_line_pairs_the_two_evals_question_by_question() -> None:
 
 
 def test_an_eval_says_how_many_distinct_questions_its_problems_are() -> None:
-    """A small task repeats its questions: 200 problems of the default mix are 113 distinct questions."""
+    """An eval built with repeats says so (the first default mix's 200 problems were 113 distinct questions); an eval
+    draw is distinct questions only: 200 problems of the default mix are 200 questions, and the first mix, too
+    small for them, is an error naming its smallest entry."""
     from cli.main import heldout_line
 
     after = EvalResult(0.5, None, 200, {"chain_sum": 0.5}, distinct=113)
@@ -154,4 +167,8 @@ def test_an_eval_says_how_many_distinct_questions_its_problems_are() -> None:
 
     source = NodeConfig().task.build_source()
     insts = [tasks.instance(r) for r in source.eval_refs(200)]
-    assert len({(i.ref.dataset, i.question) for i in insts}) == 113
+    assert len({(i.ref.dataset, i.question) for i in insts}) == 200
+    small = tasks.TaskSource(mix=tasks.MIXES["small-2026-11"])
+    with pytest.raises(UserError, match=r"^task mix entry chain_sum .*: its test split has 32 distinct questions, "
+                                        r"fewer than the 50 the eval asks for;"):
+        small.eval_refs(200)

@@ -18,7 +18,7 @@ from swarm_node.model.default_model import ensure_default_model, load_model, mod
 from swarm_node.model.prompting import build_prompter, default_format
 from swarm_node.model.recipe_mixes import REASONING_MIX, SMALL_MIX
 from swarm_node.model.recipes import DEFAULT_RECIPE, MODEL_RECIPES
-from swarm_node.model.think_recipe import VALIDATION_BUCKETS, ThinkRecipe, in_validation, training_instances
+from swarm_node.model.think_recipe import ThinkRecipe, in_validation, training_instances
 from swarm_node.node.build import FALLBACK_MAX_NEW_TOKENS, budgeted
 
 # The key of the embedded model before recipes had names (commit a34050c): its cache directory must not move.
@@ -66,8 +66,8 @@ def test_the_warm_up_draws_neither_test_nor_validation_problems() -> None:
     source = tasks.TaskSource(seed=3, selection="balanced", mix=REASONING_MIX)
     insts = training_instances(source, random.Random(0), 200)
     assert len(insts) == 200
-    assert all(tasks.bucket(i.ref.dataset, i.question) >= VALIDATION_BUCKETS.stop for i in insts)
-    assert VALIDATION_BUCKETS == range(tasks.EVAL_PERCENT, 20)
+    assert all(tasks.bucket(i.ref.dataset, i.question) >= tasks.SPLITS["validation"].stop for i in insts)
+    assert tasks.SPLITS["validation"] == range(tasks.EVAL_PERCENT, 20)
     assert not any(in_validation(i) for i in insts)
 
 

@@ -56,7 +56,7 @@ def test_the_default_task_is_the_embedded_mix_and_a_name_replaces_it(tmp_path: P
                                               for e in tasks.DEFAULT_MIX]
     assert [r.dataset for r in source.draw(random.Random(0), 8)] == list(source.names) * 2  # one of each, in turn
     default.specialties()[0]["options"]["max_digits"] = 9  # a copy: the embedded mix is not changed through it
-    assert tasks.DEFAULT_MIX[0]["options"]["max_digits"] == 1
+    assert tasks.DEFAULT_MIX[0]["options"]["max_digits"] == 2
     one = load_config(toml(tmp_path, '[task]\nname = "gcd"\n[task.options]\nmax_value = 12\n')).task
     assert one.build_source().names == ("gcd",) and one.build_source().options["max_value"] == 12
     with pytest.raises(ConfigError, match=r"^task.options needs task.name \(the dataset the options are for\)$"):

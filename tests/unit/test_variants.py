@@ -33,6 +33,7 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
     return [(ADVANTAGE_ESTIMATORS, variants.ADVANTAGES), (LOSSES, variants.LOSSES), (SELECTIONS, variants.SELECTIONS),
             (CODECS, variants.CODECS), (SAMPLERS, variants.SAMPLER_KINDS), (tasks.REWARD_MODES, variants.REWARD_MODES),
             (tasks.TASK_SELECTIONS, variants.TASK_SELECTIONS), (WEIGHT_FORMS, variants.WEIGHT_FORMS),
+            (tasks.MIXES, variants.TASK_MIXES), (tasks.SPLITS, variants.EVAL_SPLITS),
             (tasks.ROLLOUT_ALLOCATIONS, variants.ROLLOUT_ALLOCATIONS),
             (ROLES, variants.ROLES), (CELL_RUNNERS, sim_variants.SIM_MODES), (ATTACKS, sim_variants.ATTACKS),
             (DESIGNS, sim_variants.SCALE_DESIGNS),
