@@ -20,7 +20,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from transformers import PreTrainedTokenizerFast
 
 from swarm_node import tasks
-from swarm_node.tasks.traces import think_answer_completion
+from swarm_node.tasks.traces import DEFAULT_TRACE_STYLE, think_answer_completion
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class BpeSpec:
     corpus_seed: int = 4242
     corpus_mix: str = ""  # canonical JSON of the task mix the corpus draws from ("": tasks.DEFAULT_MIX)
     corpus_system: str = ""  # a system prompt that comes with each corpus problem, as the model will be prompted
+    corpus_trace_style: str = DEFAULT_TRACE_STYLE  # how the corpus's think-answer traces are written (TRACE_STYLES)
     model_max_length: int = 2048
 
 
@@ -46,9 +47,11 @@ TEMPLATE_WORDS = ("system", "user", "assistant", "You are a helpful assistant.",
 ASCII_TEXT = "".join(chr(c) for c in range(32, 127)) + "\n"
 
 
-def training_corpus(problems: int, seed: int, mix: str = "", system: str = "") -> Iterator[str]:
+def training_corpus(problems: int, seed: int, mix: str = "", system: str = "",
+                    trace_style: str = DEFAULT_TRACE_STYLE) -> Iterator[str]:
     """Deterministic text: printable ASCII, template words, and training problems (never held-out) of `mix`
-    (canonical JSON; "": the default mix) with their think-answer completions, each after `system` when given."""
+    (canonical JSON; "": the default mix) with their think-answer completions in `trace_style`, each after `system`
+    when given."""
     yield ASCII_TEXT
     yield from TEMPLATE_WORDS
     source = tasks.TaskSource(seed=seed, selection="balanced", mix=json.loads(mix) if mix else tasks.DEFAULT_MIX)
@@ -57,7 +60,7 @@ def training_corpus(problems: int, seed: int, mix: str = "", system: str = "") -
         if system:
             yield system
         yield inst.question
-        yield think_answer_completion(inst)
+        yield think_answer_completion(inst, trace_style)
 
 
 def build_bpe_tokenizer(spec: BpeSpec) -> PreTrainedTokenizerFast:
@@ -80,7 +83,8 @@ def trained_core(spec: BpeSpec) -> str:
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=spec.learned_vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False, min_frequency=2)
-    corpus = training_corpus(spec.corpus_problems, spec.corpus_seed, spec.corpus_mix, spec.corpus_system)
+    corpus = training_corpus(spec.corpus_problems, spec.corpus_seed, spec.corpus_mix, spec.corpus_system,
+                             spec.corpus_trace_style)
     core.train_from_iterator(corpus, trainer)
     core.add_special_tokens([AddedToken(tok, special=True, normalized=False) for tok in spec.special_tokens])
     if spec.bos_token is not None:

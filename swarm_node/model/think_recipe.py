@@ -48,6 +48,8 @@ class ThinkRecipe:
     warmup_batch: int = 32
     warmup_lr: float = 3e-3
     max_new_tokens: int = 192  # the model's own generation budget (EOS included)
+    rope_theta: float = 1_000_000.0  # Qwen2.5's
+    trace_style: str = "per-operation"  # how the warm-up's traces write their steps (tasks.traces.TRACE_STYLES)
     seed: int = 1234
     task_seed: int = 987_654  # warm-up problems come from their own stream, not the RL or eval streams
 
@@ -72,25 +74,26 @@ class ThinkRecipe:
 
     def tokenizer(self) -> PreTrainedTokenizerFast:
         spec = replace(SHAPES[SHAPE].tokenizer, learned_vocab=self.learned_vocab,
-                       corpus_mix=json.dumps(REASONING_MIX, sort_keys=True), corpus_system=tasks.THINK_ANSWER_SYSTEM)
+                       corpus_mix=json.dumps(REASONING_MIX, sort_keys=True), corpus_system=tasks.THINK_ANSWER_SYSTEM,
+                       corpus_trace_style=self.trace_style)
         return build_bpe_tokenizer(spec)
 
     def untrained(self) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
         """The randomly initialised model (seeded) and its tokenizer."""
         tokenizer = self.tokenizer()
-        config = shaped_config(SHAPE, self.size(), tokenizer)
+        config = shaped_config(SHAPE, self.size(), tokenizer, {"rope_theta": self.rope_theta})
         torch.manual_seed(self.seed)
         return SHAPES[SHAPE].model_class(config), tokenizer
 
-    def build(self, path: Path, progress: ProgressFn | None) -> None:
-        """Build, warm up and save the model as a HF directory at `path`."""
+    def build(self, path: Path, progress: ProgressFn | None, device: str = "cpu") -> None:
+        """Build, warm up (on the torch `device`) and save the model as a HF directory at `path`."""
         model, tokenizer = self.untrained()
         prompter = build_prompter(FORMAT, tokenizer, self.max_new_tokens)
         source = tasks.TaskSource(seed=self.task_seed, selection="balanced", mix=REASONING_MIX)
         settings = WarmupSettings(steps=self.warmup_steps, batch=self.warmup_batch, lr=self.warmup_lr, seed=self.seed)
-        supervised_warm_up(model, training_draw(tokenizer, source, prompter), settings, int(tokenizer.pad_token_id),
-                           progress)
-        save_shaped_model_dir(SHAPE, model, tokenizer, path)
+        draw = training_draw(tokenizer, source, prompter, self.trace_style)
+        supervised_warm_up(model.to(device), draw, settings, int(tokenizer.pad_token_id), progress)
+        save_shaped_model_dir(SHAPE, model.to("cpu"), tokenizer, path)
 
 
 def in_validation(inst: tasks.TaskInstance) -> bool:
@@ -106,11 +109,12 @@ def training_instances(source: tasks.TaskSource, rng: random.Random, count: int)
     return out
 
 
-def training_draw(tokenizer: PreTrainedTokenizerFast, source: tasks.TaskSource, prompter: Prompter) -> DrawFn:
-    """Warm-up examples of `training_instances`, prompted as a node prompts the model."""
+def training_draw(tokenizer: PreTrainedTokenizerFast, source: tasks.TaskSource, prompter: Prompter,
+                  trace_style: str) -> DrawFn:
+    """Warm-up examples of `training_instances`, prompted as a node prompts the model, traces in `trace_style`."""
 
     def draw(rng: random.Random, count: int) -> list[WarmupExample]:
-        return [think_answer_example(tokenizer, inst, prompter.ids(inst))
+        return [think_answer_example(tokenizer, inst, prompter.ids(inst), trace_style)
                 for inst in training_instances(source, rng, count)]
 
     return draw

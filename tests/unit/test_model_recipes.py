@@ -18,8 +18,9 @@ from swarm_node.model.default_model import ensure_default_model, load_model, mod
 from swarm_node.model.prompting import build_prompter, default_format
 from swarm_node.model.recipe_mixes import REASONING_MIX, SMALL_MIX
 from swarm_node.model.recipes import DEFAULT_RECIPE, MODEL_RECIPES
-from swarm_node.model.think_recipe import ThinkRecipe, in_validation, training_instances
+from swarm_node.model.think_recipe import ThinkRecipe, in_validation, training_draw, training_instances
 from swarm_node.node.build import FALLBACK_MAX_NEW_TOKENS, budgeted
+from swarm_node.tasks.traces import think_answer_completion
 
 # The key of the embedded model before recipes had names (commit a34050c): its cache directory must not move.
 CHAR_ANSWER_LINE_V1_KEY = "84642fd35f52"
@@ -69,6 +70,22 @@ def test_the_warm_up_draws_neither_test_nor_validation_problems() -> None:
     assert all(tasks.bucket(i.ref.dataset, i.question) >= tasks.SPLITS["validation"].stop for i in insts)
     assert tasks.SPLITS["validation"] == range(tasks.EVAL_PERCENT, 20)
     assert not any(in_validation(i) for i in insts)
+
+
+def test_the_trace_style_and_rope_theta_reach_the_tokenizer_the_warm_up_and_the_config() -> None:
+    columns = replace(TINY_THINK, trace_style="digit-columns", rope_theta=10_000.0)
+    assert columns.key() != TINY_THINK.key()
+    assert ThinkRecipe().trace_style == "per-operation" and ThinkRecipe().rope_theta == 1_000_000.0
+    model, tokenizer = columns.untrained()
+    assert model.config.rope_parameters["rope_theta"] == 10_000.0
+    assert TINY_THINK.untrained()[0].config.rope_parameters["rope_theta"] == 1_000_000.0
+    assert tokenizer.get_vocab() != TINY_THINK.tokenizer().get_vocab()  # its corpus has the column traces
+    prompter = build_prompter("think-answer", tokenizer)
+    source = tasks.TaskSource(seed=3, selection="balanced", mix=REASONING_MIX)
+    example = training_draw(tokenizer, source, prompter, "digit-columns")(random.Random(0), 1)[0]
+    inst = training_instances(tasks.TaskSource(seed=3, selection="balanced", mix=REASONING_MIX), random.Random(0), 1)[0]
+    assert tokenizer.decode(list(example.completion_ids[:-1])) == think_answer_completion(inst, "digit-columns")
+    assert columns.facts()["trace_style"] == "digit-columns"
 
 
 @pytest.fixture(scope="module")

@@ -28,13 +28,14 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
     from swarm_node.sampler.kinds import SAMPLER_PLANS
     from swarm_node.sharing.corrections import CORRECTIONS
     from swarm_node.sharing.selection import SELECTIONS
+    from swarm_node.tasks.traces import TRACE_STYLES
     from swarm_node.train.partial import ROLLOUT_MODES
 
     return [(ADVANTAGE_ESTIMATORS, variants.ADVANTAGES), (LOSSES, variants.LOSSES), (SELECTIONS, variants.SELECTIONS),
             (CODECS, variants.CODECS), (SAMPLERS, variants.SAMPLER_KINDS), (tasks.REWARD_MODES, variants.REWARD_MODES),
             (tasks.TASK_SELECTIONS, variants.TASK_SELECTIONS), (WEIGHT_FORMS, variants.WEIGHT_FORMS),
             (tasks.MIXES, variants.TASK_MIXES), (tasks.SPLITS, variants.EVAL_SPLITS),
-            (tasks.ROLLOUT_ALLOCATIONS, variants.ROLLOUT_ALLOCATIONS),
+            (tasks.ROLLOUT_ALLOCATIONS, variants.ROLLOUT_ALLOCATIONS), (TRACE_STYLES, variants.TRACE_STYLES),
             (ROLES, variants.ROLES), (CELL_RUNNERS, sim_variants.SIM_MODES), (ATTACKS, sim_variants.ATTACKS),
             (DESIGNS, sim_variants.SCALE_DESIGNS),
             (CORRECTIONS, variants.CORRECTIONS), (CORRECTION_CONFIGS, variants.CORRECTIONS),
