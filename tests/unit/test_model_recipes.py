@@ -73,19 +73,19 @@ def test_the_warm_up_draws_neither_test_nor_validation_problems() -> None:
 
 
 def test_the_trace_style_and_rope_theta_reach_the_tokenizer_the_warm_up_and_the_config() -> None:
-    columns = replace(TINY_THINK, trace_style="digit-columns", rope_theta=10_000.0)
-    assert columns.key() != TINY_THINK.key()
-    assert ThinkRecipe().trace_style == "per-operation" and ThinkRecipe().rope_theta == 1_000_000.0
-    model, tokenizer = columns.untrained()
+    assert ThinkRecipe().trace_style == "digit-columns" and ThinkRecipe().rope_theta == 10_000.0
+    first = replace(TINY_THINK, trace_style="per-operation", rope_theta=1_000_000.0)  # the first recipe's settings
+    assert first.key() != TINY_THINK.key()
+    model, tokenizer = TINY_THINK.untrained()
     assert model.config.rope_parameters["rope_theta"] == 10_000.0
-    assert TINY_THINK.untrained()[0].config.rope_parameters["rope_theta"] == 1_000_000.0
-    assert tokenizer.get_vocab() != TINY_THINK.tokenizer().get_vocab()  # its corpus has the column traces
+    assert first.untrained()[0].config.rope_parameters["rope_theta"] == 1_000_000.0
+    assert tokenizer.get_vocab() != first.tokenizer().get_vocab()  # its corpus has the column traces
     prompter = build_prompter("think-answer", tokenizer)
     source = tasks.TaskSource(seed=3, selection="balanced", mix=REASONING_MIX)
     example = training_draw(tokenizer, source, prompter, "digit-columns")(random.Random(0), 1)[0]
     inst = training_instances(tasks.TaskSource(seed=3, selection="balanced", mix=REASONING_MIX), random.Random(0), 1)[0]
     assert tokenizer.decode(list(example.completion_ids[:-1])) == think_answer_completion(inst, "digit-columns")
-    assert columns.facts()["trace_style"] == "digit-columns"
+    assert TINY_THINK.facts()["trace_style"] == "digit-columns"
 
 
 @pytest.fixture(scope="module")
