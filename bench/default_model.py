@@ -40,7 +40,7 @@ import torch
 from bench import provenance
 from bench.load_guard import add_loaded_flag
 from swarm_node import tasks
-from swarm_node.model.default_model import load_model
+from swarm_node.model.default_model import RECIPE_FILE, load_model
 from swarm_node.model.device import Found, resolve_device
 from swarm_node.model.prompting import build_prompter
 from swarm_node.model.recipes import DEFAULT_RECIPE, MODEL_RECIPES
@@ -159,6 +159,8 @@ def build_and_measure(recipe: Any, job: Job, insts: list[tasks.TaskInstance]) ->
 
         recipe.build(path, progress, device=job.device)
         build_s = time.monotonic() - started
+        # as ensure_default_model writes it: a kept directory has the cache's layout and measures with --model-dir
+        (path / RECIPE_FILE).write_text(json.dumps({**recipe.facts(), "build_seconds": round(build_s, 1)}, indent=1))
         if job.keep:
             shutil.copytree(path, job.keep, dirs_exist_ok=True)
         measured = measure(path, insts, recipe.facts()["max_new_tokens"], recipe.task_mix(), job.device,
