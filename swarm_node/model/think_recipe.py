@@ -38,8 +38,8 @@ FORMAT = "think-answer"
 @dataclass(frozen=True)
 class ThinkRecipe:
     # Chosen on the validation split (docs/DEFAULT_MODEL.md): digit-column traces are learnt only past a sudden
-    # drop of the loss (about 800-1,200 steps of 32 rows at hidden 128); a narrower model reaches it within the
-    # CPU build budget because its steps cost a fifth.
+    # drop of the loss (600-1,200 steps of 32 rows at hidden 128); a narrower model passes it (steps 700-900 of
+    # 16 rows) within the CPU build budget because its steps cost a fifth.
     hidden_size: int = 64
     layers: int = 2
     heads: int = 4
@@ -47,7 +47,7 @@ class ThinkRecipe:
     intermediate_size: int = 256
     max_positions: int = 512
     learned_vocab: int = 384  # BPE: the byte alphabet (256) and merges, before the special tokens
-    warmup_steps: int = 2400
+    warmup_steps: int = 1800
     warmup_batch: int = 16
     warmup_lr: float = 3e-3
     max_new_tokens: int = 192  # the model's own generation budget (EOS included)

@@ -36,7 +36,7 @@ def test_repeated_variant_names_are_refused(tmp_path: Path) -> None:
 def test_the_prepared_sweep_is_valid_and_holds_the_default() -> None:
     variants = dict(load_variants(PREPARED))
     keys = {name: with_settings("bpe-think-answer-v2", changes).key() for name, changes in variants.items()}
-    assert keys["h64-l2-steps2400-batch16-default"] == MODEL_RECIPES["bpe-think-answer-v2"].key()
+    assert keys["h64-l2-steps1800-batch16-default"] == MODEL_RECIPES["bpe-think-answer-v2"].key()
     assert len(set(keys.values())) == len(keys)  # no two variants build the same model
     first = with_settings("bpe-think-answer-v2", variants["first-recipe"])
     assert (first.hidden_size, first.layers, first.warmup_steps, first.trace_style) == (128, 4, 300, "per-operation")
