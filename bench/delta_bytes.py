@@ -211,18 +211,20 @@ def main() -> None:
     args.fractions = sorted(set(args.fractions) | {args.default_fraction})
     torch.set_num_threads(1)
     started = time.monotonic()
-    cfg = NodeConfig().with_values({"run.seed": SEED})
+    # The char-answer-line-v1 model (the default until November 2026) and its budget: this bench prompts in answer-line.
+    cfg = NodeConfig().with_values({"run.seed": SEED, "sampler.max_new_tokens": 8})
     encodings = {"full": {"encoding": "full", "options": {}},
                  "dense-bf16": {"encoding": "dense-bf16", "options": {}},
                  "topk": {"encoding": "topk", "options": {"topk_fraction": args.default_fraction}},
                  **{f"topk@{f}": {"encoding": "topk", "options": {"topk_fraction": f}} for f in args.fractions}}
 
-    default_dir = ensure_default_model()
+    default_dir = ensure_default_model(recipe="char-answer-line-v1")
     model, tokenizer = load_model(default_dir)
     models = {"default": {"path": str(default_dir),
                           **bytes_per_update(model, tokenizer, cfg, args.byte_steps, encodings)}}
     print(f"  default: {models['default']}", flush=True)
-    large_cfg = NodeConfig().with_values({"run.seed": SEED, "run.prompts_per_step": LARGE_PROMPTS})
+    large_cfg = NodeConfig().with_values({"run.seed": SEED, "run.prompts_per_step": LARGE_PROMPTS,
+                                          "sampler.max_new_tokens": 8})
     with tempfile.TemporaryDirectory() as tmp:
         name, large, large_tok, _ = random_model("larger-random", LARGE_RECIPE, Path(tmp))
     models["larger"] = {"recipe": "bench.sampler.LARGE_RECIPE (random weights)", "reward": "digit fraction",

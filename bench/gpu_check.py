@@ -90,12 +90,12 @@ def first_line(lines: list[str], prefix: str) -> str | None:
 
 def solo(steps: int, root: Path) -> dict[str, Any]:
     from swarm_node.config import load_config
-    from swarm_node.model.default_model import DefaultModelRecipe, random_qwen2, warm_up
+    from swarm_node.model.char_recipe import CharRecipe, random_qwen2, warm_up
     from swarm_node.model.tokenizer import build_char_tokenizer
     from swarm_node.node.assembly import assemble
     from swarm_node.node.run_files import NodeEvents
 
-    recipe = DefaultModelRecipe(hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128,
+    recipe = CharRecipe(hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128,
                                 max_positions=256, warmup_steps=150, warmup_batch=32, warmup_lr=1e-2)
     model_dir = root / "model"
     tokenizer = build_char_tokenizer()

@@ -97,9 +97,9 @@ def imported_sources(root: Path = REPO) -> list[str]:
 
 
 def recipe_key() -> str:
-    from swarm_node.model.default_model import DefaultModelRecipe  # heavy (torch): only when a result is written
+    from swarm_node.model.default_model import default_model_key  # heavy (torch): only when a result is written
 
-    return DefaultModelRecipe().key()
+    return default_model_key()
 
 
 def dirty(root: Path = REPO) -> bool | None:

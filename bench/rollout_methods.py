@@ -70,7 +70,7 @@ from simulations.selection_cell import run_selection_cell
 from swarm_node import variants
 from swarm_node.config import load_config
 from swarm_node.config.loading import nest
-from swarm_node.model.default_model import DefaultModelRecipe
+from swarm_node.model.default_model import default_model_key
 from swarm_node.train import eval_stats
 
 RESULTS = Path(__file__).parent / "results"
@@ -102,7 +102,7 @@ def cell_overrides(correction: str, seed: int, steps: int, extra: dict[str, Any]
 
 def fingerprint(lag: int, overrides: dict[str, Any]) -> str:
     """What a cell's result depends on: its lag, its config (seed included), the default model and the code."""
-    what = {"lag": lag, "overrides": overrides, "default_model": DefaultModelRecipe().key(), "code": code_version()}
+    what = {"lag": lag, "overrides": overrides, "default_model": default_model_key(), "code": code_version()}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -44,27 +44,28 @@ from bench import provenance
 from bench.load_guard import add_loaded_flag
 from bench.paired import paired_ratio
 from swarm_node import tasks
-from swarm_node.model.default_model import DefaultModelRecipe, cache_dir, load_model, random_qwen2
+from swarm_node.model.char_recipe import CharRecipe, random_qwen2
+from swarm_node.model.default_model import load_model, model_dir
 from swarm_node.model.tokenizer import build_char_tokenizer
 from swarm_node.sampler.base import SamplerSettings, SamplingParams
 from swarm_node.sampler.hf import HFSampler
 
 RESULTS = Path(__file__).parent / "results"
-LARGE_RECIPE = DefaultModelRecipe(hidden_size=512, layers=8, heads=8, kv_heads=2, intermediate_size=1408,
-                                  max_positions=256)
+LARGE_RECIPE = CharRecipe(hidden_size=512, layers=8, heads=8, kv_heads=2, intermediate_size=1408, max_positions=256)
 WEIGHT_SYNC_REPEATS = 5
 
 
 def default_model(tmp: Path) -> tuple[str, PreTrainedModel, PreTrainedTokenizerBase, Path]:
-    """The built default model when the cache has it; else its shape with random weights (same speed)."""
-    built = cache_dir() / "models" / f"default-{DefaultModelRecipe().key()}"
+    """The built char-answer-line-v1 model (the default until November 2026, kept so that results compare) when the
+    cache has it; else its shape with random weights (same speed)."""
+    built = model_dir("char-answer-line-v1")
     if (built / "config.json").exists():
         model, tokenizer = load_model(built)
         return "default", model, tokenizer, built
-    return random_model("default-shape-random", DefaultModelRecipe(), tmp)
+    return random_model("default-shape-random", CharRecipe(), tmp)
 
 
-def random_model(name: str, recipe: DefaultModelRecipe, tmp: Path
+def random_model(name: str, recipe: CharRecipe, tmp: Path
                  ) -> tuple[str, PreTrainedModel, PreTrainedTokenizerBase, Path]:
     tokenizer = build_char_tokenizer()
     model = random_qwen2(tokenizer, recipe, seed=0).eval()

@@ -55,7 +55,7 @@ def run_seed(seed: int, steps: int, sampler: str, overrides: dict[str, Any], run
 
     def measure() -> tuple[float, float]:
         assert node.sampler is not None
-        r = evaluate(node.sampler, node.tokenizer, node.task_source, EVAL_PROBLEMS, cfg.sampler.max_new_tokens,
+        r = evaluate(node.sampler, node.tokenizer, node.task_source, EVAL_PROBLEMS, node.cfg.sampler.max_new_tokens,
                      samples=EVAL_SAMPLES, temperature=cfg.sampler.temperature, seed=seed,
                      eos_ids=node.eos_ids, prompter=node.prompter)
         return r.greedy_acc, float(r.sampled_reward or 0.0)

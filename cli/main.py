@@ -100,7 +100,7 @@ StatusTokenOpt = Annotated[str | None, typer.Option("--status-token", help="bear
 StalenessOpt = Annotated[int | None, typer.Option("--max-staleness", help=config_help(
     "train.max_staleness", "S: version lag allowed between generation and training; >= 1 overlaps them"))]
 MaxNewTokensOpt = Annotated[int | None, typer.Option("--max-new-tokens", help=config_help(
-    "sampler.max_new_tokens", "generation budget per completion, EOS included"))]
+    "sampler.max_new_tokens", "generation budget per completion, EOS included; 0: the model's own"))]
 PromptFormatOpt = Annotated[str | None, typer.Option("--prompt-format", help=(
     f"how prompts ask and answers are read, the same on every peer: {' | '.join(variants.PROMPT_FORMATS)} [the "
     "model's own: answer-line for the embedded model, think-answer with a chat template]"))]

@@ -142,7 +142,7 @@ def main() -> None:
     args = ap.parse_args()
     roles = [parse_role(r) for r in args.roles]
     cfg = load_config(args.config, {})
-    ctx = ForgeContext.from_config(cfg, args.model or ensure_default_model())
+    ctx = ForgeContext.from_config(cfg, args.model or ensure_default_model(recipe=cfg.model.recipe))
 
     async def go() -> None:
         await Peers(ctx, args.target, args.interval_s, args.seconds, args.seed).run(roles)

@@ -167,7 +167,7 @@ def shared_engine(scn: Scenario, variant: Variant, root: Path, log: LogFn) -> Sh
         raise UserError(f"simulation.sampler 'shared-lora' needs vLLM, which does not import: {exc}") from exc
     cfg = scn.node_config(variant, 0, 0, root)
     model = scn.base_model(variant, 0)
-    model_dir = Path(model) if model else ensure_default_model()
+    model_dir = Path(model) if model else ensure_default_model(recipe=cfg.model.recipe)
     engine = SharedLoRAEngine(model_dir, load_tokenizer(model_dir), sampler_settings(cfg.sampler),
                               scn.nodes, cfg.train.lora_rank, cfg.train.lora_alpha, root / "adapters")
     log(f"sampler: {engine.summary()}")

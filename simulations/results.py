@@ -16,7 +16,7 @@ from typing import Any
 
 from simulations.code_version import code_version
 from simulations.scenario import Scenario, Variant
-from swarm_node.model.default_model import DefaultModelRecipe
+from swarm_node.model.default_model import default_model_key
 
 CSV_FIELDS = ["variant", "seed", "node", "round", "time_s", "reward_mean", "accuracy", "groups_used",
               "external_used", "external_reward_mean", "pool_size", "received", "dropped", "loss", "step_s",
@@ -35,7 +35,7 @@ def cell_fingerprint(scn: Scenario, variant: Variant) -> str:
         del what["sampler"]  # the default: results stored before the option existed stay valid
     if not scn.attackers:
         del what["attackers"]  # likewise (mode "attack" only)
-    what.update(variant=dataclasses.asdict(variant), default_model=DefaultModelRecipe().key(), code=code_version())
+    what.update(variant=dataclasses.asdict(variant), default_model=default_model_key(), code=code_version())
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -29,9 +29,12 @@ ROLLOUT_ALLOCATIONS = ("fixed", "dars")  # tasks/allocation.py: how many complet
 TASK_SELECTIONS = ("uniform", "weighted", "balanced", "adaptive")  # tasks/selection.py: each prompt's pick
 TASK_MIXES = ("small-2026-11", "reasoning-2026-11")  # tasks/reference.py: the embedded task mixes, by name
 EVAL_SPLITS = ("test", "validation")  # tasks/heldout.py: the parts of a problem space never trained on
+TRACE_STYLES = ("per-operation", "digit-columns")  # tasks/traces.py: how a think-answer trace writes its steps
 DEVICES = ("auto", "cpu", "cuda", "mps")  # model/device.py: where a node computes ("cuda:N" picks a card)
 PRECISIONS = ("auto", "fp32", "bf16")  # model/device.py: the autocast dtype of the trainer
 EXCHANGES = ("flood", "bounded")  # sharing/exchanges.py: how rollouts travel (every group to all, or digests + pulls)
+# model/recipes.py: the embedded model's recipes; the first is the default (`model.recipe`)
+MODEL_RECIPES = ("bpe-think-answer-v2", "char-answer-line-v1")
 RELAY_MODES = ("auto", "on", "off")  # transport/libp2p/relay.py: serve as a circuit relay (auto: once public)
 
 T = TypeVar("T")

@@ -7,11 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from swarm_node.model.default_model import DefaultModelRecipe, random_qwen2, warm_up
+from swarm_node.model.char_recipe import CharRecipe, random_qwen2, warm_up
 from swarm_node.model.tokenizer import build_char_tokenizer
 
-TINY_RECIPE = DefaultModelRecipe(hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate_size=128,
-                                 max_positions=256)
+TINY_RECIPE = CharRecipe(hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate_size=128, max_positions=256)
 
 
 @pytest.fixture(scope="session")
@@ -24,8 +23,8 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-WARM_TINY_RECIPE = DefaultModelRecipe(hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128,
-                                      max_positions=256, warmup_steps=150, warmup_batch=32, warmup_lr=1e-2)
+WARM_TINY_RECIPE = CharRecipe(hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128,
+                              max_positions=256, warmup_steps=150, warmup_batch=32, warmup_lr=1e-2)
 
 
 @pytest.fixture(scope="session")

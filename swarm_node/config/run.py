@@ -116,10 +116,11 @@ class RunConfig:
 class ModelConfig:
     section: ClassVar[str] = "model"
 
-    path: str = ""  # empty: the embedded default model
+    path: str = ""  # empty: the embedded model built from `recipe`
+    recipe: str = variants.MODEL_RECIPES[0]  # variants.MODEL_RECIPES (model/recipes.py), when `path` is empty
 
     def validate(self) -> None:
-        pass
+        one_of(self, "recipe", variants.MODEL_RECIPES)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from swarm_node import variants
-from swarm_node.config.checks import non_negative, one_of, positive
+from swarm_node.config.checks import non_negative, one_of
 from swarm_node.errors import ConfigError
 
 
@@ -27,7 +27,8 @@ class SamplerConfig:
     kind: str = "hf"
     temperature: float = 1.0
     top_p: float = 1.0
-    max_new_tokens: int = 8
+    # 0: the model's own (node/build.budgeted: an embedded model's recipe declares it; any other model gets 8)
+    max_new_tokens: int = 0
 
     def validate(self) -> None:
         one_of(self, "kind", variants.SAMPLER_KINDS)
@@ -35,7 +36,7 @@ class SamplerConfig:
             raise ConfigError(f"sampler.temperature must be in (0, 10], got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"sampler.top_p must be in (0, 1], got {self.top_p}")
-        positive(self, "max_new_tokens")
+        non_negative(self, "max_new_tokens")
 
     def engine_knobs(self) -> dict[str, float]:
         """This kind's engine settings, as sampler/base.SamplerSettings names them (none for transformers)."""

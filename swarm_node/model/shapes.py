@@ -141,7 +141,9 @@ def shaped_tokenizer(shape_name: str, learned_vocab: int | None = None) -> PreTr
     return build_bpe_tokenizer(spec if learned_vocab is None else replace(spec, learned_vocab=learned_vocab))
 
 
-def shaped_config(shape_name: str, size: ModelSize, tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
+def shaped_config(shape_name: str, size: ModelSize, tokenizer: PreTrainedTokenizerFast,
+                  extra: dict[str, Any] | None = None) -> PretrainedConfig:
+    """The shape's config at `size`; `extra` overrides the shape's own extra settings (e.g. `rope_theta`)."""
     shape = SHAPES[shape_name]
     eos_ids = [tokenizer.convert_tokens_to_ids(tok) for tok in shape.generation_eos]
     bos_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.pad_token_id
@@ -151,7 +153,7 @@ def shaped_config(shape_name: str, size: ModelSize, tokenizer: PreTrainedTokeniz
         intermediate_size=size.intermediate_size, max_position_embeddings=size.max_positions,
         tie_word_embeddings=shape.tie_embeddings, bos_token_id=bos_id,
         eos_token_id=eos_ids if shape.config_eos_list else tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, **shape.config_extra)
+        pad_token_id=tokenizer.pad_token_id, **{**shape.config_extra, **(extra or {})})
 
 
 def build_shaped_model(shape_name: str, size: ModelSize | str = "tiny", *, seed: int = 0,

@@ -4,7 +4,8 @@
 clip); each step asks `draw(rng, batch)` for examples. Examples of one `group` (a specialty) run as their own padded
 micro-batch, and the loss is summed over every completion token of the step and divided by their count: mixed
 batches that still pad little (the default model's warm-up measured that batches of one specialty at a time
-collapse to one answer). Deterministic from `settings.seed` on one device.
+collapse to one answer). Runs on the model's device (batches are built on the CPU and moved there). Deterministic
+from `settings.seed` on one device.
 
 `think_answer_draw(tokenizer, source, prompt_ids)` draws such examples from a `TaskSource`'s training problems (never
 a held-out one: `TraceError` if one appears): the prompt is `prompt_ids(inst)` (the caller's: a chat template that
@@ -22,7 +23,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swarm_node import tasks
-from swarm_node.tasks.traces import TraceError, think_answer_completion
+from swarm_node.tasks.traces import DEFAULT_TRACE_STYLE, TraceError, think_answer_completion
 
 ProgressFn = Callable[[int, int, str], None]
 
@@ -55,7 +56,9 @@ def completion_loss_sum(model: PreTrainedModel, examples: list[WarmupExample], p
     labels = torch.tensor([[-100] * len(ex.prompt_ids) + list(ex.completion_ids)
                            + [-100] * (width - len(row)) for ex, row in zip(examples, rows, strict=True)])
     mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
-    logits = model(input_ids=ids, attention_mask=mask).logits
+    device = next(model.parameters()).device
+    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+    labels = labels.to(device)
     return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1),
                                              ignore_index=-100, reduction="sum")
 
@@ -91,12 +94,13 @@ def supervised_warm_up(model: PreTrainedModel, draw: DrawFn, settings: WarmupSet
     return losses
 
 
-def think_answer_example(tokenizer: PreTrainedTokenizerBase, inst: tasks.TaskInstance,
-                         prompt_ids: Sequence[int]) -> WarmupExample:
-    """One training problem as a supervised example: `prompt_ids` -> its verified think-answer trace, then EOS."""
+def think_answer_example(tokenizer: PreTrainedTokenizerBase, inst: tasks.TaskInstance, prompt_ids: Sequence[int],
+                         trace_style: str = DEFAULT_TRACE_STYLE) -> WarmupExample:
+    """One training problem as a supervised example: `prompt_ids` -> its verified think-answer trace (written in
+    `trace_style`, `traces.TRACE_STYLES`), then EOS."""
     if tasks.is_heldout(inst):
         raise TraceError(f"{inst.ref.dataset} index {inst.ref.index} is held out: never a training example")
-    completion = tokenizer.encode(think_answer_completion(inst), add_special_tokens=False)
+    completion = tokenizer.encode(think_answer_completion(inst, trace_style), add_special_tokens=False)
     return WarmupExample(tuple(prompt_ids), tuple(completion + [int(tokenizer.eos_token_id)]),
                          inst.ref.dataset)
 

@@ -5,7 +5,9 @@
   node's memory sizing chose (`Hardware.sizes`, node/hardware.py) in place of the configured ones when there are,
   and the dtype the node picked (`Hardware.sampler_dtype`).
 - `model_dir_for(cfg, override, progress)`: the HF model dir a node loads: a simulation's override, else
-  `model.path`, else the embedded default model (built on first use, reporting progress).
+  `model.path`, else the embedded model of `model.recipe` (built on first use, reporting progress).
+- `budgeted(cfg, model_dir)`: the config with a generation budget: `sampler.max_new_tokens` when given, else the
+  model's own (an embedded model's recipe declares it), else `FALLBACK_MAX_NEW_TOKENS`.
 - `seeded(cfg, peer_id)`: the config with a run seed: the one given, else one derived from the node's identity
   (`identity_seed`: `join`, so that two peers left at the defaults draw different tasks), else 0.
 """
@@ -39,7 +41,18 @@ def model_dir_for(cfg: NodeConfig, override: Path | None = None,
         return Path(cfg.model.path)
     from swarm_node.model.default_model import ensure_default_model
 
-    return ensure_default_model(progress)
+    return ensure_default_model(progress, cfg.model.recipe)
+
+
+FALLBACK_MAX_NEW_TOKENS = 8  # a model that declares no budget of its own: an answer line and its EOS
+
+
+def budgeted(cfg: NodeConfig, model_dir: Path) -> NodeConfig:
+    if cfg.sampler.max_new_tokens:
+        return cfg
+    from swarm_node.model.default_model import own_budget
+
+    return cfg.with_values({"sampler.max_new_tokens": own_budget(model_dir) or FALLBACK_MAX_NEW_TOKENS})
 
 
 def identity_seed(peer_id: str) -> int:

@@ -8,16 +8,14 @@ training thread (`SequentialSource`) or, with `train.max_staleness` >= 1, on a g
 (`OverlappedSource`); `on_draft` sees each draft as it is made (a SAPO peer publishes it). A role passes its own
 source (a SAPO peer's `SharingSource`, an ECHO-2 learner's buffer). See sources.py; `assembly.py` builds them.
 
-One step: the draft's local groups (sampled and scored by `draft()`: B task references, G completions each, our
-verifier's rewards, group advantages) without signal are dropped; the rest are mixed with the draft's external
-groups (`Draft.externals`, taken by a SAPO peer from its pool just before the update, weighted by the configured
-correction), the GRPO update runs, and the sampler gets the new weights (policy version + 1). The node knows
-nothing of sharing beyond that: no pool, no peer guard, no exchange. `draft()` and `train_on(item)` are the two
-halves with typed values, so a lockstep simulation can let the network run between them.
+One step: the draft's local groups (`draft()`: B task references, G completions each, scored by our verifier, group
+advantages) without signal are dropped; the rest are mixed with the draft's external groups (`Draft.externals`, taken by
+a SAPO peer from its pool just before the update, weighted by the configured correction), the GRPO update runs, and the
+sampler gets the new weights (policy version + 1). The node knows nothing of sharing beyond that. `draft()` and
+`train_on(item)` are the two halves with typed values, so a lockstep simulation runs the network between them.
 
 After `setup()` the node is sealed: assigning a public attribute from outside raises `AttributeError` (what a node
-is built from is given to its constructor; its own run state lives in private attributes behind read-only
-properties).
+is built from goes to its constructor; its run state lives in private attributes behind read-only properties).
 """
 
 from __future__ import annotations
@@ -40,7 +38,7 @@ from swarm_node.model import lora
 from swarm_node.model.default_model import load_model
 from swarm_node.model.prompting import build_prompter
 from swarm_node.model.tokenizer import eos_ids, tokenizer_hash
-from swarm_node.node.build import model_dir_for, sampler_settings, seeded
+from swarm_node.node.build import budgeted, model_dir_for, sampler_settings, seeded
 from swarm_node.node.hardware import Hardware
 from swarm_node.node.resume import CheckpointSchedule, RandomStreams, restore_latest, save
 from swarm_node.node.run_files import METRICS_FILE, NodeEvents, RunSummary, StepLog, prepare_run_dir, reward_window
@@ -55,6 +53,7 @@ from swarm_node.train.partial import ROLLOUT_MODES, RolloutRequest, StepTurns
 from swarm_node.train.scoring import GroupScorer, to_samples
 from swarm_node.train.signal import AFTER_STEPS as SIGNAL_AFTER_STEPS
 from swarm_node.train.signal import SignalWatch
+from swarm_node.train.step_metrics import completion_lengths, completion_metrics
 from swarm_node.train.trainer import Trainer
 from swarm_node.types import Draft, ScoredGroup, SkippedStep
 
@@ -115,6 +114,7 @@ class Node:
         self._track_rates = self.task_source.reads_rates or self._allocation.reads_rates
         self.stats.set_phase("building-model")
         self.model_dir = model_dir_for(cfg, self._model_dir_override, self.events.build_progress)
+        self.cfg = cfg = budgeted(cfg, self.model_dir)  # sampler.max_new_tokens 0: the model's own budget
         # Device, precision and memory sizing (node/hardware.py), before any weights load.
         self.hardware = Hardware.prepare(cfg, self.model_dir, self.task_source, self.events.log, run_dir=self.run_dir)
         self.model, self.tokenizer = load_model(self.model_dir)
@@ -335,8 +335,7 @@ class Node:
         self._step += 1
         metrics = {
             "step": self._step, "policy_version": self._version, "lag": max(lags, default=0),
-            "reward_mean": sum(rewards) / len(rewards),
-            "accuracy": sum(g.accuracy for g in groups) / len(groups),
+            "reward_mean": sum(rewards) / len(rewards), "accuracy": sum(g.accuracy for g in groups) / len(groups),
             "per_task": per_task_metrics(list(groups)),
             "groups_used": len(used), "groups_total": len(groups),
             "loss": result.loss, "clip_frac": result.clip_frac, "kl": result.kl, "entropy": result.entropy,
@@ -347,6 +346,7 @@ class Node:
         }
         # the stale correction's statistics (train.stale_correction: m2po's masked_frac, vcpo's ess)
         metrics.update({f"stale_{name}": value for name, value in result.correction.items()})
+        metrics.update(completion_metrics(completion_lengths(groups), draft.gen_s, metrics["step_s"]))
         metrics.update(self.hardware.after_step(self._step, self.trainer, self._sampler))  # the memory guard
         metrics.update({f"rollout_{name}": value for name, value in draft.rollout})  # APRIL's counters
         if draft.share is not None:

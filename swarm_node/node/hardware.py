@@ -48,6 +48,7 @@ from swarm_node.model.default_model import load_tokenizer, model_config
 from swarm_node.model.device_memory import PeakMeter, default_budget_bytes, return_freed_memory
 from swarm_node.model.lora import TARGET_MODULES
 from swarm_node.model.prompting import build_prompter
+from swarm_node.node.build import budgeted
 from swarm_node.rl.logprobs import logprob_chunk
 from swarm_node.sampler.base import Sampler
 from swarm_node.sampler.kinds import DTYPE_BYTES, SamplerPlan, plan_for
@@ -122,6 +123,7 @@ class Hardware:
     @classmethod
     def prepare(cls, cfg: NodeConfig, model_dir: Path, source: tasks.TaskSource, log: LogFn,
                 found: devices.Found | None = None, run_dir: Path | None = None) -> Hardware:
+        cfg = budgeted(cfg, model_dir)  # sampler.max_new_tokens 0: the model's own budget
         found = found or devices.Found.probe()
         choice = devices.resolve_device(cfg.run.device, found)
         log(choice.line)

@@ -16,7 +16,9 @@ Files:
   gets.
 - `pass_rates.py`: `PassRateBook`: pass-rate estimates per family and instance, a peer's share bounded.
 - `allocation.py`: `ROLLOUT_ALLOCATIONS` (fixed, dars): how many completions each prompt of a step gets.
-- `traces.py`: verified step-by-step traces per specialty (`TRACE_GENERATORS`), the think-answer completion.
+- `traces.py`: verified step-by-step traces per specialty in named styles (`TRACE_STYLES`: per-operation,
+  digit-columns), the think-answer completion.
+- `column_traces.py`: the digit-by-digit lines of the digit-columns style (column arithmetic, halving).
 - `heldout.py`: the partition by a hash of the question text: `SPLITS` test (`EVAL_PERCENT`) and validation, never
   trained on (`is_heldout`); the rest trains.
 - `eval_draw.py`: an eval's distinct questions of one split per specialty (a bounded search; `SplitTooSmall`).

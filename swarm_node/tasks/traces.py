@@ -1,17 +1,23 @@
 """Step-by-step reasoning traces for the default mix's specialties, and the think-answer completion built from them.
 
-`TRACE_GENERATORS` maps a reasoning-gym dataset name to a generator that reads the entry's metadata (never the
-answer) and returns a `Trace`: the reasoning lines and the answer they arrive at. Per specialty:
+`TRACE_STYLES` names the ways a trace is written; each maps a reasoning-gym dataset name to a generator that reads the
+entry's metadata (never the answer) and returns a `Trace`: the reasoning lines and the answer they arrive at.
+`per-operation` (`TRACE_GENERATORS`, the default), per specialty:
 - chain_sum: the partial sums, left to right (`4 + 5 = 9`, then `9 - 2 = 7`);
 - basic_arithmetic: one line per operation in Python's evaluation order (precedence, parentheses, negation; `/` is
   floor division, as reasoning-gym computes it);
 - gcd: Euclid's remainders (`25 % 15 = 10` ... down to a remainder 0), folded over every number;
 - count_bits: the binary digits, then their sum.
+`digit-columns` (`COLUMN_GENERATORS`, `column_traces.py`): every line a single-digit fact, for a small model to learn:
+- chain_sum, basic_arithmetic: each operation in columns (`8+7+0=15;5`: two digits and the carry, their sum; the
+  result's digits so far), partial products for `*`;
+- gcd: Euclid's remainders, as in `per-operation`;
+- count_bits: halving, the bit and a running count of ones per line (`53130 0 0`).
 
-`think_answer_completion(inst)` is the supervised target `<think>\\n{reasoning}\\n</think>\\n<answer>{answer}</answer>`;
-it checks the trace's answer with the dataset's own `score_answer` and raises `TraceError` (naming the task and
-index) when the score is below 1: a generator that disagrees with reasoning-gym is a build error, never a silent
-training example.
+`think_answer_completion(inst, style)` is the supervised target
+`<think>\\n{reasoning}\\n</think>\\n<answer>{answer}</answer>`; it checks the trace's answer with the dataset's own
+`score_answer` and raises `TraceError` (naming the task and index) when the score is below 1: a generator that
+disagrees with reasoning-gym is a build error, never a silent training example.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import ast
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from swarm_node import variants
+from swarm_node.tasks import column_traces
 from swarm_node.tasks.reference import TaskInstance, dataset
 
 
@@ -106,7 +114,8 @@ def count_bits_trace(inst: TaskInstance) -> Trace:
     return Trace(f"{number} in binary is {digits}\n{' + '.join(digits)} = {count}", str(count))
 
 
-TRACE_GENERATORS: dict[str, Callable[[TaskInstance], Trace]] = {
+TraceGenerators = dict[str, Callable[[TaskInstance], Trace]]
+TRACE_GENERATORS: TraceGenerators = {
     "chain_sum": arithmetic_trace,
     "basic_arithmetic": arithmetic_trace,
     "gcd": gcd_trace,
@@ -114,11 +123,39 @@ TRACE_GENERATORS: dict[str, Callable[[TaskInstance], Trace]] = {
 }
 
 
-def checked_trace(inst: TaskInstance) -> Trace:
-    """The instance's trace, verified by the dataset's `score_answer` (score 1 or `TraceError`)."""
-    generator = TRACE_GENERATORS.get(inst.ref.dataset)
+def column_arithmetic_trace(inst: TaskInstance) -> Trace:
+    expression = inst.entry["metadata"]["expression"]
+    try:
+        lines, result = column_traces.arithmetic_columns(expression)
+    except ValueError as exc:
+        raise TraceError(f"{inst.ref.dataset} index {inst.ref.index}: {exc}") from exc
+    return Trace("\n".join(lines), str(result))
+
+
+def halving_count_bits_trace(inst: TaskInstance) -> Trace:
+    lines, ones = column_traces.halving_count(int(inst.entry["metadata"]["number"]))
+    return Trace("\n".join(lines), str(ones))
+
+
+COLUMN_GENERATORS: TraceGenerators = {
+    "chain_sum": column_arithmetic_trace,
+    "basic_arithmetic": column_arithmetic_trace,
+    "gcd": gcd_trace,
+    "count_bits": halving_count_bits_trace,
+}
+TRACE_STYLES: variants.Registry[TraceGenerators] = variants.Registry("trace style", variants.TRACE_STYLES)
+TRACE_STYLES.add("per-operation", TRACE_GENERATORS)
+TRACE_STYLES.add("digit-columns", COLUMN_GENERATORS)
+DEFAULT_TRACE_STYLE = "per-operation"
+
+
+def checked_trace(inst: TaskInstance, style: str = DEFAULT_TRACE_STYLE) -> Trace:
+    """The instance's trace in `style` (`TRACE_STYLES`), verified by the dataset's `score_answer` (score 1 or
+    `TraceError`)."""
+    generators = TRACE_STYLES[style]
+    generator = generators.get(inst.ref.dataset)
     if generator is None:
-        raise TraceError(f"no trace generator for task {inst.ref.dataset!r}; known: {sorted(TRACE_GENERATORS)}")
+        raise TraceError(f"no trace generator for task {inst.ref.dataset!r}; known: {sorted(generators)}")
     trace = generator(inst)
     data = dataset(inst.ref.dataset, inst.ref.config, inst.ref.seed)
     got = float(data.score_answer(trace.answer, inst.entry))
@@ -128,6 +165,6 @@ def checked_trace(inst: TaskInstance) -> Trace:
     return trace
 
 
-def think_answer_completion(inst: TaskInstance) -> str:
-    """The verified think-answer completion text for one instance (no EOS: the tokenizer side adds it)."""
-    return format_think_answer(checked_trace(inst))
+def think_answer_completion(inst: TaskInstance, style: str = DEFAULT_TRACE_STYLE) -> str:
+    """The verified think-answer completion text for one instance in `style` (no EOS: the tokenizer side adds it)."""
+    return format_think_answer(checked_trace(inst, style))

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from swarm_node.config import NodeConfig, SamplerConfig, TrainConfig
 from swarm_node.errors import ConfigError
 from swarm_node.model import lora
-from swarm_node.model.default_model import DefaultModelRecipe, random_qwen2
+from swarm_node.model.char_recipe import CharRecipe, random_qwen2
 from swarm_node.model.tokenizer import build_char_tokenizer
 from swarm_node.sampler.base import SamplingParams
 from swarm_node.sampler.hf import HFSampler
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from swarm_node.sampler.shared_lora import SharedLoRAEngine
 
 # Head size 32: vLLM's CPU attention has no kernel for 16.
-RECIPE = DefaultModelRecipe(hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128, max_positions=128)
+RECIPE = CharRecipe(hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128, max_positions=128)
 PROMPTS = ["12+34=", "7+8=", "What is 3+4?", "a", "99+1=", "5*6-2="]
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)
 TOKENIZER = build_char_tokenizer()

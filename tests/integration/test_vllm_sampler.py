@@ -18,7 +18,7 @@ import torch
 vllm = pytest.importorskip("vllm")
 
 from swarm_node.errors import UserError  # noqa: E402
-from swarm_node.model.default_model import DefaultModelRecipe, random_qwen2  # noqa: E402
+from swarm_node.model.char_recipe import CharRecipe, random_qwen2  # noqa: E402
 from swarm_node.model.tokenizer import build_char_tokenizer  # noqa: E402
 from swarm_node.rl.logprobs import processed_log_softmax  # noqa: E402
 from swarm_node.sampler.base import PromptTooLongError, ResumeError, SamplerSettings, SamplingParams  # noqa: E402
@@ -28,7 +28,7 @@ from swarm_node.sampler.vllm_sampler import EngineSizes, ModelShape, VLLMSampler
 
 pytestmark = pytest.mark.vllm
 
-RECIPE = DefaultModelRecipe(hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128, max_positions=128)
+RECIPE = CharRecipe(hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128, max_positions=128)
 PROMPTS = ["12+34=", "7+8=", "What is 3+4?", "a", "99+1=", "5*6-2=", "Q: 2+2\nA:", "x"]
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=32)
 EOS = 1
@@ -258,7 +258,7 @@ def test_impossible_engine_settings_are_user_errors(settings: SamplerSettings, m
 
 def test_factory_falls_back_only_under_auto(tiny_model_dir: Path, tokenizer) -> None:
     # conftest's tiny model has head size 16, which vLLM's CPU attention cannot run: a start failure.
-    hf_model = random_qwen2(tokenizer, DefaultModelRecipe(hidden_size=64, layers=2, heads=4, kv_heads=2,
+    hf_model = random_qwen2(tokenizer, CharRecipe(hidden_size=64, layers=2, heads=4, kv_heads=2,
                                                           intermediate_size=128, max_positions=256), seed=0)
     with pytest.raises(UserError, match="--sampler vllm: the vLLM engine failed to start: vLLM's CPU backend "
                                         "does not support attention head size 16"):

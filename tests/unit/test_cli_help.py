@@ -24,7 +24,7 @@ def test_help_renders(command: str, option: str) -> None:
     ("solo", "--steps", "[200]"), ("solo", "--sampler", "auto | vllm | hf [auto]"), ("solo", "--lr", "[0.0001]"),
     ("join", "--external-correction", "none | is | ftis | decoupled [is]"), ("join", "--upnp", "[on]"),
     ("join", "--listen", "[/ip4/0.0.0.0/tcp/0]"), ("join", "--role", "[peer]"),
-    ("solo", "--max-new-tokens", "[8]"), ("join", "--max-new-tokens", "[8]"), ("solo", "--max-model-len", "[0]"),
+    ("solo", "--max-new-tokens", "[0]"), ("join", "--max-new-tokens", "[0]"), ("solo", "--max-model-len", "[0]"),
     ("solo", "--temperature", "[1.0]"), ("join", "--lora-rank", "[0]"), ("join", "--filter-no-signal", "[on]"),
 ])
 def test_help_shows_the_config_default(command: str, option: str, default: str) -> None:

@@ -132,7 +132,7 @@ def test_eos_ids_merge_the_tokenizer_and_the_generation_config(tiny_model_dir: P
 def test_a_padded_embeddings_spare_rows_are_never_sampled_nor_in_the_trainers_logprobs(tmp_path: Path) -> None:
     """Qwen2.5 pads 151,665 tokens to 151,936 embedding rows: an id past the tokenizer's length must never be
     sampled (a peer's group with one is dropped as token_out_of_vocab), and the trainer's distribution is the same."""
-    from swarm_node.model.default_model import random_qwen2
+    from swarm_node.model.char_recipe import random_qwen2
     from swarm_node.model.tokenizer import build_char_tokenizer
     from tests.conftest import TINY_RECIPE
 

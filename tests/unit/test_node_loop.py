@@ -56,6 +56,9 @@ def test_a_source_of_one_skipped_step_and_drafts(tiny_model_dir: Path, tmp_path:
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[0]["skipped"] == "non-finite reward (test)" and "reward_mean" not in rows[0]
     assert all("reward_mean" in r and r["seen_by_source"] for r in rows[1:])
+    assert node.cfg.sampler.max_new_tokens == 8  # the model declares no budget of its own
+    assert all(1 <= r["completion_tokens_p50"] <= r["completion_tokens_p95"] <= 8 for r in rows[1:])
+    assert all(r["gen_time_frac"] > 0 for r in rows[1:])
     assert [m["step"] for m in source.seen] == [1, 2, 3] and source.closed
     assert [m["step"] for m in steps] == [1, 2, 3]  # events.on_step once per step, with what was written
     assert summary.steps == 3 and summary.skipped_steps == 1 and node.stats.errors["skipped_step"] == 1

@@ -104,7 +104,8 @@ def test_a_selection_cell_trains_up_to_its_token_budget(warm_tiny_model_dir: Pat
     cfg = load_config(None, {"model.path": str(warm_tiny_model_dir), "sampler.kind": "hf", "run.steps": 50,
                              "run.prompts_per_step": 4, "run.group_size": 4, "run.eval_problems": 8,
                              "run.checkpoint_every": 100, "run.run_dir": str(tmp_path / "run"), "train.threads": 1,
-                             "status.port": -1, "task.selection": "adaptive", "run.rollout_allocation": "dars"})
+                             "status.port": -1, "task.selection": "adaptive", "run.rollout_allocation": "dars",
+                             "sampler.max_new_tokens": 8})
     result = run_selection_cell(cfg, 100, log=lambda _m: None)
     per_step = 4 * 4 * cfg.sampler.max_new_tokens  # the most one step can generate
     assert 100 <= result["gen_tokens"] < 100 + per_step and result["steps"] < 50

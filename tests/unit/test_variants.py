@@ -18,6 +18,7 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
     from swarm_node import tasks
     from swarm_node.config import CORRECTION_CONFIGS, ROLLOUT_CONFIGS, SAMPLER_CONFIGS, STALE_CORRECTION_CONFIGS
     from swarm_node.model.lora import WEIGHT_FORMS
+    from swarm_node.model.recipes import MODEL_RECIPES
     from swarm_node.policy_sync.codecs import CODECS
     from swarm_node.rl.advantages import ADVANTAGE_ESTIMATORS
     from swarm_node.rl.loss import LOSSES
@@ -28,13 +29,14 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
     from swarm_node.sharing.corrections import CORRECTIONS
     from swarm_node.sharing.exchanges import EXCHANGES
     from swarm_node.sharing.selection import SELECTIONS
+    from swarm_node.tasks.traces import TRACE_STYLES
     from swarm_node.train.partial import ROLLOUT_MODES
 
     return [(ADVANTAGE_ESTIMATORS, variants.ADVANTAGES), (LOSSES, variants.LOSSES), (SELECTIONS, variants.SELECTIONS),
             (CODECS, variants.CODECS), (SAMPLERS, variants.SAMPLER_KINDS), (tasks.REWARD_MODES, variants.REWARD_MODES),
             (tasks.TASK_SELECTIONS, variants.TASK_SELECTIONS), (WEIGHT_FORMS, variants.WEIGHT_FORMS),
             (tasks.MIXES, variants.TASK_MIXES), (tasks.SPLITS, variants.EVAL_SPLITS),
-            (tasks.ROLLOUT_ALLOCATIONS, variants.ROLLOUT_ALLOCATIONS),
+            (tasks.ROLLOUT_ALLOCATIONS, variants.ROLLOUT_ALLOCATIONS), (TRACE_STYLES, variants.TRACE_STYLES),
             (ROLES, variants.ROLES), (CELL_RUNNERS, sim_variants.SIM_MODES), (ATTACKS, sim_variants.ATTACKS),
             (DESIGNS, sim_variants.SCALE_DESIGNS),
             (CORRECTIONS, variants.CORRECTIONS), (CORRECTION_CONFIGS, variants.CORRECTIONS),
@@ -42,7 +44,7 @@ def registries() -> list[tuple[Registry[object], tuple[str, ...]]]:
             (STALE_CORRECTIONS, variants.STALE_CORRECTIONS), (STALE_CORRECTION_CONFIGS, variants.STALE_CORRECTIONS),
             (tasks.PROMPT_FORMATS, variants.PROMPT_FORMATS), (tasks.REWARD_TERMS, variants.REWARD_TERMS),
             (ROLLOUT_MODES, variants.ROLLOUT_MODES), (ROLLOUT_CONFIGS, variants.ROLLOUT_MODES),
-            (EXCHANGES, variants.EXCHANGES)]
+            (EXCHANGES, variants.EXCHANGES), (MODEL_RECIPES, variants.MODEL_RECIPES)]
 
 
 def test_every_declared_name_is_registered() -> None:
@@ -68,6 +70,6 @@ def test_config_rejects_an_unknown_name_of_every_kind() -> None:
 
     for key in ["task.reward", "task.selection", "task.prompt_format", "sampler.kind", "train.advantage", "train.loss",
                 "share.correction.kind", "train.stale_correction.kind", "share.selection", "network.role",
-                "echo.encoding"]:
+                "echo.encoding", "model.recipe"]:
         with pytest.raises(ConfigError, match=f"^{key} 'nope' unknown; choose one of "):
             load_config(overrides={key: "nope"})
