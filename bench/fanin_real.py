@@ -54,6 +54,9 @@ def real_figures(rounds_by_node: Sequence[Sequence[dict[str, Any]]], warmup: int
         "frames_per_round": median_of(lambda r: r["frames"]),
         "rpc_kb_per_round": median_of(lambda r: r["rpc_bytes"] / KB),
         "frame_kb_per_round": median_of(lambda r: r["frame_bytes"] / KB),
+        **{f"{kind}_per_round": median_of(lambda r, kind=kind: r.get(kind, 0))
+           for kind in ("publish_msgs", "rpc_publish", "rpc_ihave", "rpc_iwant", "rpc_graft", "rpc_prune",
+                        "rpc_idontwant", "rpc_subscriptions")},
         "exchange_msgs_per_round": median_of(lambda r: r["inbound_messages"]),
         "exchange_kb_per_round": median_of(lambda r: r["inbound_bytes"] / KB),
         "usable_per_round": median_of(lambda r: r["usable"]),

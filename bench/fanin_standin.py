@@ -14,7 +14,8 @@ Contract:
 - `WireCounters` and `count_libp2p_wire(counters)`: measurement only, in this process (the libp2p host on a trio
   thread, isolation "thread"): every byte read from a TCP connection (`wire_bytes`: Noise, yamux, identify,
   gossipsub, streams), every gossipsub RPC read (`rpcs`, `rpc_bytes`: data, IHAVE/IWANT/GRAFT/PRUNE/IDONTWANT,
-  subscriptions) and every pull/push frame read (`frames`, `frame_bytes`: requests served, answers, pushes).
+  subscriptions; `rpc_<kind>`: the RPCs carrying each kind) and every pull/push frame read (`frames`,
+  `frame_bytes`: requests served, answers, pushes).
 - `python -m bench.fanin_standin --index I --seed S` (what bench/fanin_real.py starts): prints one JSON line
   {"peer_id", "addr"}, reads one JSON line {"dial": [addrs], "start_at", "round_s", "rounds", ...} from stdin,
   dials, runs `rounds` rounds flushing at `start_at + r * round_s + U(0, publish_spread_s)` (the simulator's
@@ -77,9 +78,31 @@ class WireCounters:
     rpc_bytes: int = 0
     frames: int = 0
     frame_bytes: int = 0
+    rpc_publish: int = 0  # RPCs carrying data messages, and the RPCs that carry each kind of control
+    rpc_ihave: int = 0
+    rpc_iwant: int = 0
+    rpc_graft: int = 0
+    rpc_prune: int = 0
+    rpc_idontwant: int = 0
+    rpc_subscriptions: int = 0
+    publish_msgs: int = 0  # data messages (a digest batch, a copy of one) in those RPCs
 
     def snapshot(self) -> dict[str, int]:
         return asdict(self)
+
+    def count_rpc(self, data: bytes) -> None:
+        from libp2p.pubsub.pb import rpc_pb2
+
+        rpc = rpc_pb2.RPC()
+        rpc.ParseFromString(data)
+        self.rpcs += 1
+        self.rpc_bytes += len(data)
+        self.publish_msgs += len(rpc.publish)
+        self.rpc_publish += bool(rpc.publish)
+        self.rpc_subscriptions += bool(rpc.subscriptions)
+        for kind in ("ihave", "iwant", "graft", "prune", "idontwant"):
+            if rpc.HasField("control") and len(getattr(rpc.control, kind)):
+                setattr(self, f"rpc_{kind}", getattr(self, f"rpc_{kind}") + 1)
 
 
 def count_libp2p_wire(counters: WireCounters) -> None:
@@ -100,8 +123,7 @@ def count_libp2p_wire(counters: WireCounters) -> None:
 
     async def read_rpc(*args: Any, **kwargs: Any) -> bytes:
         data = await rpc_read(*args, **kwargs)
-        counters.rpcs += 1
-        counters.rpc_bytes += len(data)
+        counters.count_rpc(data)
         return data
 
     frame_read = pull_stream.read_frame
