@@ -10,12 +10,13 @@ Contract:
   round's I groups and flushes (pulls what the digests heard since the last flush offered, pushes the unpulled,
   publishes the new digests), like `join` once per training step, then records the round: `rounds` holds one
   dict per finished round with the exchange's RoundStats fields, the wire counters' deltas (`WireCounters`) and
-  the usable groups that arrived (signal-bearing, per their digest) and from whom.
+  the usable groups that arrived (signal-bearing, per their digest) and from whom; `published` the groups of
+  each round.
 - `WireCounters` and `count_libp2p_wire(counters)`: measurement only, in this process (the libp2p host on a trio
   thread, isolation "thread"): every byte read from a TCP connection (`wire_bytes`: Noise, yamux, identify,
   gossipsub, streams), every gossipsub RPC read (`rpcs`, `rpc_bytes`: data, IHAVE/IWANT/GRAFT/PRUNE/IDONTWANT,
   subscriptions; `rpc_<kind>`: the RPCs carrying each kind) and every pull/push frame read (`frames`,
-  `frame_bytes`: requests served, answers, pushes).
+  `frame_bytes`: requests served, answers, pushes), and how our own pulls ended (answered, failed, groups refused).
 - `python -m bench.fanin_standin --index I --seed S` (what bench/fanin_real.py starts): prints one JSON line
   {"peer_id", "addr"}, reads one JSON line {"dial": [addrs], "start_at", "round_s", "rounds", ...} from stdin,
   dials, runs `rounds` rounds flushing at `start_at + r * round_s + U(0, publish_spread_s)` (the simulator's
@@ -86,6 +87,9 @@ class WireCounters:
     rpc_idontwant: int = 0
     rpc_subscriptions: int = 0
     publish_msgs: int = 0  # data messages (a digest batch, a copy of one) in those RPCs
+    pulls_answered: int = 0  # our pull requests that got a PullResponse ...
+    pulls_failed: int = 0  # ... or none (PullFailed: a timeout, a stream that broke off)
+    groups_refused: int = 0  # groups refused in those answers (NOT_HELD, BUSY, ...)
 
     def snapshot(self) -> dict[str, int]:
         return asdict(self)
@@ -134,6 +138,21 @@ def count_libp2p_wire(counters: WireCounters) -> None:
         counters.frame_bytes += len(data) + pull_stream.LENGTH_BYTES
         return data
 
+    from swarm_node.sharing import fanin_exchange
+
+    pull = fanin_exchange.request_pull
+
+    async def request_pull(*args: Any, **kwargs: Any) -> Any:
+        try:
+            response = await pull(*args, **kwargs)
+        except pull_stream.PullFailed:
+            counters.pulls_failed += 1
+            raise
+        counters.pulls_answered += 1
+        counters.groups_refused += len(response.refused)
+        return response
+
+    fanin_exchange.request_pull = request_pull  # type: ignore[assignment]
     trio_io.TrioTCPStream.read = read  # type: ignore[method-assign]
     pubsub.read_varint_prefixed_bytes_limited = read_rpc
     pull_stream.read_frame = read_frame  # type: ignore[assignment]
@@ -145,6 +164,7 @@ class StandIn:
         self.exchange, self.setup, self.rng = exchange, setup, rng
         self.counters = counters or WireCounters()
         self.rounds: list[dict[str, Any]] = []
+        self.published: list[list[RolloutGroup]] = []  # per round: the groups we published
         self._closed: list[RoundStats] = []
         self._mark = self.counters.snapshot()
         exchange.on_round = self._closed.append
@@ -155,7 +175,8 @@ class StandIn:
                             now, self.rng, s.group_bytes) for _ in range(s.groups_per_node)]
 
     async def step(self, round_index: int) -> None:
-        self.exchange.publish(self.groups_for(round_index, time.time()))
+        self.published.append(self.groups_for(round_index, time.time()))
+        self.exchange.publish(self.published[-1])
         await self.exchange.flush()
         self._record()
 

@@ -1,14 +1,22 @@
 """The bounded fan-in design at swarm scale (issue 32 items 2 and 3), with swarm_node/sharing/fanin.py's logic.
 
 Contract:
-- Every node draws its own secret seed at start; per epoch it joins `epoch_shards(seed, epoch, M, k)`, M =
-  `shard_count(N)`. Shard topics are gossipsub topics (`SHARD_GOSSIP`: mesh 4, 2 lazy peers). A new epoch costs
-  PRUNE/UNSUBSCRIBE to the old topic peers, GRAFT/SUBSCRIBE to the new ones, and a dial to every new peer.
-- Each round a node publishes its I groups' digests (one gossip message of I `DIGEST_BYTES` entries) in one of its
+- Every node draws its own secret seed at start; per epoch it joins `epoch_shards(seed, epoch, M, k)`, M its own
+  shard count, which follows the node's rule (`sharing/swarm_size.ShardCount`, hysteretic, a bounded step per
+  epoch) from what it saw in the last epoch: the distinct digest senders of its shards and its connections. The
+  nodes present at the start have run long enough to hold `shard_count(N)`; a node that joins later starts as
+  `join` does (`sharing/exchanges.py`: the shard count of `shard_size` peers, one shard) and learns. Shard topics
+  are gossipsub topics as the host runs them (`SHARD_GOSSIP`: meshes of up to `degree_high` topic peers). A new
+  epoch that changes a node's shards costs PRUNE/UNSUBSCRIBE to the old topic peers, GRAFT/SUBSCRIBE to the new
+  ones, and a dial to every new peer; one that changes nobody's costs nothing.
+- Wire sizes are the node's, encoded by its codec (simulations/scale_wire.py): a digest batch, a pull request, a
+  served or refused pull, a push.
+- Each round a node publishes its I groups' digests (one DigestBatch) in one of its
   shards at an offset uniform in the publish spread; the digests' gossip is counted per link (scale_shards.py).
 - Every `tick_s` a node that has fewer than `pull_target` pulls in flight or done takes `choose_pulls` over the
-  digests it holds from this round and asks each chosen sender on a direct stream (a dial first if not connected);
-  the sender answers with the group (`ServeBook`: SERVE) or a refusal; no answer within `pull_timeout_s` (a departed
+  digests it holds from this round and asks each chosen sender on a direct stream (one request per sender and
+  round: `max_pulls_per_sender` is 1; a dial first if not connected); the sender answers with the group
+  (`ServeBook`: SERVE) or a refusal; no answer within `pull_timeout_s` (a departed
   sender) frees the slot. A slot freed by a refusal or a timeout is used again at the next tick.
 - `push_after_s` after its digests, a node pushes each of its groups that nobody pulled to one random mesh peer of
   its shard; that peer takes it within `PushBook`'s caps.
@@ -28,18 +36,22 @@ import numpy as np
 from simulations.scale_links import Links
 from simulations.scale_model import (
     CONTROL_BYTES,
-    GOSSIP_OVERHEAD,
-    MSG_ID_BYTES,
-    STREAM_OVERHEAD,
     GossipParams,
     Record,
     ScaleSetup,
 )
 from simulations.scale_shards import Shard
-from swarm_node.sharing.fanin import DIGEST_BYTES, Digest, FanInParams, choose_pulls, epoch_shards, shard_count
+from simulations.scale_wire import WireSizes
+from swarm_node.sharing.fanin import Digest, FanInParams, choose_pulls, epoch_shards, shard_count
 from swarm_node.sharing.fanin_ledger import SERVE, PushBook, ServeBook
+from swarm_node.sharing.swarm_size import ShardCount
+from swarm_node.transport.libp2p.ipc import HostSettings
 
-SHARD_GOSSIP = GossipParams(degree=4, connect=6, lazy=2)
+# The host's gossipsub (transport/libp2p/ipc.HostSettings) on a shard topic, as measured over real libp2p at N = 16
+# (bench.fanin_real: no node got one IHAVE): py-libp2p accepts every GRAFT, so a node's mesh is its own `degree`
+# grafts and its peers' together, pruned only past `degree_high`: every topic peer (up to degree_high) is a mesh
+# peer, and nobody is left to gossip IHAVE to.
+SHARD_GOSSIP = GossipParams(degree=HostSettings().degree_high, connect=HostSettings().degree_high, lazy=0)
 DIAL_MSGS, DIAL_BYTES = 4, 2048  # a new connection, each side: multistream-select, Noise XX, identify
 TICK_S = 1.0
 
@@ -61,8 +73,9 @@ class _Bounded:
         self.serve = [ServeBook(params) for _ in range(n)]
         self.pushes = [PushBook(params) for _ in range(n)]
         self.heard: list[deque[set[str]]] = [deque(maxlen=params.recent_rounds) for _ in range(n)]
-        self.group_bytes = setup.group_bytes + STREAM_OVERHEAD
-        self.digest_msg = GOSSIP_OVERHEAD + setup.groups_per_node * DIGEST_BYTES
+        self.wire = WireSizes.of(setup)
+        self.digest_msg = self.wire.digest_msg
+        self.sizers = [ShardCount(params, shard_count(n, params)) for _ in range(n)]  # each node's own M
         self.hop_s = setup.link.latency_s + 2 * self.digest_msg * 8 / max(setup.link.uplink_bps, 1.0)
         self.leaving: set[int] = set()  # slots whose node leaves during this round
         self._reset_round_state()
@@ -88,13 +101,15 @@ class _Bounded:
     def new_epoch(self, epoch: int, t: float) -> None:
         old_topic = {v: self._topic_peers(v) for v in range(self.s.n) if self.alive[v]}
         old_mesh = {v: self._mesh_peers(v) for v in old_topic}
-        m = shard_count(self.s.n, self.p)
         members: dict[int, list[int]] = {}
-        for v in range(self.s.n):
-            if self.alive[v]:
-                self.node_shards[v] = epoch_shards(self.seed[v], epoch, m, self.p.shards_per_node)
-                for shard in self.node_shards[v]:
-                    members.setdefault(shard, []).append(v)
+        drawn = {v: epoch_shards(self.seed[v], epoch, self._shard_count(v, epoch), self.p.shards_per_node)
+                 for v in old_topic}
+        if epoch and all(drawn[v] == self.node_shards[v] for v in drawn):
+            return  # nobody's shards changed: the topics, their meshes and connections stay as they are
+        for v, chosen in drawn.items():
+            self.node_shards[v] = chosen
+            for shard in chosen:
+                members.setdefault(shard, []).append(v)
         self.shards = {k: Shard(vs, self.g, random.Random(self.rng.random())) for k, vs in members.items()}
         if epoch == 0:
             for v in old_topic:
@@ -106,6 +121,14 @@ class _Bounded:
                 self._control(v, u, t)
             for u in self._topic_peers(v):
                 self._dial(v, u, t)
+
+    def _shard_count(self, v: int, epoch: int) -> int:
+        """Node v's M for `epoch`: the swarm size rule of the node applied to what v saw in the last epoch (the
+        distinct digest senders of its shards: their members, since each member publishes in its shard)."""
+        if epoch == 0:
+            return self.sizers[v].shards
+        heard = len(set().union(*(self.shards[k].members for k in self.node_shards[v] if k in self.shards)) - {v})
+        return self.sizers[v].next_epoch(heard, len(self.connected[v]), len(self.node_shards[v]))
 
     def _topic_peers(self, v: int) -> set[int]:
         return set().union(*(self.shards[k].mesh.get(v, set()) | self.shards[k].lazy.get(v, set())
@@ -138,8 +161,9 @@ class _Bounded:
                 self.alive[v] = True
                 self.connected[v] = set()
                 self.heard[v].clear()
-                self.node_shards[v] = epoch_shards(self.seed[v], r // self.p.epoch_rounds,
-                                                   shard_count(self.s.n, self.p), self.p.shards_per_node)
+                self.sizers[v] = ShardCount(self.p, shard_count(self.p.shard_size, self.p))  # as `join` starts
+                self.node_shards[v] = epoch_shards(self.seed[v], r // self.p.epoch_rounds, self.sizers[v].shards,
+                                                   self.p.shards_per_node)
                 for k in self.node_shards[v]:
                     shard = self.shards.setdefault(k, Shard([], self.g, random.Random(self.rng.random())))
                     for a, b in shard.join(v):
@@ -219,7 +243,7 @@ class _Bounded:
                 sender = (gid // self.s.groups_per_node) % self.s.n
                 self.pending[v].add(gid)
                 self._dial(v, sender, t)
-                self.links.send(v, sender, CONTROL_BYTES + MSG_ID_BYTES, t, self.on_request, sender, v,
+                self.links.send(v, sender, self.wire.pull_request, t, self.on_request, sender, v,
                                 self.identity[v], gid)
                 if self.s.link.loss or sender in self.leaving:  # else an answer always comes: no timer needed
                     self.links.at(t + self.p.pull_timeout_s, self.on_timeout, v, self.identity[v], gid)
@@ -229,9 +253,9 @@ class _Bounded:
             return  # gone: the requester times out
         if self.serve[sender].request(str(requester), str(gid)) == SERVE:
             self.served.add(gid)
-            self.links.send(sender, v, self.group_bytes, t, self.on_group, v, requester, gid)
+            self.links.send(sender, v, self.wire.pull_response, t, self.on_group, v, requester, gid)
         else:
-            self.links.send(sender, v, CONTROL_BYTES, t, self.on_refused, v, requester, gid)
+            self.links.send(sender, v, self.wire.refusal, t, self.on_refused, v, requester, gid)
 
     def _current(self, v: int, identity: int) -> bool:
         return self.alive[v] and self.identity[v] == identity
@@ -267,7 +291,7 @@ class _Bounded:
                 continue
             u = self.rng.choice(peers)
             self._dial(v, u, t)
-            self.links.send(v, u, self.group_bytes, t, self.on_push, u, self.identity[u], gid)
+            self.links.send(v, u, self.wire.push, t, self.on_push, u, self.identity[u], gid)
 
     def on_push(self, t: float, u: int, identity: int, gid: int) -> None:
         if self._current(u, identity) and self.pushes[u].accept(str(self.record.group_sender[gid]), True) == "":
