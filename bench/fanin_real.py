@@ -57,7 +57,7 @@ def real_figures(rounds_by_node: Sequence[Sequence[dict[str, Any]]], warmup: int
         **{f"{kind}_per_round": median_of(lambda r, kind=kind: r.get(kind, 0))
            for kind in ("publish_msgs", "rpc_publish", "rpc_ihave", "rpc_iwant", "rpc_graft", "rpc_prune",
                         "rpc_idontwant", "rpc_subscriptions", "pulls_answered", "pulls_failed",
-                        "groups_refused")},
+                        "pulls_timed_out", "groups_refused")},
         "exchange_msgs_per_round": median_of(lambda r: r["inbound_messages"]),
         "exchange_kb_per_round": median_of(lambda r: r["inbound_bytes"] / KB),
         "usable_per_round": median_of(lambda r: r["usable"]),

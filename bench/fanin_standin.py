@@ -88,7 +88,8 @@ class WireCounters:
     rpc_subscriptions: int = 0
     publish_msgs: int = 0  # data messages (a digest batch, a copy of one) in those RPCs
     pulls_answered: int = 0  # our pull requests that got a PullResponse ...
-    pulls_failed: int = 0  # ... or none (PullFailed: a timeout, a stream that broke off)
+    pulls_failed: int = 0  # ... or none (PullFailed: a timeout, a stream that broke off) ...
+    pulls_timed_out: int = 0  # ... of which: no complete answer within pull_timeout_s
     groups_refused: int = 0  # groups refused in those answers (NOT_HELD, BUSY, ...)
 
     def snapshot(self) -> dict[str, int]:
@@ -145,8 +146,9 @@ def count_libp2p_wire(counters: WireCounters) -> None:
     async def request_pull(*args: Any, **kwargs: Any) -> Any:
         try:
             response = await pull(*args, **kwargs)
-        except pull_stream.PullFailed:
+        except pull_stream.PullFailed as failed:
             counters.pulls_failed += 1
+            counters.pulls_timed_out += failed.reason == "timeout"
             raise
         counters.pulls_answered += 1
         counters.groups_refused += len(response.refused)

@@ -18,8 +18,12 @@ Contract:
   round: `max_pulls_per_sender` is 1; a dial first if not connected); the sender answers with the group
   (`ServeBook`: SERVE) or a refusal; no answer within `pull_timeout_s` (a departed
   sender) frees the slot. A slot freed by a refusal or a timeout is used again at the next tick.
-- `push_after_s` after its digests, a node pushes each of its groups that nobody pulled to one random mesh peer of
-  its shard; that peer takes it within `PushBook`'s caps.
+- Push fallback as the node does it (`FaninExchange.flush`): at its next flush (its next round's digest time, if
+  `push_after_s` or more after the last), a node pushes each of its last round's groups that nobody pulled to one
+  random mesh peer of its shard; that peer takes it, within `PushBook`'s caps, only while it still holds the
+  sender's digest (heard after its own last flush, and it has not flushed since), else drops it unread. With
+  `push_at_flush=False` (design "bounded-timer-push"), the push of fanin.py's contract instead: `push_after_s` after
+  the digest, within the round, taken by a receiver that holds the round's digests (all round long).
 - Churn (`setup.churn_per_min`): each round a node leaves with probability `setup.leave_p()` at a uniform time in
   the round (it stops answering and forwarding); a fresh node (new identity and seed) takes its slot at the next
   round's start and joins its shard (GRAFTs). Only nodes present for a whole round count in `rounds_with_J_frac`.
@@ -57,8 +61,10 @@ TICK_S = 1.0
 
 
 class _Bounded:
-    def __init__(self, setup: ScaleSetup, params: FanInParams, gossip: GossipParams) -> None:
+    def __init__(self, setup: ScaleSetup, params: FanInParams, gossip: GossipParams,
+                 push_at_flush: bool = True) -> None:
         n = setup.n
+        self.push_at_flush = push_at_flush
         self.s, self.p, self.g = setup, params, gossip
         self.record = Record(setup)
         self.links = Links(setup.link, self.record, n, setup.seed)
@@ -78,11 +84,17 @@ class _Bounded:
         self.sizers = [ShardCount(params, shard_count(n, params)) for _ in range(n)]  # each node's own M
         self.hop_s = setup.link.latency_s + 2 * self.digest_msg * 8 / max(setup.link.uplink_bps, 1.0)
         self.leaving: set[int] = set()  # slots whose node leaves during this round
+        self.flushed_at: list[float] = [-np.inf] * n  # each node's flush (digest) time in this round ...
+        self.flushed_before: list[float] = [-np.inf] * n  # ... and in the last one
+        self.last_round: tuple[dict[int, list[Digest]], set[int], dict[int, int], list[list[tuple[float, int]]]] = (
+            {}, set(), {}, [[] for _ in range(n)])
         self._reset_round_state()
 
     # -- round state ----------------------------------------------------------------------------------------
     def _reset_round_state(self) -> None:
         n = self.s.n
+        if hasattr(self, "digests"):  # the ending round's, for the push fallback at each sender's next flush
+            self.last_round = (self.digests, self.served, self.published_shard, self.arrivals)
         self.arrivals: list[list[tuple[float, int]]] = [[] for _ in range(n)]
         self.cursor = [0] * n
         self.cands: list[list[Digest]] = [[] for _ in range(n)]
@@ -188,10 +200,14 @@ class _Bounded:
         s, start = self.s, r * self.s.round_s
         self._reset_round_state()
         offsets = {}
+        self.flushed_before, self.flushed_at = self.flushed_at, [-np.inf] * s.n
         for v in range(s.n):
             if not self.alive[v]:
                 continue
             offsets[v] = self.rng.uniform(0, s.publish_spread_s)
+            self.flushed_at[v] = start + offsets[v]
+            if self.push_at_flush and self.flushed_at[v] - self.flushed_before[v] >= self.p.push_after_s:
+                self.links.at(self.flushed_at[v], self.push_unpulled, v, self.identity[v])
             shard = self.rng.choice(self.node_shards[v])
             self.published_shard[v] = shard
             own = []
@@ -205,7 +221,8 @@ class _Bounded:
             self.digests[v] = own
             self.serve[v].new_round({d.group_id for d in own})
             self.pushes[v].new_round()
-            self.links.at(start + offsets[v] + self.p.push_after_s, self.push_unpulled, v, r)
+            if not self.push_at_flush:
+                self.links.at(start + offsets[v] + self.p.push_after_s, self.push_on_timer, v, r)
         for k, shard in self.shards.items():
             pubs = [v for v in shard.members if self.published_shard.get(v) == k]
             if not pubs:
@@ -280,7 +297,33 @@ class _Bounded:
             self.pending[v].discard(gid)
             self.taken[v].discard(str(gid))
 
-    def push_unpulled(self, t: float, v: int, r: int) -> None:
+    def push_unpulled(self, t: float, v: int, identity: int) -> None:
+        """v's flush: its last round's groups that nobody pulled go, one each, to a random mesh peer of its shard."""
+        digests, served, published_shard, _ = self.last_round
+        if not self._current(v, identity):
+            return
+        shard = self.shards.get(published_shard.get(v, -1))
+        peers = sorted(u for u in (shard.mesh.get(v, set()) if shard else set()) if self.alive[u])
+        for d in digests.get(v, ()):
+            gid = int(d.group_id)
+            if gid in served or not peers or self.record.group_sender[gid] != identity:
+                continue
+            u = self.rng.choice(peers)
+            self._dial(v, u, t)
+            self.links.send(v, u, self.wire.push, t, self.on_push, u, self.identity[u], gid, v)
+
+    def on_push(self, t: float, u: int, identity: int, gid: int, sender: int) -> None:
+        """u takes a pushed group only while it holds the sender's digest: heard since its last flush (a node's
+        pull candidates are the digests heard since its last flush; its next flush drops them)."""
+        if not self._current(u, identity):
+            return
+        heard = [at for at, p in self.last_round[3][u] if p == sender]
+        holds = bool(heard) and self.flushed_before[u] < heard[0] and t < self.flushed_at[u]
+        if self.pushes[u].accept(str(self.record.group_sender[gid]), holds) == "":
+            self._received(t, u, gid)  # a round late for the round's figures (the node trains on it all the same)
+
+    def push_on_timer(self, t: float, v: int, r: int) -> None:
+        """fanin.py's design ("timer" push): `push_after_s` after its digest, within the round."""
         if not self.alive[v] or r != self.record.round_of(t - self.p.push_after_s):
             return
         shard = self.shards.get(self.published_shard.get(v, -1))
@@ -291,9 +334,10 @@ class _Bounded:
                 continue
             u = self.rng.choice(peers)
             self._dial(v, u, t)
-            self.links.send(v, u, self.wire.push, t, self.on_push, u, self.identity[u], gid)
+            self.links.send(v, u, self.wire.push, t, self.on_timer_push, u, self.identity[u], gid)
 
-    def on_push(self, t: float, u: int, identity: int, gid: int) -> None:
+    def on_timer_push(self, t: float, u: int, identity: int, gid: int) -> None:
+        """Taken while the receiver holds this round's digests (all round long, in this variant)."""
         if self._current(u, identity) and self.pushes[u].accept(str(self.record.group_sender[gid]), True) == "":
             if str(gid) not in self.taken[u]:
                 if self.record.group_signal[gid]:
@@ -315,4 +359,11 @@ class _Bounded:
 
 def simulate_bounded(setup: ScaleSetup, params: FanInParams = FanInParams(),
                      gossip: GossipParams = SHARD_GOSSIP) -> dict[str, float]:
+    """The node as it is: the push fallback at the sender's next flush (`FaninExchange`)."""
     return _Bounded(setup, params, gossip).run().metrics()
+
+
+def simulate_bounded_timer_push(setup: ScaleSetup, params: FanInParams = FanInParams(),
+                                gossip: GossipParams = SHARD_GOSSIP) -> dict[str, float]:
+    """fanin.py's push fallback: `push_after_s` after the digest, taken by a receiver holding the round's digests."""
+    return _Bounded(setup, params, gossip, push_at_flush=False).run().metrics()
