@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from simulations.scale_bounded import SHARD_GOSSIP
 from simulations.scale_model import KB, GossipParams, ScaleSetup, regular_graph
 from simulations.scale_sim import measure
 
@@ -156,7 +157,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     out.update({"rss_mb_total": round(rss_mb, 1), "wall_s": round(wall_s, 1),
                 "setup": {"nodes": args.nodes, "round_s": args.round_s, "warmup": args.warmup,
                           "rounds_measured": args.rounds, "publish_spread_s": args.publish_spread_s,
-                          "connect": args.connect, "mesh_degree": GossipParams().degree, "seed": args.seed,
+                          "connect": args.connect, "sim_mesh_degree": SHARD_GOSSIP.degree, "seed": args.seed,
                           "sim_seeds": args.sim_seeds}})
     return out
 

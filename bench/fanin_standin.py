@@ -149,6 +149,8 @@ def count_libp2p_wire(counters: WireCounters) -> None:
         except pull_stream.PullFailed as failed:
             counters.pulls_failed += 1
             counters.pulls_timed_out += failed.reason == "timeout"
+            if counters.pulls_failed <= 3:  # what broke, for the log (the first few)
+                print(f"pull failed: {failed}", file=sys.stderr, flush=True)
             raise
         counters.pulls_answered += 1
         counters.groups_refused += len(response.refused)
