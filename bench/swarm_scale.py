@@ -16,7 +16,8 @@
   model's figures at N = 10 and 100. The flood simulator at N = 100 runs `--flood-100-rounds` measured rounds (each
   costs minutes of CPU; every peer is heard in every round, so the 100-round diversity is that of 1 round).
 - churn_1000: the bounded design at N = 1,000 with 30% of the nodes replaced per minute.
-- real_vs_sim_n16 needs real libp2p processes (issue 32 item 4): null until that is built.
+- real_vs_sim_n16 comes from real libp2p processes, measured apart by `python -m bench.fanin_real` (issue 32
+  item 4), which merges it into the same file; a run of this bench keeps it (null until fanin_real has run).
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     run = provenance.begin()
     result = provenance.stamp(bench(args), run, runs=1)
+    if args.out.exists():  # bench.fanin_real's part, measured apart
+        result["real_vs_sim_n16"] = json.loads(args.out.read_text()).get("real_vs_sim_n16")
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(summary(result))
 

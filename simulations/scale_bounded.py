@@ -1,17 +1,29 @@
 """The bounded fan-in design at swarm scale (issue 32 items 2 and 3), with swarm_node/sharing/fanin.py's logic.
 
 Contract:
-- Every node draws its own secret seed at start; per epoch it joins `epoch_shards(seed, epoch, M, k)`, M =
-  `shard_count(N)`. Shard topics are gossipsub topics (`SHARD_GOSSIP`: mesh 4, 2 lazy peers). A new epoch costs
-  PRUNE/UNSUBSCRIBE to the old topic peers, GRAFT/SUBSCRIBE to the new ones, and a dial to every new peer.
-- Each round a node publishes its I groups' digests (one gossip message of I `DIGEST_BYTES` entries) in one of its
+- Every node draws its own secret seed at start; per epoch it joins `epoch_shards(seed, epoch, M, k)`, M its own
+  shard count, which follows the node's rule (`sharing/swarm_size.ShardCount`, hysteretic, a bounded step per
+  epoch) from what it saw in the last epoch: the distinct digest senders of its shards and its connections. The
+  nodes present at the start have run long enough to hold `shard_count(N)`; a node that joins later starts as
+  `join` does (`sharing/exchanges.py`: the shard count of `shard_size` peers, one shard) and learns. Shard topics
+  are gossipsub topics as the host runs them (`SHARD_GOSSIP`: meshes of up to `degree_high` topic peers). A new
+  epoch that changes a node's shards costs PRUNE/UNSUBSCRIBE to the old topic peers, GRAFT/SUBSCRIBE to the new
+  ones, and a dial to every new peer; one that changes nobody's costs nothing.
+- Wire sizes are the node's, encoded by its codec (simulations/scale_wire.py): a digest batch, a pull request, a
+  served or refused pull, a push.
+- Each round a node publishes its I groups' digests (one DigestBatch) in one of its
   shards at an offset uniform in the publish spread; the digests' gossip is counted per link (scale_shards.py).
 - Every `tick_s` a node that has fewer than `pull_target` pulls in flight or done takes `choose_pulls` over the
-  digests it holds from this round and asks each chosen sender on a direct stream (a dial first if not connected);
-  the sender answers with the group (`ServeBook`: SERVE) or a refusal; no answer within `pull_timeout_s` (a departed
+  digests it holds from this round and asks each chosen sender on a direct stream (one request per sender and
+  round: `max_pulls_per_sender` is 1; a dial first if not connected); the sender answers with the group
+  (`ServeBook`: SERVE) or a refusal; no answer within `pull_timeout_s` (a departed
   sender) frees the slot. A slot freed by a refusal or a timeout is used again at the next tick.
-- `push_after_s` after its digests, a node pushes each of its groups that nobody pulled to one random mesh peer of
-  its shard; that peer takes it within `PushBook`'s caps.
+- Push fallback as the node does it (`FaninExchange.flush`): at its next flush (its next round's digest time, if
+  `push_after_s` or more after the last), a node pushes each of its last round's groups that nobody pulled to one
+  random mesh peer of its shard; that peer takes it, within `PushBook`'s caps, only while it still holds the
+  sender's digest (heard after its own last flush, and it has not flushed since), else drops it unread. With
+  `push_at_flush=False` (design "bounded-timer-push"), the push of fanin.py's contract instead: `push_after_s` after
+  the digest, within the round, taken by a receiver that holds the round's digests (all round long).
 - Churn (`setup.churn_per_min`): each round a node leaves with probability `setup.leave_p()` at a uniform time in
   the round (it stops answering and forwarding); a fresh node (new identity and seed) takes its slot at the next
   round's start and joins its shard (GRAFTs). Only nodes present for a whole round count in `rounds_with_J_frac`.
@@ -28,25 +40,31 @@ import numpy as np
 from simulations.scale_links import Links
 from simulations.scale_model import (
     CONTROL_BYTES,
-    GOSSIP_OVERHEAD,
-    MSG_ID_BYTES,
-    STREAM_OVERHEAD,
     GossipParams,
     Record,
     ScaleSetup,
 )
 from simulations.scale_shards import Shard
-from swarm_node.sharing.fanin import DIGEST_BYTES, Digest, FanInParams, choose_pulls, epoch_shards, shard_count
+from simulations.scale_wire import WireSizes
+from swarm_node.sharing.fanin import Digest, FanInParams, choose_pulls, epoch_shards, shard_count
 from swarm_node.sharing.fanin_ledger import SERVE, PushBook, ServeBook
+from swarm_node.sharing.swarm_size import ShardCount
+from swarm_node.transport.libp2p.ipc import HostSettings
 
-SHARD_GOSSIP = GossipParams(degree=4, connect=6, lazy=2)
+# The host's gossipsub (transport/libp2p/ipc.HostSettings) on a shard topic, as measured over real libp2p at N = 16
+# (bench.fanin_real: no node got one IHAVE): py-libp2p accepts every GRAFT, so a node's mesh is its own `degree`
+# grafts and its peers' together, pruned only past `degree_high`: every topic peer (up to degree_high) is a mesh
+# peer, and nobody is left to gossip IHAVE to.
+SHARD_GOSSIP = GossipParams(degree=HostSettings().degree_high, connect=HostSettings().degree_high, lazy=0)
 DIAL_MSGS, DIAL_BYTES = 4, 2048  # a new connection, each side: multistream-select, Noise XX, identify
 TICK_S = 1.0
 
 
 class _Bounded:
-    def __init__(self, setup: ScaleSetup, params: FanInParams, gossip: GossipParams) -> None:
+    def __init__(self, setup: ScaleSetup, params: FanInParams, gossip: GossipParams,
+                 push_at_flush: bool = True) -> None:
         n = setup.n
+        self.push_at_flush = push_at_flush
         self.s, self.p, self.g = setup, params, gossip
         self.record = Record(setup)
         self.links = Links(setup.link, self.record, n, setup.seed)
@@ -61,15 +79,22 @@ class _Bounded:
         self.serve = [ServeBook(params) for _ in range(n)]
         self.pushes = [PushBook(params) for _ in range(n)]
         self.heard: list[deque[set[str]]] = [deque(maxlen=params.recent_rounds) for _ in range(n)]
-        self.group_bytes = setup.group_bytes + STREAM_OVERHEAD
-        self.digest_msg = GOSSIP_OVERHEAD + setup.groups_per_node * DIGEST_BYTES
+        self.wire = WireSizes.of(setup)
+        self.digest_msg = self.wire.digest_msg
+        self.sizers = [ShardCount(params, shard_count(n, params)) for _ in range(n)]  # each node's own M
         self.hop_s = setup.link.latency_s + 2 * self.digest_msg * 8 / max(setup.link.uplink_bps, 1.0)
         self.leaving: set[int] = set()  # slots whose node leaves during this round
+        self.flushed_at: list[float] = [-np.inf] * n  # each node's flush (digest) time in this round ...
+        self.flushed_before: list[float] = [-np.inf] * n  # ... and in the last one
+        self.last_round: tuple[dict[int, list[Digest]], set[int], dict[int, int], list[list[tuple[float, int]]]] = (
+            {}, set(), {}, [[] for _ in range(n)])
         self._reset_round_state()
 
     # -- round state ----------------------------------------------------------------------------------------
     def _reset_round_state(self) -> None:
         n = self.s.n
+        if hasattr(self, "digests"):  # the ending round's, for the push fallback at each sender's next flush
+            self.last_round = (self.digests, self.served, self.published_shard, self.arrivals)
         self.arrivals: list[list[tuple[float, int]]] = [[] for _ in range(n)]
         self.cursor = [0] * n
         self.cands: list[list[Digest]] = [[] for _ in range(n)]
@@ -88,13 +113,15 @@ class _Bounded:
     def new_epoch(self, epoch: int, t: float) -> None:
         old_topic = {v: self._topic_peers(v) for v in range(self.s.n) if self.alive[v]}
         old_mesh = {v: self._mesh_peers(v) for v in old_topic}
-        m = shard_count(self.s.n, self.p)
         members: dict[int, list[int]] = {}
-        for v in range(self.s.n):
-            if self.alive[v]:
-                self.node_shards[v] = epoch_shards(self.seed[v], epoch, m, self.p.shards_per_node)
-                for shard in self.node_shards[v]:
-                    members.setdefault(shard, []).append(v)
+        drawn = {v: epoch_shards(self.seed[v], epoch, self._shard_count(v, epoch), self.p.shards_per_node)
+                 for v in old_topic}
+        if epoch and all(drawn[v] == self.node_shards[v] for v in drawn):
+            return  # nobody's shards changed: the topics, their meshes and connections stay as they are
+        for v, chosen in drawn.items():
+            self.node_shards[v] = chosen
+            for shard in chosen:
+                members.setdefault(shard, []).append(v)
         self.shards = {k: Shard(vs, self.g, random.Random(self.rng.random())) for k, vs in members.items()}
         if epoch == 0:
             for v in old_topic:
@@ -106,6 +133,14 @@ class _Bounded:
                 self._control(v, u, t)
             for u in self._topic_peers(v):
                 self._dial(v, u, t)
+
+    def _shard_count(self, v: int, epoch: int) -> int:
+        """Node v's M for `epoch`: the swarm size rule of the node applied to what v saw in the last epoch (the
+        distinct digest senders of its shards: their members, since each member publishes in its shard)."""
+        if epoch == 0:
+            return self.sizers[v].shards
+        heard = len(set().union(*(self.shards[k].members for k in self.node_shards[v] if k in self.shards)) - {v})
+        return self.sizers[v].next_epoch(heard, len(self.connected[v]), len(self.node_shards[v]))
 
     def _topic_peers(self, v: int) -> set[int]:
         return set().union(*(self.shards[k].mesh.get(v, set()) | self.shards[k].lazy.get(v, set())
@@ -138,8 +173,9 @@ class _Bounded:
                 self.alive[v] = True
                 self.connected[v] = set()
                 self.heard[v].clear()
-                self.node_shards[v] = epoch_shards(self.seed[v], r // self.p.epoch_rounds,
-                                                   shard_count(self.s.n, self.p), self.p.shards_per_node)
+                self.sizers[v] = ShardCount(self.p, shard_count(self.p.shard_size, self.p))  # as `join` starts
+                self.node_shards[v] = epoch_shards(self.seed[v], r // self.p.epoch_rounds, self.sizers[v].shards,
+                                                   self.p.shards_per_node)
                 for k in self.node_shards[v]:
                     shard = self.shards.setdefault(k, Shard([], self.g, random.Random(self.rng.random())))
                     for a, b in shard.join(v):
@@ -164,10 +200,14 @@ class _Bounded:
         s, start = self.s, r * self.s.round_s
         self._reset_round_state()
         offsets = {}
+        self.flushed_before, self.flushed_at = self.flushed_at, [-np.inf] * s.n
         for v in range(s.n):
             if not self.alive[v]:
                 continue
             offsets[v] = self.rng.uniform(0, s.publish_spread_s)
+            self.flushed_at[v] = start + offsets[v]
+            if self.push_at_flush and self.flushed_at[v] - self.flushed_before[v] >= self.p.push_after_s:
+                self.links.at(self.flushed_at[v], self.push_unpulled, v, self.identity[v])
             shard = self.rng.choice(self.node_shards[v])
             self.published_shard[v] = shard
             own = []
@@ -181,7 +221,8 @@ class _Bounded:
             self.digests[v] = own
             self.serve[v].new_round({d.group_id for d in own})
             self.pushes[v].new_round()
-            self.links.at(start + offsets[v] + self.p.push_after_s, self.push_unpulled, v, r)
+            if not self.push_at_flush:
+                self.links.at(start + offsets[v] + self.p.push_after_s, self.push_on_timer, v, r)
         for k, shard in self.shards.items():
             pubs = [v for v in shard.members if self.published_shard.get(v) == k]
             if not pubs:
@@ -219,7 +260,7 @@ class _Bounded:
                 sender = (gid // self.s.groups_per_node) % self.s.n
                 self.pending[v].add(gid)
                 self._dial(v, sender, t)
-                self.links.send(v, sender, CONTROL_BYTES + MSG_ID_BYTES, t, self.on_request, sender, v,
+                self.links.send(v, sender, self.wire.pull_request, t, self.on_request, sender, v,
                                 self.identity[v], gid)
                 if self.s.link.loss or sender in self.leaving:  # else an answer always comes: no timer needed
                     self.links.at(t + self.p.pull_timeout_s, self.on_timeout, v, self.identity[v], gid)
@@ -229,9 +270,9 @@ class _Bounded:
             return  # gone: the requester times out
         if self.serve[sender].request(str(requester), str(gid)) == SERVE:
             self.served.add(gid)
-            self.links.send(sender, v, self.group_bytes, t, self.on_group, v, requester, gid)
+            self.links.send(sender, v, self.wire.pull_response, t, self.on_group, v, requester, gid)
         else:
-            self.links.send(sender, v, CONTROL_BYTES, t, self.on_refused, v, requester, gid)
+            self.links.send(sender, v, self.wire.refusal, t, self.on_refused, v, requester, gid)
 
     def _current(self, v: int, identity: int) -> bool:
         return self.alive[v] and self.identity[v] == identity
@@ -256,7 +297,33 @@ class _Bounded:
             self.pending[v].discard(gid)
             self.taken[v].discard(str(gid))
 
-    def push_unpulled(self, t: float, v: int, r: int) -> None:
+    def push_unpulled(self, t: float, v: int, identity: int) -> None:
+        """v's flush: its last round's groups that nobody pulled go, one each, to a random mesh peer of its shard."""
+        digests, served, published_shard, _ = self.last_round
+        if not self._current(v, identity):
+            return
+        shard = self.shards.get(published_shard.get(v, -1))
+        peers = sorted(u for u in (shard.mesh.get(v, set()) if shard else set()) if self.alive[u])
+        for d in digests.get(v, ()):
+            gid = int(d.group_id)
+            if gid in served or not peers or self.record.group_sender[gid] != identity:
+                continue
+            u = self.rng.choice(peers)
+            self._dial(v, u, t)
+            self.links.send(v, u, self.wire.push, t, self.on_push, u, self.identity[u], gid, v)
+
+    def on_push(self, t: float, u: int, identity: int, gid: int, sender: int) -> None:
+        """u takes a pushed group only while it holds the sender's digest: heard since its last flush (a node's
+        pull candidates are the digests heard since its last flush; its next flush drops them)."""
+        if not self._current(u, identity):
+            return
+        heard = [at for at, p in self.last_round[3][u] if p == sender]
+        holds = bool(heard) and self.flushed_before[u] < heard[0] and t < self.flushed_at[u]
+        if self.pushes[u].accept(str(self.record.group_sender[gid]), holds) == "":
+            self._received(t, u, gid)  # a round late for the round's figures (the node trains on it all the same)
+
+    def push_on_timer(self, t: float, v: int, r: int) -> None:
+        """fanin.py's design ("timer" push): `push_after_s` after its digest, within the round."""
         if not self.alive[v] or r != self.record.round_of(t - self.p.push_after_s):
             return
         shard = self.shards.get(self.published_shard.get(v, -1))
@@ -267,9 +334,10 @@ class _Bounded:
                 continue
             u = self.rng.choice(peers)
             self._dial(v, u, t)
-            self.links.send(v, u, self.group_bytes, t, self.on_push, u, self.identity[u], gid)
+            self.links.send(v, u, self.wire.push, t, self.on_timer_push, u, self.identity[u], gid)
 
-    def on_push(self, t: float, u: int, identity: int, gid: int) -> None:
+    def on_timer_push(self, t: float, u: int, identity: int, gid: int) -> None:
+        """Taken while the receiver holds this round's digests (all round long, in this variant)."""
         if self._current(u, identity) and self.pushes[u].accept(str(self.record.group_sender[gid]), True) == "":
             if str(gid) not in self.taken[u]:
                 if self.record.group_signal[gid]:
@@ -291,4 +359,11 @@ class _Bounded:
 
 def simulate_bounded(setup: ScaleSetup, params: FanInParams = FanInParams(),
                      gossip: GossipParams = SHARD_GOSSIP) -> dict[str, float]:
+    """The node as it is: the push fallback at the sender's next flush (`FaninExchange`)."""
     return _Bounded(setup, params, gossip).run().metrics()
+
+
+def simulate_bounded_timer_push(setup: ScaleSetup, params: FanInParams = FanInParams(),
+                                gossip: GossipParams = SHARD_GOSSIP) -> dict[str, float]:
+    """fanin.py's push fallback: `push_after_s` after the digest, taken by a receiver holding the round's digests."""
+    return _Bounded(setup, params, gossip, push_at_flush=False).run().metrics()

@@ -29,7 +29,8 @@ import numpy as np
 from simulations.network import LinkModel
 
 KB = 1024
-GOSSIP_OVERHEAD = 350  # a gossipsub message's fields (~150) and the RPC's signed sender record (~200)
+SENDER_RECORD_BYTES = 200  # py-libp2p puts its signed peer record in every RPC it sends, control ones too
+GOSSIP_OVERHEAD = 150 + SENDER_RECORD_BYTES  # a gossipsub message's fields and the RPC's signed sender record
 STREAM_OVERHEAD = 160  # a direct stream's framing plus the group's signature and signer (pulled or pushed)
 CONTROL_BYTES = 24  # an RPC with one control message: framing, topic
 MSG_ID_BYTES = 46  # gossipsub's default message id: signer peer id (38) + seqno (8)

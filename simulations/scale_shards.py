@@ -9,10 +9,12 @@ that one method measures every N):
 - Propagation follows the flood simulator's rules (simulations/scale_flood.py, checked there against an event
   simulation): the origin sends its message to all its topic peers; a member forwards its first copy to its mesh
   peers but the forwarder and the origin; IDONTWANT goes to every mesh peer on a first copy and arrives too late to
-  stop anything. Per origin a breadth-first search gives each member's hop level and first forwarder (the lowest
-  slot one level up), hence each member's copies in and out exactly; arrival = publish time + level x `hop_s`.
+  stop anything. It rides in the RPC that forwards the data to that peer, else it is an RPC of its own (the host
+  merges the RPCs queued for one peer); an RPC without data carries py-libp2p's signed sender record. Per origin
+  a breadth-first search gives each member's hop level and first forwarder (the lowest slot one level up), hence
+  each member's copies in and out exactly; arrival = publish time + level x `hop_s`.
 - `deliver(publishers, offsets, msg_bytes, hop_s, setup)` -> `Delivery`: each member's arrival time of each
-  publisher's message and the messages and bytes in and out per member (data copies, IDONTWANT, IHAVE with the ids
+  publisher's message and the RPCs and bytes in and out per member (data copies, IDONTWANT, IHAVE with the ids
   of the last `window` heartbeats to each lazy peer; every member sees the same heartbeats with ids, those of the
   publish offsets).
 """
@@ -24,7 +26,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulations.scale_model import CONTROL_BYTES, MSG_ID_BYTES, GossipParams, ScaleSetup, regular_graph
+from simulations.scale_model import (
+    CONTROL_BYTES,
+    MSG_ID_BYTES,
+    SENDER_RECORD_BYTES,
+    GossipParams,
+    ScaleSetup,
+    regular_graph,
+)
 
 
 @dataclass
@@ -123,16 +132,19 @@ class Shard:
         degree = np.array([len(self.mesh[v]) for v in self.members], dtype=float)
         lazy = np.array([len(self.lazy[v]) for v in self.members], dtype=float)
         sent = len(publishers)
-        control = CONTROL_BYTES + MSG_ID_BYTES
         beats = _beats_with_ids(offsets, self.gossip, setup)
         ihave_msgs = beats * lazy
-        ihave_bytes = lazy * (beats * CONTROL_BYTES + self.gossip.window * sent * MSG_ID_BYTES)
+        ihave_bytes = lazy * (beats * (CONTROL_BYTES + SENDER_RECORD_BYTES) + self.gossip.window * sent * MSG_ID_BYTES)
         data_in = cin[rows].sum(axis=0)
         data_out = cout[rows].sum(axis=0)
+        # IDONTWANT: every mesh peer sends one per message on its first copy, in the RPC that forwards the data to
+        # us when it does (the host merges what is queued for one peer), else in an RPC of its own.
+        idontwant_only = np.maximum(sent * degree - data_in, 0.0)
+        own_rpc = CONTROL_BYTES + SENDER_RECORD_BYTES + MSG_ID_BYTES
         return Delivery(arrival=arrival,
-                        in_msgs=data_in + sent * degree + ihave_msgs,
-                        in_bytes=data_in * msg_bytes + sent * degree * control + ihave_bytes,
-                        out_bytes=data_out * msg_bytes + sent * degree * control + ihave_bytes)
+                        in_msgs=data_in + idontwant_only + ihave_msgs,
+                        in_bytes=data_in * (msg_bytes + MSG_ID_BYTES) + idontwant_only * own_rpc + ihave_bytes,
+                        out_bytes=data_out * (msg_bytes + MSG_ID_BYTES) + idontwant_only * own_rpc + ihave_bytes)
 
 
 def _beats_with_ids(offsets: np.ndarray, gossip: GossipParams, setup: ScaleSetup) -> float:
