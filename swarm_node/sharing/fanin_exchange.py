@@ -8,9 +8,10 @@ Contract (the design is `sharing/fanin.py`, the bookkeeping `sharing/fanin_ledge
   groups we serve for this round (`served_rounds.ServedRounds`: recent rounds stay served, since peers step at
   their own pace), and their digests go out as one DigestBatch on one of our shards.
 - Digests heard on our shards are pull candidates of that round; `await pull()` picks pulls with `choose_pulls`
-  (signal only, capped per sender, up to `pull_target`), asks each sender once, checks every served group against
-  its digest's hash before decoding it and against its re-scored rewards (`rescore`), and queues the groups that
-  pass; lies are queued as drops with their fan-in reason (`hash_mismatch`, `digest_reward_mismatch`,
+  (signal only, capped per sender, up to `pull_target`), asks each sender once (one that cannot be reached
+  frees its slots for other senders at once, and ranks as recently heard for the next rounds), checks every
+  served group against its digest's hash before decoding it and against its re-scored rewards (`rescore`), and
+  queues the groups that pass; lies are queued as drops with their fan-in reason (`hash_mismatch`, `digest_reward_mismatch`,
   `unserved_digest`), as are requesters that pull unoffered groups or past their share.
 - `drain()` (sync) returns and clears what arrived, like `TransportExchange`; `round_stats` counts this round's
   inbound messages, bytes and pulls, handed to `on_round` when `flush` closes the round (the node's /status).
@@ -80,6 +81,7 @@ from swarm_node.sharing.swarm_size import ShardCount
 from swarm_node.transport.base import Delivery, Transport, TransportError, ValidationResult
 
 Rescore = Callable[[RolloutGroup], list[float]]
+PULL_PASSES = 3  # choose, pull, and choose again for the slots of senders that could not be reached
 
 
 def claimed_rewards(group: RolloutGroup) -> list[float]:
@@ -112,7 +114,8 @@ class FaninExchange:
         self.served = ServedRounds(params)  # our groups of recent rounds (peers' rounds are not in step with ours)
         self._candidates: dict[str, tuple[int, Digest]] = {}  # group id hex -> (the sender's round, digest)
         self._taken: dict[str, Digest] = {}  # pulled or asked this round
-        self._recent: list[set[str]] = []  # senders taken from in each of the last rounds
+        self._recent: list[set[str]] = []  # senders taken from (or unreachable) in each of the last rounds
+        self._unreachable: set[str] = set()  # senders whose pull failed this round: not asked again in it
         self._published_at: dict[str, float] = {}  # our current round's group ids (hex) -> when their digest went out
         self._pulled: set[str] = set()  # ... and those somebody pulled
         self._shard_peers: set[str] = set()  # peers whose digests we heard this epoch: push fallback targets
@@ -213,8 +216,9 @@ class FaninExchange:
         self.on_round(self.round_stats)
         self.round += 1
         self.round_stats = RoundStats(self.round)
-        self._recent = [set(d.sender for d in self._taken.values()), *self._recent][:self.params.recent_rounds]
-        self._taken, self._candidates = {}, {}
+        heard = set(d.sender for d in self._taken.values()) | self._unreachable
+        self._recent = [heard, *self._recent][:self.params.recent_rounds]
+        self._taken, self._candidates, self._unreachable = {}, {}, set()
         self.push_book.new_round()
         await self._join_epoch()
         out, self._outbox = self._outbox[:self.limits.max_digests_per_message], self._outbox[
@@ -277,21 +281,34 @@ class FaninExchange:
 
     # -- pulling --------------------------------------------------------------------------------------------
     async def pull(self) -> int:
-        """Pull what `choose_pulls` picks among this round's digests; returns the groups accepted."""
-        per_sender: dict[str, int] = {}
-        for d in self._taken.values():
-            per_sender[d.sender] = per_sender.get(d.sender, 0) + 1
-        recent = set().union(*self._recent) if self._recent else set()
-        chosen = choose_pulls([d for _, d in self._candidates.values()], self._taken, per_sender,
-                              {d.task for d in self._taken.values()}, recent, self.params, self.seed)
-        asks: dict[tuple[str, int], list[Digest]] = {}  # one request per sender and round of its digests
-        for d in chosen:
-            self._taken[d.group_id] = d
-            asks.setdefault((d.sender, self._candidates[d.group_id][0]), []).append(d)
-        results = await asyncio.gather(*(self._pull_from(sender, r, ds) for (sender, r), ds in asks.items()))
-        return sum(results)
+        """Pull what `choose_pulls` picks among this round's digests; returns the groups accepted. A sender that
+        cannot be reached (no address, gone) frees its slots for the others at once, in up to `PULL_PASSES`
+        passes, and ranks as recently heard for the next rounds (else it would be tried first every round)."""
+        accepted = 0
+        for _ in range(PULL_PASSES):
+            per_sender: dict[str, int] = {}
+            for d in self._taken.values():
+                per_sender[d.sender] = per_sender.get(d.sender, 0) + 1
+            recent = set().union(self._unreachable, *self._recent)
+            candidates = [d for _, d in self._candidates.values() if d.sender not in self._unreachable]
+            chosen = choose_pulls(candidates, self._taken, per_sender, {d.task for d in self._taken.values()},
+                                  recent, self.params, self.seed)
+            if not chosen:
+                break
+            asks: dict[tuple[str, int], list[Digest]] = {}  # one request per sender and round of its digests
+            for d in chosen:
+                self._taken[d.group_id] = d
+                asks.setdefault((d.sender, self._candidates[d.group_id][0]), []).append(d)
+            results = await asyncio.gather(*(self._pull_from(sender, r, ds) for (sender, r), ds in asks.items()))
+            accepted += sum(n for n in results if n is not None)
+            failed = {sender for (sender, _), n in zip(asks, results, strict=True) if n is None}
+            if not failed:
+                break
+            self._unreachable |= failed
+        return accepted
 
-    async def _pull_from(self, sender: str, sender_round: int, digests: list[Digest]) -> int:
+    async def _pull_from(self, sender: str, sender_round: int, digests: list[Digest]) -> int | None:
+        """The groups accepted from one pull request, or None when the sender could not be reached."""
         request = PullRequest(sender_round, tuple(bytes.fromhex(d.group_id) for d in digests), self.clock())
         self.round_stats.pulls_sent += len(digests)
         try:
@@ -299,7 +316,7 @@ class FaninExchange:
         except PullFailed:
             for d in digests:  # lost: the slots are free again
                 self._taken.pop(d.group_id, None)
-            return 0
+            return None
         self._count(sum(len(g.data) for g in response.groups))
         by_id = {d.group_id: d for d in digests}
         for refusal in response.refused:

@@ -59,12 +59,12 @@ Hook = Callable[[dict[str, FaninExchange]], object]
 
 
 def _swarm(rescore_for: Callable[[str], Callable[[RolloutGroup], list[float]]] | None = None,
-           after_flush: Hook | None = None, after_pull: Callable[[dict[str, FaninExchange]], object] | None = None
-           ) -> Outcome:
+           after_flush: Hook | None = None, after_pull: Callable[[dict[str, FaninExchange]], object] | None = None,
+           params: FanInParams = PARAMS) -> Outcome:
     async def main() -> Outcome:
         hub = MemoryHub()
         transports = {name: MemoryTransport(hub, name) for name in NAMES}
-        exchanges = {name: FaninExchange(transports[name], LIMITS, accept_policy_for(SOURCE), PARAMS, SEEDS[i], 8,
+        exchanges = {name: FaninExchange(transports[name], LIMITS, accept_policy_for(SOURCE), params, SEEDS[i], 8,
                                          rescore=rescore_for(name) if rescore_for else claimed_rewards)
                      for i, name in enumerate(NAMES)}
         for name in NAMES:
@@ -80,7 +80,9 @@ def _swarm(rescore_for: Callable[[str], Callable[[RolloutGroup], list[float]]] |
             assert await exchanges[name].flush() == 1
         await hub.settle()
         if after_flush:
-            after_flush(exchanges)
+            done = after_flush(exchanges)
+            if asyncio.iscoroutine(done):
+                await done
         await asyncio.gather(*(exchanges[name].pull() for name in NAMES))
         await hub.settle()
         extra = await after_pull(exchanges) if after_pull else None  # type: ignore[misc]
@@ -124,6 +126,26 @@ def test_each_node_gets_its_j_groups_one_per_shard_neighbour_and_hears_only_its_
         # 3 digest batches (its shard's other members; the other shard's 4 never reach it) + 3 pull responses.
         stats = out.stats[name]
         assert (stats.inbound_messages, stats.pulls_sent, stats.pulls_served) == (6, 3, 3), name
+
+
+def test_an_unreachable_sender_frees_its_slot_for_another_at_once_and_ranks_as_heard_next_round() -> None:
+    async def n1_leaves(exchanges: dict[str, FaninExchange]) -> None:
+        await exchanges["n1"].transport.stop()  # its digests were heard: n0 picks it, and its pull fails
+
+    async def next_round(exchanges: dict[str, FaninExchange]) -> tuple[set[str], int, set[str]]:
+        n0 = exchanges["n0"]
+        unreachable, pulls_sent = set(n0._unreachable), n0.round_stats.pulls_sent
+        await n0.flush()
+        return unreachable, pulls_sent, n0._recent[0]
+
+    # 2 pulls per sender: n0 first takes one group of each of n1, n2, n3; n1's slot goes to n2's or n3's other
+    params = dataclasses.replace(PARAMS, max_pulls_per_sender=2, serve_per_requester=2)
+    out = _swarm(after_flush=n1_leaves, after_pull=next_round, params=params)
+    got = out.received["n0"]
+    assert len(got) == 3 and set(_senders(got)) == {"n2", "n3"} and _drops(got) == []
+    unreachable, pulls_sent, recent = out.extra
+    assert pulls_sent == 4  # 1 lost to n1, then 3 served
+    assert unreachable == {"n1"} and "n1" in recent  # not tried first again next round
 
 
 def test_a_server_whose_bytes_differ_from_its_digest_is_scored_and_nothing_of_it_is_taken() -> None:
