@@ -11,8 +11,8 @@ Contract (the design is `sharing/fanin.py`, the bookkeeping `sharing/fanin_ledge
   (signal only, capped per sender, up to `pull_target`), asks each sender once (one that cannot be reached
   frees its slots for other senders at once, and ranks as recently heard for the next rounds), checks every
   served group against its digest's hash before decoding it and against its re-scored rewards (`rescore`), and
-  queues the groups that pass; lies are queued as drops with their fan-in reason (`hash_mismatch`, `digest_reward_mismatch`,
-  `unserved_digest`), as are requesters that pull unoffered groups or past their share.
+  queues the groups that pass; lies are queued as drops with their fan-in reason (`hash_mismatch`,
+  `digest_reward_mismatch`, `unserved_digest`), as are requesters that pull unoffered groups or past their share.
 - `drain()` (sync) returns and clears what arrived, like `TransportExchange`; `round_stats` counts this round's
   inbound messages, bytes and pulls, handed to `on_round` when `flush` closes the round (the node's /status).
 - Push fallback: when `flush` closes a round, each of its groups that nobody pulled and whose digest went out
