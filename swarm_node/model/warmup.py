@@ -106,11 +106,13 @@ def think_answer_example(tokenizer: PreTrainedTokenizerBase, inst: tasks.TaskIns
 
 
 def think_answer_draw(tokenizer: PreTrainedTokenizerBase, source: tasks.TaskSource,
-                      prompt_ids: Callable[[tasks.TaskInstance], Sequence[int]]) -> DrawFn:
-    """A `DrawFn` over `source`'s training draws (which skip held-out problems), prompts from `prompt_ids`."""
+                      prompt_ids: Callable[[tasks.TaskInstance], Sequence[int]],
+                      trace_style: str = DEFAULT_TRACE_STYLE) -> DrawFn:
+    """A `DrawFn` over `source`'s training draws (which skip held-out problems), prompts from `prompt_ids`, traces
+    in `trace_style`."""
 
     def draw(rng: random.Random, count: int) -> list[WarmupExample]:
-        return [think_answer_example(tokenizer, inst, prompt_ids(inst))
+        return [think_answer_example(tokenizer, inst, prompt_ids(inst), trace_style)
                 for inst in (tasks.instance(ref) for ref in source.draw(rng, count))]
 
     return draw
