@@ -18,12 +18,12 @@ Contract:
   round: `max_pulls_per_sender` is 1; a dial first if not connected); the sender answers with the group
   (`ServeBook`: SERVE) or a refusal; no answer within `pull_timeout_s` (a departed
   sender) frees the slot. A slot freed by a refusal or a timeout is used again at the next tick.
-- Push fallback as the node does it (`FaninExchange.flush`): at its next flush (its next round's digest time, if
+- Push fallback as the node does it (`FaninExchange`, design "bounded"): `push_after_s` after the digest, within
+  the round, taken by a receiver that holds the round's digests (all round long). With `push_at_flush=True`
+  (design "bounded-flush-push", the node until 2026-11-27): at its next flush (its next round's digest time, if
   `push_after_s` or more after the last), a node pushes each of its last round's groups that nobody pulled to one
   random mesh peer of its shard; that peer takes it, within `PushBook`'s caps, only while it still holds the
-  sender's digest (heard after its own last flush, and it has not flushed since), else drops it unread. With
-  `push_at_flush=False` (design "bounded-timer-push"), the push of fanin.py's contract instead: `push_after_s` after
-  the digest, within the round, taken by a receiver that holds the round's digests (all round long).
+  sender's digest (heard after its own last flush, and it has not flushed since), else drops it unread.
 - Churn (`setup.churn_per_min`): each round a node leaves with probability `setup.leave_p()` at a uniform time in
   the round (it stops answering and forwarding); a fresh node (new identity and seed) takes its slot at the next
   round's start and joins its shard (GRAFTs). Only nodes present for a whole round count in `rounds_with_J_frac`.
@@ -359,11 +359,13 @@ class _Bounded:
 
 def simulate_bounded(setup: ScaleSetup, params: FanInParams = FanInParams(),
                      gossip: GossipParams = SHARD_GOSSIP) -> dict[str, float]:
-    """The node as it is: the push fallback at the sender's next flush (`FaninExchange`)."""
-    return _Bounded(setup, params, gossip).run().metrics()
-
-
-def simulate_bounded_timer_push(setup: ScaleSetup, params: FanInParams = FanInParams(),
-                                gossip: GossipParams = SHARD_GOSSIP) -> dict[str, float]:
-    """fanin.py's push fallback: `push_after_s` after the digest, taken by a receiver holding the round's digests."""
+    """The node as it is (`FaninExchange`): the push `push_after_s` after the digest, taken by a receiver holding
+    the round's digests."""
     return _Bounded(setup, params, gossip, push_at_flush=False).run().metrics()
+
+
+def simulate_bounded_flush_push(setup: ScaleSetup, params: FanInParams = FanInParams(),
+                                gossip: GossipParams = SHARD_GOSSIP) -> dict[str, float]:
+    """The node until 2026-11-27: the push fallback at the sender's next flush, mostly after receivers dropped the
+    digest (why the node now pushes on a timer)."""
+    return _Bounded(setup, params, gossip).run().metrics()

@@ -13,5 +13,5 @@ SIM_MODES = ("sync", "async", "echo", "attack")  # runner.CELL_RUNNERS: lockstep
 SIM_TRANSPORTS = ("memory", "libp2p")  # runner.CELL_LOOPS
 SIM_SAMPLERS = ("per-node", "shared-lora")  # cells.py: a sampler per node, or one vLLM engine serving every node's LoRA
 # scale_sim.DESIGNS: rollout sharing at swarm scale (issue 32)
-SCALE_DESIGNS = ("flood", "bounded", "bounded-timer-push")
+SCALE_DESIGNS = ("flood", "bounded", "bounded-flush-push")
 ATTACKS = ("forged_reward", "oov_tokens", "over_length", "junk", "stale", "replay", "sybil")  # byzantine.ATTACKS

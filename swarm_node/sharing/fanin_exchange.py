@@ -15,9 +15,10 @@ Contract (the design is `sharing/fanin.py`, the bookkeeping `sharing/fanin_ledge
   `digest_reward_mismatch`, `unserved_digest`), as are requesters that pull unoffered groups or past their share.
 - `drain()` (sync) returns and clears what arrived, like `TransportExchange`; `round_stats` counts this round's
   inbound messages, bytes and pulls, handed to `on_round` when `flush` closes the round (the node's /status).
-- Push fallback: when `flush` closes a round, each of its groups that nobody pulled and whose digest went out
-  `push_after_s` ago or more (`fanin.unpulled`) is pushed once to one shard neighbour (a peer whose digests we
-  heard this epoch), drawn from our seed. A pushed group is taken only while we hold its digest from that sender,
+- Push fallback: `push_after_s` after our digests went out (a timer on the transport's loop, while peers still
+  hold them; and at the latest when `flush` closes the round), each of the round's groups that nobody pulled
+  (`fanin.unpulled`) is pushed once to one shard neighbour (a peer whose digests we heard this epoch), drawn from
+  our seed. A pushed group is taken only while we hold its digest from that sender,
   within `PushBook`'s caps (else dropped unread, `unsolicited_push`), and then checked as a pulled one.
 - Epochs: when `flush` opens a round of a new epoch (`epoch_rounds`), the node joins its new shards and leaves the
   ones it no longer holds (`Transport.unsubscribe`: their digests stop reaching it and it stops forwarding them).
@@ -116,6 +117,8 @@ class FaninExchange:
         self._taken: dict[str, Digest] = {}  # pulled or asked this round
         self._recent: list[set[str]] = []  # senders taken from (or unreachable) in each of the last rounds
         self._unreachable: set[str] = set()  # senders whose pull failed this round: not asked again in it
+        self._push_timer: asyncio.TimerHandle | None = None
+        self._push_tasks: set[asyncio.Task[None]] = set()
         self._published_at: dict[str, float] = {}  # our current round's group ids (hex) -> when their digest went out
         self._pulled: set[str] = set()  # ... and those somebody pulled
         self._shard_peers: set[str] = set()  # peers whose digests we heard this epoch: push fallback targets
@@ -212,6 +215,8 @@ class FaninExchange:
         queued groups and publish their digests; returns the digest messages published (0 or 1)."""
         if self._candidates:
             await self.pull()
+        if self._push_timer is not None:
+            self._push_timer.cancel()
         await self._push_unpulled()
         self.on_round(self.round_stats)
         self.round += 1
@@ -235,24 +240,41 @@ class FaninExchange:
         shard = self.shards[self.round % len(self.shards)]
         await self.transport.publish(digest_topic(shard), encode(DigestBatch(shard, self.round, digests,
                                                                              now)))
+        self._push_timer = asyncio.get_running_loop().call_later(self.params.push_after_s, self._push_when_due)
         return 1
+
+    def _push_when_due(self) -> None:
+        """`push_after_s` after our digests went out (while peers still hold them), push what nobody pulled; a flush
+        first pushes whatever is due by then too (a virtual clock in tests: the timer then finds nothing due)."""
+        task = asyncio.ensure_future(self._push_unpulled())
+        self._push_tasks.add(task)
+        task.add_done_callback(self._push_done)
+
+    def _push_done(self, task: asyncio.Task[None]) -> None:
+        self._push_tasks.discard(task)
+        if not task.cancelled() and isinstance(task.exception(), TransportError):
+            return  # the transport closed under it: nothing left to push to
+        task.result()
 
     async def _push_unpulled(self) -> None:
         due = unpulled(self._published_at, self._pulled, self.clock(), self.params)
         neighbours = sorted(self._shard_peers - {self.peer_id})
         if not due or not neighbours:
             return
+        for key in due:  # taken before the first await: the timer's push and a flush's never send one twice
+            del self._published_at[key]
         draw = random.Random(hashlib.sha256(self.seed + b"push" + self.round.to_bytes(8, "big")).digest())
         served = self.serving(self.round)
         for key in due:
             group_id = bytes.fromhex(key)
+            if group_id not in served:
+                continue  # the round is no longer held
             push = PullResponse((PulledGroup(group_id, encode_group(served[group_id])),), (), self.clock())
             try:
                 await send_push(self.transport, draw.choice(neighbours), push, self.limits, self.params.pull_timeout_s)
             except PullFailed:
                 continue  # the neighbour left: the group stays with us (pushed once at most)
             self.round_stats.pushes_sent += 1
-        self._published_at = {}
 
     def _on_push(self, sender: str, push: PullResponse) -> None:
         self._count(sum(len(g.data) for g in push.groups))

@@ -298,6 +298,46 @@ def test_a_push_without_a_digest_or_past_the_caps_is_dropped_unread() -> None:
     assert _drops(out.received["n5"]) == [("n4", "unsolicited_push")]
 
 
+def test_the_push_goes_out_push_after_s_after_the_digest_while_peers_still_hold_it() -> None:
+    """With the real clock: no flush after ours, yet push_after_s later n0's unpulled groups reach a neighbour,
+    which takes them (it still holds n0's digest: it has not flushed either)."""
+    params = dataclasses.replace(PARAMS, push_after_s=0.3)
+
+    async def main() -> tuple[dict[str, list[Received]], int]:
+        hub = MemoryHub()
+        transports = {name: MemoryTransport(hub, name) for name in NAMES}
+        exchanges = {name: FaninExchange(transports[name], LIMITS, accept_policy_for(SOURCE), params, SEEDS[i], 8)
+                     for i, name in enumerate(NAMES)}
+        for name in NAMES:
+            await transports[name].start()
+            await exchanges[name].start()
+        for i, a in enumerate(NAMES):
+            for b in NAMES[i + 1:]:
+                await transports[a].connect(memory_addr(b))
+        now = time.time()
+        exchanges["n0"].publish([_no_signal(_group(0, k, now)) for k in (0, 1)])
+        for i, name in enumerate(NAMES[1:], start=1):  # their digests make them n0's shard neighbours
+            exchanges[name].publish([_group(i, 0, now), _group(i, 1, now)])
+        for name in NAMES:
+            await exchanges[name].flush()
+        await hub.settle()
+        await asyncio.gather(*(exchanges[name].pull() for name in NAMES))  # nobody pulls n0's: no signal
+        await asyncio.sleep(0.6)  # past push_after_s, and no flush
+        await _loop_turns()
+        got = {name: exchanges[name].drain() for name in NAMES}
+        pushes = exchanges["n0"].round_stats.pushes_sent
+        await exchanges["n0"].flush()  # nothing is pushed twice
+        pushes_after_flush = exchanges["n0"].round_stats.pushes_sent
+        for t in transports.values():
+            await t.stop()
+        return got, pushes + pushes_after_flush
+
+    got, pushes = asyncio.run(main())
+    assert pushes == 2
+    pushed = sorted(r.group.group_id for name in NAMES for r in got[name] if r.group is not None and r.sender == "n0")
+    assert pushed == [bytes([0, 0]) * 8, bytes([0, 1]) * 8] and all(_drops(got[name]) == [] for name in NAMES)
+
+
 async def _loop_turns() -> None:
     """Let the receivers' stream handlers run (in-process: loop turns, not time)."""
     for _ in range(50):

@@ -48,7 +48,7 @@ def test_flood_closed_form_matches_the_simulator_at_n10() -> None:
 
 def test_flood_is_analytical_from_1000_nodes_and_overloads_its_links() -> None:
     figures, how = measure("flood", ScaleSetup(n=10000, rounds=12))
-    assert how == "analytical" and sorted(DESIGNS) == ["bounded", "bounded-timer-push", "flood"]
+    assert how == "analytical" and sorted(DESIGNS) == ["bounded", "bounded-flush-push", "flood"]
     # I x copies of every message + IDONTWANT from 6 mesh peers for each of the 40,000 messages + IHAVE from 6
     # lazy peers at the 8 heartbeats (1 s .. 8 s) whose 3 s window holds first copies (published in [0, 5) s + 20 ms).
     assert figures["inbound_msgs_per_round"] == 4 * data_copies(ScaleSetup(n=10000), GossipParams()) + 40000 * 6 + 48
@@ -70,10 +70,10 @@ def test_bounded_design_meets_j_and_reaches_a_peer_with_every_group_at_n10() -> 
     assert figures["distinct_peers_10_rounds"] == 9
 
 
-def test_the_nodes_push_at_its_next_flush_mostly_arrives_after_the_receiver_dropped_the_digest() -> None:
-    # FaninExchange pushes at its next flush, a round late, and a receiver that flushed since the digest drops the
-    # push unread: at N = 10 every node pulls one group per sender, the top one by variance (the same for all), so
-    # the groups nobody pulled reach nobody in their round.
+def test_a_push_at_the_next_flush_mostly_arrives_after_the_receiver_dropped_the_digest() -> None:
+    # The node until 2026-11-27 (design "bounded-flush-push") pushed at its next flush, a round late, and a
+    # receiver that flushed since the digest drops the push unread: at N = 10 every node pulls one group per
+    # sender, the top one by variance (the same for all), so the groups nobody pulled reach nobody in their round.
     sim = bounded_run(10, rounds=8)
     figures = sim.record.metrics()
     assert figures["rounds_with_J_frac"] == 1.0
