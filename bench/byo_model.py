@@ -5,8 +5,9 @@ it does not run, so a long measurement resumes part by part):
 - one per shape of `model/shapes.SHAPES`, built at size `small-h32` (the embedded default model's dimensions, head
   size 32: vLLM's CPU attention has no kernel for the tiny size's 16; `tiny-h32` learnt the format but answered
   the RL task 0% greedy and its reward did not rise), random weights:
-  1. the think-answer supervised warm-up (`model/warmup.py`, `WARMUP` on the default mix's traces, the node's own
-     prompts); the warmed-up directory keeps the shape's generation_config.json (Qwen's repetition_penalty 1.1);
+  1. the think-answer supervised warm-up (`model/warmup.py`, `WARMUP` on the RL task's training problems, another
+     seed than the RL run's, in `TRACE_STYLE`, the node's own prompts); the warmed-up directory keeps the shape's
+     generation_config.json (Qwen's repetition_penalty 1.1);
   2. `sampler_trainer_logprob_gap_max` {hf, vllm}: both samplers in fp32 as the node builds them
      (`make_sampler`), the largest |sampler log-prob - trainer log-prob| over every sampled token of `GAP_PROMPTS`
      prompts x `GAP_SAMPLES` completions, at T 1 / top-p 1 and at the shape's own T / top-p;
@@ -91,7 +92,8 @@ def rl_source() -> tasks.TaskSource:
 def warmed_up_dir(shape: str, root: Path) -> tuple[Path, dict[str, Any]]:
     """The shape's think-answer warm-up, saved as a whole model directory (reused when its recipe matches)."""
     path, recipe = root / "sft", {"size": asdict(SIZES[SIZE]), "warmup": asdict(WARMUP),
-                                  "source_seed": WARMUP_SOURCE_SEED}
+                                  "source_seed": WARMUP_SOURCE_SEED, "task": RL_TASK, "options": RL_TASK_OPTIONS,
+                                  "trace_style": TRACE_STYLE}
     done = path / "bench_recipe.json"
     if done.exists() and json.loads(done.read_text())["recipe"] == recipe:
         return path, json.loads(done.read_text())
