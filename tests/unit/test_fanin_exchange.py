@@ -95,6 +95,19 @@ def _swarm(rescore_for: Callable[[str], Callable[[RolloutGroup], list[float]]] |
     return asyncio.run(main())
 
 
+async def _started(params: FanInParams, n_peers: int = 8, clock: Callable[[], float] = time.time
+                   ) -> tuple[MemoryHub, dict[str, MemoryTransport], dict[str, FaninExchange]]:
+    """The 8 nodes' transports and exchanges, started, not yet connected."""
+    hub = MemoryHub()
+    transports = {name: MemoryTransport(hub, name) for name in NAMES}
+    exchanges = {name: FaninExchange(transports[name], LIMITS, accept_policy_for(SOURCE), params, SEEDS[i], n_peers,
+                                     clock=clock) for i, name in enumerate(NAMES)}
+    for name in NAMES:
+        await transports[name].start()
+        await exchanges[name].start()
+    return hub, transports, exchanges
+
+
 def _digest_batch_bytes(node: int) -> int:
     digests = [DigestWire(g.group_id, task_label(g), *reversed(reward_stats(claimed_rewards(g))),
                           group_content_hash(g)) for g in (_group(node, 0, 1.0), _group(node, 1, 1.0))]
@@ -247,13 +260,7 @@ def test_groups_nobody_pulled_are_pushed_once_to_one_shard_neighbour() -> None:
     clock = [1_000.0]
 
     async def main() -> tuple[dict[str, list[Received]], RoundStats]:
-        hub = MemoryHub()
-        transports = {name: MemoryTransport(hub, name) for name in NAMES}
-        exchanges = {name: FaninExchange(transports[name], LIMITS, accept_policy_for(SOURCE), PARAMS, SEEDS[i], 8,
-                                         clock=lambda: clock[0]) for i, name in enumerate(NAMES)}
-        for name in NAMES:
-            await transports[name].start()
-            await exchanges[name].start()
+        hub, transports, exchanges = await _started(PARAMS, clock=lambda: clock[0])
         for i, a in enumerate(NAMES):
             for b in NAMES[i + 1:]:
                 await transports[a].connect(memory_addr(b))
@@ -304,13 +311,7 @@ def test_the_push_goes_out_push_after_s_after_the_digest_while_peers_still_hold_
     params = dataclasses.replace(PARAMS, push_after_s=0.3)
 
     async def main() -> tuple[dict[str, list[Received]], int]:
-        hub = MemoryHub()
-        transports = {name: MemoryTransport(hub, name) for name in NAMES}
-        exchanges = {name: FaninExchange(transports[name], LIMITS, accept_policy_for(SOURCE), params, SEEDS[i], 8)
-                     for i, name in enumerate(NAMES)}
-        for name in NAMES:
-            await transports[name].start()
-            await exchanges[name].start()
+        hub, transports, exchanges = await _started(params)
         for i, a in enumerate(NAMES):
             for b in NAMES[i + 1:]:
                 await transports[a].connect(memory_addr(b))
@@ -400,13 +401,7 @@ def test_the_next_epoch_takes_its_shard_count_from_the_digest_senders_heard() ->
     params = dataclasses.replace(PARAMS, epoch_rounds=2, shard_hysteresis=0.0)
 
     async def main() -> tuple[dict[str, tuple[int, int]], dict[str, tuple[str, ...]]]:
-        hub = MemoryHub()
-        transports = {name: MemoryTransport(hub, name) for name in NAMES}
-        exchanges = {name: FaninExchange(transports[name], LIMITS, accept_policy_for(SOURCE), params, SEEDS[i], 1)
-                     for i, name in enumerate(NAMES)}
-        for name in NAMES:
-            await transports[name].start()
-            await exchanges[name].start()
+        hub, transports, exchanges = await _started(params, n_peers=1)
         for i, name in enumerate(NAMES):
             await transports[name].connect(memory_addr(NAMES[(i + 1) % len(NAMES)]))
         now = time.time()
