@@ -1,10 +1,13 @@
 """Bounded fan-in's bookkeeping: what a server serves, what a receiver accepts, and which behaviour is scored.
 
 Contract (pure: no I/O, no clock; state is per round, `new_round()` clears it):
-- `ServeBook` (the serving side): `request(requester, group_id)` answers SERVE, or a refusal: UNOFFERED (we never
-  announced that group: scored "unoffered_pull"), OVER_PULL (the requester already had `serve_per_requester` groups
-  this round: scored "over_pull", refused), BUSY (we served `serve_per_round` this round: refused, not scored, the
-  requester tries someone else). So a node's outbound pulls are bounded however many ask.
+- `ServeBook` (the serving side): `request(requester, group_id, announced_in)` answers SERVE, or a refusal:
+  UNOFFERED (we never announced that group: scored "unoffered_pull"), OVER_PULL (the requester already had
+  `serve_per_requester` groups of the digest batch that announced it, round `announced_in`: scored "over_pull",
+  refused), BUSY (we served `serve_per_round` in our current round: refused, not scored, the requester tries someone
+  else). So a node's outbound pulls are bounded however many ask. The per-requester cap counts per announcing round,
+  not per current round: a pull of round r's group that arrives just after we opened round r + 1 must not use up the
+  requester's share of r + 1's digests (honest peers out of step would score each other).
 - `PushBook` (the receiving side of the push fallback): `accept(sender, group_id, digest_known)` takes at most
   `pushes_accepted_per_sender` unsolicited groups per sender and `pushes_accepted_per_round` in all, and only for
   groups whose digest we hold from the shard; anything else is dropped unread and scored "unsolicited_push".
@@ -19,7 +22,7 @@ Contract (pure: no I/O, no clock; state is per round, `new_round()` clears it):
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -50,20 +53,24 @@ class ServeBook:
 
     params: FanInParams
     offered: set[str] = field(default_factory=set)
-    served: Counter[str] = field(default_factory=Counter)  # requester -> groups served this round
+    served: Counter[tuple[str, int]] = field(default_factory=Counter)  # (requester, announcing round) -> groups
+    served_now: int = 0  # groups served in our current round
 
-    def new_round(self, offered: set[str]) -> None:
+    def new_round(self, offered: set[str], held_rounds: Collection[int] = ()) -> None:
+        """`offered`: the group ids of every round we still serve; `held_rounds`: those rounds (their counts stay)."""
         self.offered = set(offered)
-        self.served.clear()
+        self.served = Counter({key: n for key, n in self.served.items() if key[1] in held_rounds})
+        self.served_now = 0
 
-    def request(self, requester: str, group_id: str) -> str:
+    def request(self, requester: str, group_id: str, announced_in: int = 0) -> str:
         if group_id not in self.offered:
             return UNOFFERED
-        if self.served[requester] >= self.params.serve_per_requester:
+        if self.served[requester, announced_in] >= self.params.serve_per_requester:
             return OVER_PULL
-        if self.served.total() >= self.params.serve_per_round:
+        if self.served_now >= self.params.serve_per_round:
             return BUSY
-        self.served[requester] += 1
+        self.served[requester, announced_in] += 1
+        self.served_now += 1
         return SERVE
 
 

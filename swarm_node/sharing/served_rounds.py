@@ -6,8 +6,9 @@ keeps the previous round, and older ones while their digest is younger than `ser
 rounds in all (what we hold is bounded). `request(requester, round, group_id)` answers SERVE, or a refusal:
 UNOFFERED (scored) for an id the round we hold did not announce or a round we have not reached, NOT_HELD (not
 scored, on either side) for a round we no longer hold: a slow requester asked too late, nobody lied. SERVE,
-OVER_PULL and BUSY come from one `ServeBook` over every round held, its per-requester and per-round caps counted
-per round of ours, so our outbound pulls stay bounded however many rounds we hold.
+OVER_PULL and BUSY come from one `ServeBook` over every round held: its per-requester cap counts per announcing round
+(a requester out of step takes its share of each digest batch once), its per-round cap per round of ours, so our
+outbound pulls stay bounded however many rounds we hold.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class ServedRounds:
         self._rounds = {r: kept[r] for r in newest}
         self._rounds[round_index] = (now, {g.group_id: g for g in groups})
         self.current = round_index
-        self.book.new_round({gid.hex() for _, held in self._rounds.values() for gid in held})
+        self.book.new_round({gid.hex() for _, held in self._rounds.values() for gid in held}, set(self._rounds))
 
     def groups(self, round_index: int) -> dict[bytes, RolloutGroup]:
         return self._rounds[round_index][1] if round_index in self._rounds else {}
@@ -44,4 +45,4 @@ class ServedRounds:
             return UNOFFERED if round_index > self.current else NOT_HELD
         if group_id not in self._rounds[round_index][1]:
             return UNOFFERED
-        return self.book.request(requester, group_id.hex())
+        return self.book.request(requester, group_id.hex(), round_index)

@@ -213,7 +213,8 @@ def test_recent_rounds_stay_served_and_an_expired_one_is_refused_unscored() -> N
             asked = PullRequest(round_index, (first[0],), time.time())
             response = await request_pull(n4.transport, "n0", asked, LIMITS, 2.0)
             answers.append(([g.group_id for g in response.groups], [r.reason for r in response.refused]))
-        await n0.flush()  # round 3, at once: round 1 is younger than serve_for_s, still served
+        await n0.flush()  # round 3, at once: round 1 is younger than serve_for_s, still held (a second group of
+        # its batch is over n4's share of it: the cap counts per announcing round, not per current round)
         response = await request_pull(n4.transport, "n0", PullRequest(1, (first[1],), time.time()), LIMITS, 2.0)
         answers.append(([g.group_id for g in response.groups], [r.reason for r in response.refused]))
         n0.clock = lambda: time.time() + PARAMS.serve_for_s
@@ -227,11 +228,12 @@ def test_recent_rounds_stay_served_and_an_expired_one_is_refused_unscored() -> N
     out = _swarm(after_pull=pull_old_rounds)
     first = sorted([bytes([0, 0]) * 8, bytes([0, 1]) * 8])
     answers, held = out.extra  # type: ignore[misc]
-    assert answers == [([first[0]], []), ([], ["unoffered_pull"]), ([first[1]], []),
+    assert answers == [([first[0]], []), ([], ["unoffered_pull"]), ([], ["over_pull"]),
                        ([], ["not_held"]), ([], ["unoffered_pull"]), ([], ["unoffered_pull"])]
     assert held == [3, 4]
-    # Scored: the id round 2 never announced, the id round 3 never announced and the round n0 has not reached.
-    assert _drops(out.received["n0"]) == [("n4", "unoffered_pull")] * 3
+    # Scored: the second group of round 1's batch, the id round 2 never announced, the id round 3 never announced
+    # and the round n0 has not reached.
+    assert _drops(out.received["n0"]) == [("n4", "over_pull")] + [("n4", "unoffered_pull")] * 3
 
 
 def test_flush_hands_the_finished_round_counters_to_on_round() -> None:
