@@ -128,6 +128,51 @@ def test_eval_result_per_task_on_a_hand_built_case() -> None:
     assert str(result) == "greedy accuracy 0.800 on 5 problems (chain_sum 1.000, leg_counting 0.500)"
 
 
+class ShapedBook(Sampler):
+    """Completions from a book of prompt -> (text, whether EOS ends it): a completion without EOS was cut."""
+
+    def __init__(self, book: dict[str, tuple[str, bool]]) -> None:
+        self.book = book
+
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams) -> list[list[Completion]]:
+        out = []
+        for ids in prompts:
+            text, stopped = self.book[TOK.decode(ids)]
+            ids = TOK.encode(text) + [TOK.eos_token_id] * stopped
+            out.append([Completion(ids, text, [0.0] * len(ids), 0)] * n)
+        return out
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        pass
+
+
+def test_eval_result_says_which_greedy_completions_were_well_formed() -> None:
+    """Five problems (3 chain_sum + 2 leg_counting): right then EOS, right but cut (no EOS), wrong then EOS; two
+    lines then EOS, right then EOS. Well-formed: 3 of 5 (chain_sum 2 of 3, leg_counting 1 of 2); right: 2 of 5."""
+    source = tasks.TaskSource(mix=[{"name": "chain_sum"}, {"name": "leg_counting"}])
+    insts = [tasks.instance(r) for r in source.eval_refs(5)]
+    shapes = [(insts[0].answer, True), (insts[1].answer, False), ("wrong", True), (f"{insts[3].answer}\nx", True),
+              (insts[4].answer, True)]
+    book = {i.prompt: shape for i, shape in zip(insts, shapes, strict=True)}
+    result = evaluate(ShapedBook(book), TOK, source, problems=5)
+    assert result.well_formed == (True, False, True, False, True)
+    assert [o[2] for o in result.outcomes] == [1.0, 0.0, 0.0, 0.0, 1.0]
+    assert result.greedy_acc == 0.4 and result.per_task == {"chain_sum": 1 / 3, "leg_counting": 0.5}
+    assert result.well_formed_frac() == 0.6
+    assert result.well_formed_frac("chain_sum") == 2 / 3 and result.well_formed_frac("leg_counting") == 0.5
+    assert result.well_formed_frac("gcd") is None  # no problem of that dataset
+    assert EvalResult(0.5, None, 4, {"chain_sum": 0.5}).well_formed_frac() is None  # built without flags
+
+
+def test_eval_reports_its_progress_after_each_batch() -> None:
+    source = tasks.TaskSource(mix=[{"name": "chain_sum"}, {"name": "leg_counting"}])
+    book = {tasks.instance(r).prompt: tasks.instance(r).answer for r in source.eval_refs(5)}
+    calls: list[tuple[int, int]] = []
+    evaluate(AnswerBook(book), TOK, source, problems=5, batch=2,
+             progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(2, 5), (4, 5), (5, 5)]
+
+
 def test_heldout_line_without_a_before_eval() -> None:
     from cli.main import heldout_line
 
