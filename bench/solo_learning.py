@@ -1,77 +1,121 @@
-"""Solo RL learning benchmark: greedy accuracy and sampled reward on held-out problems, before and after.
+"""Solo RL learning benchmark: held-out greedy accuracy before and after solo GRPO from the embedded default model.
 
-For each seed: start from the embedded default model, evaluate (greedy exact answers on >= 200 held-out
-problems; mean reward of 4 samples per problem at the training temperature), run solo GRPO for a fixed number
-of steps, evaluate again. Writes bench/results/solo_learning.json (medians over seeds) and prints one line.
+Builds the default model into an empty scratch cache under the run root, timed (`build_s`; `--reuse-cache`: the
+existing cache, no build); then per seed: evaluate on `--problems` distinct questions of `--split` (greedy; with
+`--samples` N also the mean reward of N samples at the training temperature), run solo GRPO for `--steps` steps
+(`solo_s`), evaluate again on the same questions. Statistics: `bench/solo_stats.py`; the fields and how to read
+them: docs/BENCHMARKS.md, "bench.solo_learning". Writes `--out` (default bench/results/solo_learning.json,
+solo_learning_<split>.json for another split) and prints one line.
 
-    python -m bench.solo_learning [--seeds 0 1 2] [--steps 300] [--sampler auto] [--parallel]
-                                  [--set train.lr=1e-4 ...]
+    python -m bench.solo_learning [--seeds 0 1 2] [--steps 300] [--problems 4000] [--split test|validation]
+                                  [--samples 0] [--sampler auto] [--parallel] [--reuse-cache] [--loaded]
+                                  [--set train.lr=1e-4 ...] [--out PATH] [--run-root DIR]
 
 --parallel runs each seed in its own process with one torch thread (2 cores: 3 seeds side by side); without it
-the seeds run one after another with all cores.
+the seeds run one after another with all cores. It reports times, so it refuses a loaded machine unless --loaded.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import tomllib
 
 from bench import provenance
+from bench.load_guard import add_loaded_flag
+from bench.solo_stats import seed_record, summarize
+from swarm_node import tasks
 from swarm_node.config import SAMPLER_CONFIGS, load_config
+from swarm_node.model.default_model import ensure_default_model
 from swarm_node.node.assembly import assemble
 from swarm_node.node.run_files import NodeEvents
-from swarm_node.train.evaluate import evaluate
+from swarm_node.train.evaluate import EvalResult, evaluate
 
 RESULTS = Path(__file__).parent / "results"
-EVAL_PROBLEMS = 500
-EVAL_SAMPLES = 4
+PROGRESS_EVERY_S = 30.0
+CACHE_DIR = "model_cache"  # the scratch model cache, under the run root
 
 
-def run_seed(seed: int, steps: int, sampler: str, overrides: dict[str, Any], run_root: Path) -> dict[str, Any]:
+def out_file(split: str) -> Path:
+    """The default result file of a split: a tuning run on validation never overwrites the test result."""
+    return RESULTS / ("solo_learning.json" if split == tasks.DEFAULT_SPLIT else f"solo_learning_{split}.json")
+
+
+def throttled(print_line: Callable[[str], None]) -> Callable[[str], None]:
+    """`print_line` at most once every PROGRESS_EVERY_S seconds (the first call waits that long too)."""
+    last = [time.monotonic()]
+
+    def maybe(line: str) -> None:
+        if time.monotonic() - last[0] >= PROGRESS_EVERY_S:
+            last[0] = time.monotonic()
+            print_line(line)
+    return maybe
+
+
+def build_model(run_root: Path, recipe: str) -> float:
+    """Seconds to build the default model into an empty scratch cache, which the seeds (and their processes) then
+    load it from."""
+    cache = run_root / CACHE_DIR
+    shutil.rmtree(cache, ignore_errors=True)
+    os.environ["SWARM_NODE_CACHE"] = str(cache)
+    progress = throttled(lambda line: print(f"  [build] {line}", flush=True))
+    started = time.monotonic()
+    ensure_default_model(lambda done, total, what: progress(f"warm-up step {done}/{total}, {what}"), recipe)
+    build_s = time.monotonic() - started
+    print(f"  [build] {recipe} in {build_s:.0f} s", flush=True)
+    return build_s
+
+
+def run_seed(seed: int, args: argparse.Namespace, overrides: dict[str, Any]) -> dict[str, Any]:
+    """One seed: eval, solo GRPO, eval again; its record (`solo_stats.seed_record`)."""
+    run_root = Path(args.run_root)
     shutil.rmtree(run_root / f"seed{seed}", ignore_errors=True)  # scratch space: every bench run starts fresh
-    cfg = load_config(None, {"run.seed": seed, "run.steps": steps, "run.run_dir": str(run_root / f"seed{seed}"),
-                             "run.eval_problems": 0, "run.checkpoint_every": max(steps, 1), "sampler.kind": sampler,
-                             "status.port": -1, **overrides})
-    last_print = [time.monotonic()]
+    cfg = load_config(None, {"run.seed": seed, "run.steps": args.steps, "run.run_dir": str(run_root / f"seed{seed}"),
+                             "run.eval_problems": 0, "run.checkpoint_every": max(args.steps, 1),
+                             "sampler.kind": args.sampler, "status.port": -1, **overrides})
+
+    def say(line: str) -> None:
+        print(f"  [seed {seed}] {line}", flush=True)
+
+    progress = throttled(say)
+    rows: list[dict[str, Any]] = []
 
     def on_step(m: dict[str, Any]) -> None:
-        if time.monotonic() - last_print[0] > 30:
-            last_print[0] = time.monotonic()
-            print(f"  [seed {seed}] step {m['step']}/{steps} reward {m.get('reward_mean', float('nan')):.3f}",
-                  flush=True)
+        rows.append(m)
+        progress(f"step {m['step']}/{args.steps} reward {m.get('reward_mean', float('nan')):.3f}")
 
-    assembly = assemble(cfg, events=NodeEvents(log=lambda m: print(f"  [seed {seed}] {m}", flush=True),
-                                               on_step=on_step))
+    assembly = assemble(cfg, events=NodeEvents(log=say, on_step=on_step))
     node = assembly.node
 
-    def measure() -> tuple[float, float]:
+    def measure(when: str) -> EvalResult:
         assert node.sampler is not None
-        r = evaluate(node.sampler, node.tokenizer, node.task_source, EVAL_PROBLEMS, node.cfg.sampler.max_new_tokens,
-                     samples=EVAL_SAMPLES, temperature=cfg.sampler.temperature, seed=seed,
-                     eos_ids=node.eos_ids, prompter=node.prompter)
-        return r.greedy_acc, float(r.sampled_reward or 0.0)
+        return evaluate(node.sampler, node.tokenizer, node.task_source, args.problems,
+                        node.cfg.sampler.max_new_tokens, samples=args.samples, temperature=cfg.sampler.temperature,
+                        seed=seed, eos_ids=node.eos_ids, prompter=node.prompter, split=args.split,
+                        progress=lambda done, total: progress(f"eval {when} {done}/{total}"))
 
-    acc_before, reward_before = measure()
-    print(f"  [seed {seed}] before: greedy {acc_before:.3f} sampled {reward_before:.3f}", flush=True)
-    started = last_print[0] = time.monotonic()
+    started = time.monotonic()
+    before = measure("before")
+    eval_s = time.monotonic() - started
+    say(f"before: {before}, well-formed {before.well_formed_frac():.3f}")
+    started = time.monotonic()
     assembly.run()
-    wall = time.monotonic() - started
-    acc_after, reward_after = measure()
+    solo_s = time.monotonic() - started
+    started = time.monotonic()
+    after = measure("after")
+    eval_s += time.monotonic() - started
     assembly.close()
-    print(f"  [seed {seed}] after {steps} steps ({wall:.0f} s): greedy {acc_after:.3f} sampled {reward_after:.3f}",
-          flush=True)
-    return {"seed": seed, "eval_acc_before": acc_before, "eval_acc_after": acc_after,
-            "sampled_reward_before": reward_before, "sampled_reward_after": reward_after, "steps": steps,
-            "wall_s": wall}
+    say(f"after {args.steps} steps ({solo_s:.0f} s): {after}, well-formed {after.well_formed_frac():.3f}")
+    return seed_record(seed, args.steps, solo_s, eval_s, before, after, rows)
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:
@@ -85,55 +129,79 @@ def parse_set(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def run_parallel(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Each seed in its own process (one torch thread), side by side; returns their per-seed results."""
+def run_parallel(args: argparse.Namespace) -> tuple[list[dict[str, Any]], set[str]]:
+    """Each seed in its own process (one torch thread), side by side; their records and imported sources."""
     procs = []
     for seed in args.seeds:
         out = Path(args.run_root) / f"seed{seed}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         # one engine thread where the kind runs an engine (its own setting: [sampler] threads)
         engine = ["sampler.threads=1"] if "threads" in SAMPLER_CONFIGS[args.sampler]().engine_knobs() else []
-        cmd = [sys.executable, "-m", "bench.solo_learning", "--seeds", str(seed), "--steps", str(args.steps),
-               "--sampler", args.sampler, "--out", str(out), "--run-root", args.run_root,
+        cmd = [sys.executable, "-m", "bench.solo_learning", "--child", "--seeds", str(seed), "--steps",
+               str(args.steps), "--problems", str(args.problems), "--split", args.split, "--samples",
+               str(args.samples), "--sampler", args.sampler, "--out", str(out), "--run-root", args.run_root,
                "--set", "train.threads=1", *engine, *args.set]
         procs.append((subprocess.Popen(cmd), out))
-    results = []
+    records, sources = [], set()
     for proc, out in procs:
         if proc.wait() != 0:
             raise SystemExit(f"seed run failed: {' '.join(proc.args)}")
-        results += json.loads(out.read_text())["per_seed"]
-    return results
+        child = json.loads(out.read_text())
+        records += child["records"]
+        sources.update(child["sources"])
+    return records, sources
 
 
-def main() -> None:
+def summary_line(result: dict[str, Any]) -> str:
+    gain, (low, high) = result["gain"], result["gain_ci95"]
+    specialties = ", ".join(f"{name} {100 * s['gain']:+.1f}" for name, s in result["per_specialty"].items())
+    build = "reused cache" if result["build_s"] is None else f"build {result['build_s']:.0f} s"
+    return (f"solo_learning: {result['split']} greedy {result['eval_acc_before']:.3f} -> "
+            f"{result['eval_acc_after']:.3f} ({100 * gain:+.1f} pts, 95% [{100 * low:+.1f}, {100 * high:+.1f}]) on "
+            f"{result['eval_distinct_questions']} questions; {specialties}; {result['steps']} steps, "
+            f"{result['solo_s']:.0f} s/seed (median of {len(result['seeds'])}), {build}")
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--problems", type=int, default=4000, help="distinct eval questions, spread over the mix")
+    ap.add_argument("--split", default=tasks.DEFAULT_SPLIT, choices=list(tasks.SPLITS),
+                    help="held-out split: test to report, validation to choose hyper-parameters")
+    ap.add_argument("--samples", type=int, default=0, help="also the mean reward of N samples per question")
     ap.add_argument("--parallel", action="store_true", help="one process per seed, one thread each")
     ap.add_argument("--sampler", default="auto")
+    ap.add_argument("--reuse-cache", action="store_true", help="the existing model cache: no timed build")
     ap.add_argument("--set", nargs="*", default=[], help="config overrides, e.g. train.lr=1e-4")
-    ap.add_argument("--out", default=str(RESULTS / "solo_learning.json"))
+    ap.add_argument("--out", type=Path, help="default: bench/results/solo_learning[_<split>].json")
     ap.add_argument("--run-root", default=str(Path(__file__).parent / ".runs" / "solo_learning"))
-    args = ap.parse_args()
-    run = provenance.begin()  # accuracies and rewards: no time or rate, no load guard
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # a --parallel seed: raw records
+    add_loaded_flag(ap)
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     overrides = parse_set(args.set)
+    if args.child:
+        records = [run_seed(s, args, overrides) for s in args.seeds]
+        args.out.write_text(json.dumps({"records": records, "sources": provenance.imported_sources()}))
+        return
+    run = provenance.begin(timed=True, loaded=args.loaded)  # build and run seconds
+    build_s = None if args.reuse_cache else build_model(Path(args.run_root), load_config(None, overrides).model.recipe)
     if args.parallel:
-        per_seed = run_parallel(args)
+        records, child_sources = run_parallel(args)
     else:
-        per_seed = [run_seed(s, args.steps, args.sampler, overrides, Path(args.run_root)) for s in args.seeds]
-    fields = ["eval_acc_before", "eval_acc_after", "sampled_reward_before", "sampled_reward_after", "wall_s"]
-    result = {k: statistics.median(p[k] for p in per_seed) for k in fields}
-    result.update(steps=args.steps, seeds=args.seeds, per_seed=per_seed, sampler=args.sampler,
-                  overrides=overrides, eval_problems=EVAL_PROBLEMS, eval_samples=EVAL_SAMPLES,
-                  greedy_gain_points=100 * statistics.median(p["eval_acc_after"] - p["eval_acc_before"]
-                                                             for p in per_seed))
-    out = Path(args.out)
+        records, child_sources = [run_seed(s, args, overrides) for s in args.seeds], set()
+    result = {**summarize(records), "build_s": build_s, "split": args.split, "eval_problems": args.problems,
+              "eval_samples": args.samples, "steps": args.steps, "seeds": args.seeds, "sampler": args.sampler,
+              "parallel": args.parallel, "overrides": overrides}
+    out = args.out or out_file(args.split)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(provenance.stamp(result, run, runs=len(args.seeds)), indent=1))
-    print(f"solo_learning: greedy {result['eval_acc_before']:.3f} -> {result['eval_acc_after']:.3f} "
-          f"({result['greedy_gain_points']:+.1f} pts), sampled {result['sampled_reward_before']:.3f} -> "
-          f"{result['sampled_reward_after']:.3f}, {args.steps} steps, {result['wall_s']:.0f} s/seed (median of "
-          f"{len(args.seeds)} seeds)")
+    out.write_text(json.dumps(provenance.stamp(result, run, runs=len(args.seeds), child_sources=sorted(child_sources)),
+                              indent=1))
+    print(summary_line(result))
 
 
 if __name__ == "__main__":
