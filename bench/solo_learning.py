@@ -64,7 +64,7 @@ def throttled(print_line: Callable[[str], None]) -> Callable[[str], None]:
 def build_model(run_root: Path, recipe: str) -> float:
     """Seconds to build the default model into an empty scratch cache, which the seeds (and their processes) then
     load it from."""
-    cache = (run_root / CACHE_DIR).resolve()  # the seeds' processes may run elsewhere
+    cache = (run_root / CACHE_DIR).resolve()  # the seeds' processes inherit it: absolute
     shutil.rmtree(cache, ignore_errors=True)
     os.environ["SWARM_NODE_CACHE"] = str(cache)
     progress = throttled(lambda line: print(f"  [build] {line}", flush=True))
