@@ -91,7 +91,7 @@ class Learner:
         self.sampler.load_weights(policy, self.steps)
         insts = [tasks.instance(r) for r in self.source.draw(self.rng, cfg.run.prompts_per_step)]
         prompts = [self.tokenizer.encode(i.prompt) for i in insts]
-        params = SamplingParams(cfg.sampler.temperature, cfg.sampler.top_p, cfg.sampler.max_new_tokens,
+        params = SamplingParams(*cfg.sampler.temperature_top_p(), cfg.sampler.max_new_tokens,
                                 seed=cfg.run.seed * 1_000_003 + self.steps)
         outputs = self.sampler.generate(prompts, cfg.run.group_size, params)
         groups = [score_group(i, p, o, self.reward, cfg.train.advantage, eos_id=self.tokenizer.eos_token_id,

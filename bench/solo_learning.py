@@ -98,8 +98,9 @@ def run_seed(seed: int, args: argparse.Namespace, overrides: dict[str, Any]) -> 
 
     def measure(when: str) -> EvalResult:
         assert node.sampler is not None
+        temperature, _ = node.cfg.sampler.temperature_top_p()
         return evaluate(node.sampler, node.tokenizer, node.task_source, args.problems,
-                        node.cfg.sampler.max_new_tokens, samples=args.samples, temperature=cfg.sampler.temperature,
+                        node.cfg.sampler.max_new_tokens, samples=args.samples, temperature=temperature,
                         seed=seed, eos_ids=node.eos_ids, prompter=node.prompter, split=args.split,
                         progress=lambda done, total: progress(f"eval {when} {done}/{total}"))
 

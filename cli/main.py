@@ -106,8 +106,8 @@ PromptFormatOpt = Annotated[str | None, typer.Option("--prompt-format", help=(
     "model's own: answer-line for the embedded model, think-answer with a chat template]"))]
 MaxModelLenOpt = Annotated[int | None, typer.Option("--max-model-len", help=config_help(
     "sampler.max_model_len", "vLLM's context (prompt + completion); 0: the prompt budget + max_new_tokens"))]
-TemperatureOpt = Annotated[float | None, typer.Option("--temperature", help=config_help(
-    "sampler.temperature", "sampling temperature"))]
+TemperatureOpt = Annotated[float | None, typer.Option("--temperature", help=(
+    "sampling temperature [the model's own: its generation_config.json's, else 1.0]"))]
 LoraRankOpt = Annotated[int | None, typer.Option("--lora-rank", help=config_help(
     "train.lora_rank", "train rank-r LoRA adapters on a frozen base; 0: every weight"))]
 DeviceOpt = Annotated[str | None, typer.Option("--device", help=config_help(

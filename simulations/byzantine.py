@@ -70,9 +70,9 @@ class ForgeContext:
         """What a live attacker needs: the victims' configuration and model directory (tokenizer, family)."""
         from swarm_node.model.default_model import load_tokenizer
         from swarm_node.model.tokenizer import tokenizer_hash
-        from swarm_node.node.build import budgeted
+        from swarm_node.node.build import with_model_defaults
 
-        cfg = budgeted(cfg, model_dir)  # the victims' budget: theirs, else their model's own
+        cfg = with_model_defaults(cfg, model_dir)  # the victims' budget: theirs, else their model's own
         tok = load_tokenizer(model_dir)
         family = str(json.loads((model_dir / "config.json").read_text()).get("model_type", ""))
         return cls(tok, tokenizer_hash(tok), family, cfg.task.build_source(), cfg.run.group_size,

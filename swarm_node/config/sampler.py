@@ -1,7 +1,8 @@
 """`[sampler]`: one class per sampler kind, chosen by `kind` (registry `SAMPLER_CONFIGS`, names
 `variants.SAMPLER_KINDS`).
 
-Every kind has the sampling settings (`SamplerConfig`: temperature, top_p, max_new_tokens); the vLLM engine's
+Every kind has the sampling settings (`SamplerConfig`: temperature, top_p, max_new_tokens; each left unset is the
+model's own: node/build.with_model_defaults); the vLLM engine's
 sizes belong to `VLLMSamplerConfig` ("vllm"), and to "auto", which starts vLLM when it can. Setting a vLLM key
 with `kind = "hf"` is one ConfigError line (config/schema.py).
 """
@@ -15,6 +16,8 @@ from swarm_node import variants
 from swarm_node.config.checks import non_negative, one_of
 from swarm_node.errors import ConfigError
 
+NEUTRAL_SAMPLING = {"temperature": 1.0, "top_p": 1.0}  # for a model whose generation config sets neither
+
 
 @dataclass(frozen=True)
 class SamplerConfig:
@@ -25,18 +28,27 @@ class SamplerConfig:
     by_kind: ClassVar[variants.Registry[type[SamplerConfig]]]
 
     kind: str = "hf"
-    temperature: float = 1.0
-    top_p: float = 1.0
-    # 0: the model's own (node/build.budgeted: an embedded model's recipe declares it; any other model gets 8)
+    # None: the model's own, as transformers and vLLM sample a model by default (node/build.with_model_defaults: its
+    # generation_config.json's temperature and top_p when it samples, else 1.0 and 1.0)
+    temperature: float | None = None
+    top_p: float | None = None
+    # 0: the model's own (node/build.with_model_defaults: an embedded model's recipe declares it; any other model
+    # gets 8)
     max_new_tokens: int = 0
 
     def validate(self) -> None:
         one_of(self, "kind", variants.SAMPLER_KINDS)
-        if not 0 < self.temperature <= 10:
+        if self.temperature is not None and not 0 < self.temperature <= 10:
             raise ConfigError(f"sampler.temperature must be in (0, 10], got {self.temperature}")
-        if not 0 < self.top_p <= 1:
+        if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ConfigError(f"sampler.top_p must be in (0, 1], got {self.top_p}")
         non_negative(self, "max_new_tokens")
+
+    def temperature_top_p(self) -> tuple[float, float]:
+        """Temperature and top-p, each left unset (a config not resolved against a model: tests, tools) the neutral
+        1.0 that a model declaring neither gets."""
+        return (NEUTRAL_SAMPLING["temperature"] if self.temperature is None else self.temperature,
+                NEUTRAL_SAMPLING["top_p"] if self.top_p is None else self.top_p)
 
     def engine_knobs(self) -> dict[str, float]:
         """This kind's engine settings, as sampler/base.SamplerSettings names them (none for transformers)."""
@@ -69,6 +81,12 @@ class VLLMSamplerConfig(SamplerConfig):
     def validate(self) -> None:
         super().validate()
         non_negative(self, "threads", "max_model_len", "kv_cache_gb", "max_num_seqs")
+
+    def temperature_top_p(self) -> tuple[float, float]:
+        """Temperature and top-p, each left unset (a config not resolved against a model: tests, tools) the neutral
+        1.0 that a model declaring neither gets."""
+        return (NEUTRAL_SAMPLING["temperature"] if self.temperature is None else self.temperature,
+                NEUTRAL_SAMPLING["top_p"] if self.top_p is None else self.top_p)
 
     def engine_knobs(self) -> dict[str, float]:
         return {"threads": self.threads, "max_model_len": self.max_model_len, "kv_cache_gb": self.kv_cache_gb,

@@ -6,8 +6,11 @@
   and the dtype the node picked (`Hardware.sampler_dtype`).
 - `model_dir_for(cfg, override, progress)`: the HF model dir a node loads: a simulation's override, else
   `model.path`, else the embedded model of `model.recipe` (built on first use, reporting progress).
-- `budgeted(cfg, model_dir)`: the config with a generation budget: `sampler.max_new_tokens` when given, else the
-  model's own (an embedded model's recipe declares it), else `FALLBACK_MAX_NEW_TOKENS`.
+- `with_model_defaults(cfg, model_dir)`: the config with every sampling setting left to the model filled in: the
+  generation budget (`sampler.max_new_tokens` when given, else the model's own: an embedded model's recipe declares
+  it, else `FALLBACK_MAX_NEW_TOKENS`), and temperature and top-p (when given, else the model's
+  `generation_config.json`'s, as transformers and vLLM sample a model by default, else 1.0). `model_sampling`
+  says where each came from.
 - `seeded(cfg, peer_id)`: the config with a run seed: the one given, else one derived from the node's identity
   (`identity_seed`: `join`, so that two peers left at the defaults draw different tasks), else 0.
 """
@@ -16,10 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 from swarm_node.config import NodeConfig, SamplerConfig
+from swarm_node.config.sampler import NEUTRAL_SAMPLING
 from swarm_node.sampler.base import SamplerSettings
 from swarm_node.train.sizing import Sizes
 
@@ -47,12 +52,29 @@ def model_dir_for(cfg: NodeConfig, override: Path | None = None,
 FALLBACK_MAX_NEW_TOKENS = 8  # a model that declares no budget of its own: an answer line and its EOS
 
 
-def budgeted(cfg: NodeConfig, model_dir: Path) -> NodeConfig:
-    if cfg.sampler.max_new_tokens:
-        return cfg
-    from swarm_node.model.default_model import own_budget
+SAMPLING_RANGES = {"temperature": (0.0, 10.0), "top_p": (0.0, 1.0)}  # (low, high]: what [sampler] accepts
 
-    return cfg.with_values({"sampler.max_new_tokens": own_budget(model_dir) or FALLBACK_MAX_NEW_TOKENS})
+
+def model_sampling(model_dir: Path) -> dict[str, float]:
+    """The temperature and top-p the model's `generation_config.json` sets (those it does not, or sets outside what
+    `[sampler]` accepts, such as a temperature of 0 for greedy decoding: absent)."""
+    path = model_dir / "generation_config.json"
+    declared = json.loads(path.read_text()) if path.exists() else {}
+    return {key: float(declared[key]) for key, (low, high) in SAMPLING_RANGES.items()
+            if isinstance(declared.get(key), int | float) and low < declared[key] <= high}
+
+
+def with_model_defaults(cfg: NodeConfig, model_dir: Path) -> NodeConfig:
+    filled: dict[str, float | int] = {}
+    if not cfg.sampler.max_new_tokens:
+        from swarm_node.model.default_model import own_budget
+
+        filled["sampler.max_new_tokens"] = own_budget(model_dir) or FALLBACK_MAX_NEW_TOKENS
+    unset = [key for key in NEUTRAL_SAMPLING if getattr(cfg.sampler, key) is None]
+    if unset:
+        own = {**NEUTRAL_SAMPLING, **model_sampling(model_dir)}
+        filled.update({f"sampler.{key}": own[key] for key in unset})
+    return cfg.with_values(filled, " (the model's own)") if filled else cfg
 
 
 def identity_seed(peer_id: str) -> int:

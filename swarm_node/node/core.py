@@ -38,7 +38,7 @@ from swarm_node.model import lora
 from swarm_node.model.default_model import load_model
 from swarm_node.model.prompting import build_prompter
 from swarm_node.model.tokenizer import eos_ids, tokenizer_hash
-from swarm_node.node.build import budgeted, model_dir_for, sampler_settings, seeded
+from swarm_node.node.build import model_dir_for, sampler_settings, seeded, with_model_defaults
 from swarm_node.node.hardware import Hardware
 from swarm_node.node.resume import CheckpointSchedule, RandomStreams, restore_latest, save
 from swarm_node.node.run_files import METRICS_FILE, NodeEvents, RunSummary, StepLog, prepare_run_dir, reward_window
@@ -114,7 +114,7 @@ class Node:
         self._track_rates = self.task_source.reads_rates or self._allocation.reads_rates
         self.stats.set_phase("building-model")
         self.model_dir = model_dir_for(cfg, self._model_dir_override, self.events.build_progress)
-        self.cfg = cfg = budgeted(cfg, self.model_dir)  # sampler.max_new_tokens 0: the model's own budget
+        self.cfg = cfg = with_model_defaults(cfg, self.model_dir)  # sampling settings left unset: the model's own
         # Device, precision and memory sizing (node/hardware.py), before any weights load.
         self.hardware = Hardware.prepare(cfg, self.model_dir, self.task_source, self.events.log, run_dir=self.run_dir)
         self.model, self.tokenizer = load_model(self.model_dir)
@@ -245,7 +245,7 @@ class Node:
             insts = [tasks.instance(r) for r in source.draw(self.streams.task, n, turn=turns.next(n))]
             return [(i, self.prompter.ids(i)) for i in insts]
 
-        params = SamplingParams(cfg.sampler.temperature, cfg.sampler.top_p, cfg.sampler.max_new_tokens,
+        params = SamplingParams(*cfg.sampler.temperature_top_p(), cfg.sampler.max_new_tokens,
                                 seed=cfg.run.seed * 1_000_003 + self._draws)
         self._draws += 1
         # Completions per prompt: G each, or (run.rollout_allocation = dars) more for hard unsolved ones, same total.

@@ -48,7 +48,7 @@ from swarm_node.model.default_model import load_tokenizer, model_config
 from swarm_node.model.device_memory import PeakMeter, default_budget_bytes, return_freed_memory
 from swarm_node.model.lora import TARGET_MODULES
 from swarm_node.model.prompting import build_prompter
-from swarm_node.node.build import budgeted
+from swarm_node.node.build import with_model_defaults
 from swarm_node.rl.logprobs import logprob_chunk
 from swarm_node.sampler.base import Sampler
 from swarm_node.sampler.kinds import DTYPE_BYTES, SamplerPlan, plan_for
@@ -123,7 +123,7 @@ class Hardware:
     @classmethod
     def prepare(cls, cfg: NodeConfig, model_dir: Path, source: tasks.TaskSource, log: LogFn,
                 found: devices.Found | None = None, run_dir: Path | None = None) -> Hardware:
-        cfg = budgeted(cfg, model_dir)  # sampler.max_new_tokens 0: the model's own budget
+        cfg = with_model_defaults(cfg, model_dir)  # sampling settings left unset: the model's own
         found = found or devices.Found.probe()
         choice = devices.resolve_device(cfg.run.device, found)
         log(choice.line)
@@ -223,4 +223,4 @@ def step_request(cfg: NodeConfig, model_dir: Path, source: tasks.TaskSource, cho
         kv_cache_bytes=plan.kv_cache_bytes, context=plan.context, kv_block_tokens=plan.kv_block_tokens,
         sampler_dtype_bytes=sampler_dtype_bytes, engine_runtime_bytes=plan.engine_runtime_bytes,
         logprob_chunk=logprob_chunk(int(config["vocab_size"])),
-        logit_copies=sizing.LOGIT_COPIES_TOP_P if cfg.sampler.top_p < 1 else sizing.LOGIT_COPIES_PLAIN)
+        logit_copies=sizing.LOGIT_COPIES_TOP_P if cfg.sampler.temperature_top_p()[1] < 1 else sizing.LOGIT_COPIES_PLAIN)

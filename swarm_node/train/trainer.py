@@ -89,8 +89,7 @@ class Trainer:
         self.autocast = autocast  # None: plain fp32
         self.microbatch_tokens = train.microbatch_tokens  # padded positions per forward/backward (the contract)
         self.cfg = train
-        self.temperature = sampling.temperature
-        self.top_p = sampling.top_p
+        self.temperature, self.top_p = sampling.temperature_top_p()
         self.pad_id = pad_id
         self.vocab = vocab  # the tokenizer's length: ids of a padded embedding past it are masked out
         # positions whose full-vocabulary logits exist at once

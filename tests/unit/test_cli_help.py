@@ -25,7 +25,8 @@ def test_help_renders(command: str, option: str) -> None:
     ("join", "--external-correction", "none | is | ftis | decoupled [is]"), ("join", "--upnp", "[on]"),
     ("join", "--listen", "[/ip4/0.0.0.0/tcp/0]"), ("join", "--role", "[peer]"),
     ("solo", "--max-new-tokens", "[0]"), ("join", "--max-new-tokens", "[0]"), ("solo", "--max-model-len", "[0]"),
-    ("solo", "--temperature", "[1.0]"), ("join", "--lora-rank", "[0]"), ("join", "--filter-no-signal", "[on]"),
+    ("solo", "--temperature", "[the model's own"), ("join", "--lora-rank", "[0]"),
+    ("join", "--filter-no-signal", "[on]"),
 ])
 def test_help_shows_the_config_default(command: str, option: str, default: str) -> None:
     result = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "250"})

@@ -19,7 +19,7 @@ from swarm_node.model.prompting import build_prompter, default_format
 from swarm_node.model.recipe_mixes import REASONING_MIX, SMALL_MIX
 from swarm_node.model.recipes import DEFAULT_RECIPE, MODEL_RECIPES
 from swarm_node.model.think_recipe import ThinkRecipe, in_validation, training_draw, training_instances
-from swarm_node.node.build import FALLBACK_MAX_NEW_TOKENS, budgeted
+from swarm_node.node.build import FALLBACK_MAX_NEW_TOKENS, model_sampling, with_model_defaults
 from swarm_node.tasks.traces import think_answer_completion
 
 # The key of the embedded model before recipes had names (commit a34050c): its cache directory must not move.
@@ -131,9 +131,27 @@ def test_a_node_prompts_the_new_model_in_think_answer_as_its_warm_up_did(tiny_th
 def test_a_node_takes_the_models_own_budget_unless_given_one(tiny_think_dir: Path, tmp_path: Path) -> None:
     cfg = load_config()
     assert cfg.sampler.max_new_tokens == 0  # the model's own
-    assert budgeted(cfg, tiny_think_dir).sampler.max_new_tokens == TINY_THINK.max_new_tokens
-    assert budgeted(cfg, tmp_path).sampler.max_new_tokens == FALLBACK_MAX_NEW_TOKENS == 8  # declares none
+    assert with_model_defaults(cfg, tiny_think_dir).sampler.max_new_tokens == TINY_THINK.max_new_tokens
+    assert with_model_defaults(cfg, tmp_path).sampler.max_new_tokens == FALLBACK_MAX_NEW_TOKENS == 8  # declares none
     given = load_config(overrides={"sampler.max_new_tokens": 32})
-    assert budgeted(given, tiny_think_dir).sampler.max_new_tokens == 32
+    assert with_model_defaults(given, tiny_think_dir).sampler.max_new_tokens == 32
     (tmp_path / "swarm_node_recipe.json").write_text(json.dumps(CharRecipe().facts()))
     assert own_budget(tmp_path) == 8
+
+
+def test_a_node_samples_at_the_models_own_temperature_and_top_p_unless_given(tiny_think_dir: Path,
+                                                                          tmp_path: Path) -> None:
+    """As transformers and vLLM do by default: the generation config's values (the embedded model is shaped like
+    Qwen2.5-Instruct: 0.7 and 0.8); a model that sets none, or sets one [sampler] cannot take, samples at 1.0."""
+    cfg = load_config()
+    assert (cfg.sampler.temperature, cfg.sampler.top_p) == (None, None)
+    assert json.loads((tiny_think_dir / "generation_config.json").read_text())["temperature"] == 0.7
+    filled = with_model_defaults(cfg, tiny_think_dir).sampler
+    assert (filled.temperature, filled.top_p) == (0.7, 0.8)
+    given = with_model_defaults(load_config(overrides={"sampler.temperature": 1.0}), tiny_think_dir).sampler
+    assert (given.temperature, given.top_p) == (1.0, 0.8)
+    assert with_model_defaults(cfg, tmp_path).sampler.temperature_top_p() == (1.0, 1.0)  # no generation config
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "top_p": 0.95}))
+    assert model_sampling(tmp_path) == {"top_p": 0.95}  # temperature 0 means greedy there: not a sampling setting
+    assert with_model_defaults(cfg, tmp_path).sampler.temperature_top_p() == (1.0, 0.95)
+    assert cfg.sampler.temperature_top_p() == (1.0, 1.0)  # a config not resolved against a model (tests, tools)
