@@ -75,9 +75,10 @@ WARMUP_SOURCE_SEED = 5  # the warm-up's problems: the RL task's training problem
 RL_TASK = "chain_sum"
 RL_TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
 TRACE_STYLE = "digit-columns"  # the default model's: per-operation traces of 2-digit sums were not learnt
-# lr 1e-4 (the node's default): at 3e-4 the reward fell from 0.92 to 0.3 in 40 steps, at 1e-3 to 0
-RL = {"run.steps": 200, "run.prompts_per_step": 8, "run.group_size": 8, "train.lr": 1e-4,
-      "sampler.max_new_tokens": 96, "sampler.kind": "hf"}  # the longest digit-column trace: 68 tokens
+# The node's defaults otherwise: lr 1e-4, 32 prompts x 8, the shape's own temperature and top-p (0.7 and 0.8, from its
+# generation_config.json). At 8 prompts and temperature 1.0 the reward fell (0.349 -> 0.292, 2026-11-27); at lr 3e-4
+# it fell from 0.92 to 0.3 in 40 steps, at 1e-3 to 0.
+RL = {"run.steps": 150, "sampler.max_new_tokens": 96, "sampler.kind": "hf"}  # the longest trace: 68 tokens
 GAP_PROMPTS, GAP_SAMPLES = 8, 8
 WELL_FORMED_PROBLEMS, WELL_FORMED_SAMPLES = 64, 4
 SIZING = {"shape": "qwen2.5-instruct", "size": "qwen2.5-0.5b", "lora_rank": 16, "max_new_tokens": 1024,
@@ -196,6 +197,7 @@ def rl_run(model_dir: Path, run_dir: Path) -> dict[str, Any]:
             print(f"  step {m['step']}/{steps} reward {m['reward_mean']:.3f}", flush=True)
 
     assembly = assemble(cfg, events=NodeEvents(log=lines.append, on_step=on_step))
+    used = assembly.node.cfg  # with the model's own sampling settings filled in
     started = time.monotonic()
     try:
         assembly.run()
@@ -203,7 +205,10 @@ def rl_run(model_dir: Path, run_dir: Path) -> dict[str, Any]:
         assembly.close()
     rewards = [float(r["reward_mean"]) for r in rows]
     return {**quarters(rewards), "task": RL_TASK, "task_options": RL_TASK_OPTIONS,
-            "settings": RL, "reward": "exact (correctness alone, no reward terms)", "rewards": rewards,
+            "settings": {**RL, "train.lr": used.train.lr, "run.prompts_per_step": used.run.prompts_per_step,
+                         "run.group_size": used.run.group_size, "sampler.temperature": used.sampler.temperature,
+                         "sampler.top_p": used.sampler.top_p},
+            "reward": "exact (correctness alone, no reward terms)", "rewards": rewards,
             "groups_used": [r["groups_used"] for r in rows], "wall_s": round(time.monotonic() - started, 1),
             "node_lines": lines}
 
