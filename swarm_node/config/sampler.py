@@ -17,6 +17,7 @@ from swarm_node.config.checks import non_negative, one_of
 from swarm_node.errors import ConfigError
 
 NEUTRAL_SAMPLING = {"temperature": 1.0, "top_p": 1.0}  # for a model whose generation config sets neither
+SAMPLING_RANGES = {"temperature": (0.0, 10.0), "top_p": (0.0, 1.0)}  # (low, high]: what [sampler] accepts
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,10 @@ class SamplerConfig:
 
     def validate(self) -> None:
         one_of(self, "kind", variants.SAMPLER_KINDS)
-        if self.temperature is not None and not 0 < self.temperature <= 10:
-            raise ConfigError(f"sampler.temperature must be in (0, 10], got {self.temperature}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ConfigError(f"sampler.top_p must be in (0, 1], got {self.top_p}")
+        for key, (low, high) in SAMPLING_RANGES.items():
+            value = getattr(self, key)
+            if value is not None and not low < value <= high:
+                raise ConfigError(f"sampler.{key} must be in ({low:g}, {high:g}], got {value}")
         non_negative(self, "max_new_tokens")
 
     def temperature_top_p(self) -> tuple[float, float]:
@@ -81,12 +82,6 @@ class VLLMSamplerConfig(SamplerConfig):
     def validate(self) -> None:
         super().validate()
         non_negative(self, "threads", "max_model_len", "kv_cache_gb", "max_num_seqs")
-
-    def temperature_top_p(self) -> tuple[float, float]:
-        """Temperature and top-p, each left unset (a config not resolved against a model: tests, tools) the neutral
-        1.0 that a model declaring neither gets."""
-        return (NEUTRAL_SAMPLING["temperature"] if self.temperature is None else self.temperature,
-                NEUTRAL_SAMPLING["top_p"] if self.top_p is None else self.top_p)
 
     def engine_knobs(self) -> dict[str, float]:
         return {"threads": self.threads, "max_model_len": self.max_model_len, "kv_cache_gb": self.kv_cache_gb,

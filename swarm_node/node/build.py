@@ -10,7 +10,7 @@
   generation budget (`sampler.max_new_tokens` when given, else the model's own: an embedded model's recipe declares
   it, else `FALLBACK_MAX_NEW_TOKENS`), and temperature and top-p (when given, else the model's
   `generation_config.json`'s, as transformers and vLLM sample a model by default, else 1.0). `model_sampling`
-  says where each came from.
+  reads those two from the model directory.
 - `seeded(cfg, peer_id)`: the config with a run seed: the one given, else one derived from the node's identity
   (`identity_seed`: `join`, so that two peers left at the defaults draw different tasks), else 0.
 """
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from swarm_node.config import NodeConfig, SamplerConfig
-from swarm_node.config.sampler import NEUTRAL_SAMPLING
+from swarm_node.config.sampler import NEUTRAL_SAMPLING, SAMPLING_RANGES
 from swarm_node.sampler.base import SamplerSettings
 from swarm_node.train.sizing import Sizes
 
@@ -50,9 +50,6 @@ def model_dir_for(cfg: NodeConfig, override: Path | None = None,
 
 
 FALLBACK_MAX_NEW_TOKENS = 8  # a model that declares no budget of its own: an answer line and its EOS
-
-
-SAMPLING_RANGES = {"temperature": (0.0, 10.0), "top_p": (0.0, 1.0)}  # (low, high]: what [sampler] accepts
 
 
 def model_sampling(model_dir: Path) -> dict[str, float]:
