@@ -134,6 +134,11 @@ class FaninExchange:
     def peer_id(self) -> str:
         return self.transport.peer_id
 
+    @property
+    def shard_neighbours(self) -> list[str]:
+        """The peers whose digests we heard this epoch (the push fallback's targets), sorted."""
+        return sorted(self._shard_peers - {self.peer_id})
+
     async def start(self) -> None:
         p = self.params
         await serve_pulls(self.transport, self._answer, self.limits, p.pull_timeout_s, self._drop,
@@ -258,7 +263,7 @@ class FaninExchange:
 
     async def _push_unpulled(self) -> None:
         due = unpulled(self._published_at, self._pulled, self.clock(), self.params)
-        neighbours = sorted(self._shard_peers - {self.peer_id})
+        neighbours = self.shard_neighbours
         if not due or not neighbours:
             return
         for key in due:  # taken before the first await: the timer's push and a flush's never send one twice
