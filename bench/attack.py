@@ -6,7 +6,9 @@ Parts (--parts, default all; each adds its fields to the results file, keeping t
   by seed), the same nodes training alone (J = 0), and 30% junk attackers with the well-formed defence on and off
   (simulations/attack_grid.py). Fields: fractions, kinds, honest_eval_acc, honest_eval_vs_clean (paired per node and
   seed), honest_solo_eval_acc, honest_eval_vs_solo (the same pairing against the nodes alone),
-  honest_eval_paired_per_seed and honest_eval_paired_se (standard error over seeds), bad_groups_trained (per kind,
+  honest_eval_paired_per_seed and honest_eval_paired_se (standard error over seeds), honest_eval_vs_solo_paired
+  per fraction and f50_vs_alone_paired (its 0.5 entry: {diff, ci95, seeds, questions}, per question and seed,
+  seeds then questions resampled; cells that kept per-question outcomes), bad_groups_trained (per kind,
   summed over cells; forged_reward counts only groups whose claimed rewards reached the loss), junk_groups_trained
   {with_defence, without}, external_groups_trained_per_step (per honest node per step). Cells resume mid-run
   (simulations/snapshots.py).
@@ -188,6 +190,10 @@ def summary_line(result: dict[str, Any]) -> str:
         se = result["honest_eval_paired_se"]["vs_solo"]
         parts.append("vs alone " + ", ".join(f"{f}: {d:+.3f}" + (f" (SE {se[f]:.3f})" if se.get(f) else "")
                                             for f, d in result["honest_eval_vs_solo"].items() if d is not None))
+    if (f50 := result.get("f50_vs_alone_paired")) is not None:
+        low, high = f50["ci95"]
+        parts.append(f"f0.5 vs alone paired {100 * f50['diff']:+.1f} pts [{100 * low:+.1f}, {100 * high:+.1f}] "
+                     f"({f50['seeds']} seeds x {f50['questions']} questions)")
     if "bad_groups_trained" in result:
         parts.append(f"bad trained {sum(result['bad_groups_trained'].values())}")
     if "junk_groups_trained" in result:

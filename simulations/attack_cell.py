@@ -223,6 +223,7 @@ def attack_cell(scn: Scenario, variant: Variant, seed: int, root: Path, on_round
               "attackers": {str(i): k for i, k in kinds.items()}, "honest": honest_ids,
               "cum_reward_per_node": [cum[i] for i in honest_ids],
               "final_eval_acc_per_node": {str(i): e.greedy_acc for i, e in finals.items()},
+              "final_eval_outcomes_per_node": {str(i): e.by_question() for i, e in finals.items()},
               "final_eval_acc": statistics.fmean(e.greedy_acc for e in finals.values()) if finals else None,
               "external_groups_trained_per_step": statistics.fmean(external) if external else 0.0,
               "external_drops": drops, **tally.result(), "wall_s": time.monotonic() - started}

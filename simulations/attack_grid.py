@@ -12,7 +12,9 @@ Contract (pure: scenarios in, cell plans out; results in, the bench's fields out
   ("junk-undefended", `share.require_well_formed = false`). Cell dirs: run_dir/<variant>/seed<k>.
 - `summarise(results, fractions)`: the bench's fields from the cells' result.json (see bench/attack.py), and the
   paired differences per seed (honest nodes' mean accuracy minus the same nodes' in the clean run, or alone) with
-  their standard error over seeds.
+  their standard error over seeds; where the cells kept per-question outcomes, the paired difference against the
+  same nodes alone per fraction with a 95% interval that resamples seeds, then questions
+  (`honest_eval_vs_solo_paired`; its 0.5 entry is `f50_vs_alone_paired`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 from simulations.scenario import Scenario, Variant
 from simulations.variants import ATTACKS
+from swarm_node.train import eval_stats
 
 FRACTIONS = (0.0, 0.1, 0.3, 0.5)
 JUNK_FRACTION = 0.3
@@ -81,6 +84,33 @@ def _se(values: list[float]) -> float | None:
     return statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else None
 
 
+def honest_outcomes(result: dict[str, Any], nodes: list[str]) -> dict[str, float]:
+    """{question: the mean over `nodes` of its outcome} on the questions all of them answered; empty when the cell
+    kept no per-question outcomes (a result from before they were recorded) or lacks one of the nodes."""
+    per_node = result.get("final_eval_outcomes_per_node") or {}
+    if not nodes or any(n not in per_node for n in nodes):
+        return {}
+    common = set.intersection(*(set(per_node[n]) for n in nodes))
+    return {q: statistics.fmean(per_node[n][q] for n in nodes) for q in sorted(common)}
+
+
+def paired_vs_solo(cells: list[dict[str, Any]], by: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any] | None:
+    """The honest nodes' held-out accuracy minus the same nodes' alone, paired per seed and question: {"diff",
+    "ci95", "seeds", "questions"}; None until some seed has both cells' per-question outcomes."""
+    pairs = []
+    for c in cells:
+        nodes = sorted(c.get("final_eval_acc_per_node") or {}, key=int)
+        own = honest_outcomes(c, nodes)
+        alone = honest_outcomes(by.get((SOLO, c["seed"]), {}), nodes)
+        if own and alone:
+            pairs.append(eval_stats.paired_values(own, alone))
+    if not pairs:
+        return None
+    estimate = eval_stats.seeds_then_questions(pairs)
+    return {"diff": estimate.mean, "ci95": list(estimate.ci95), "seeds": len(pairs),
+            "questions": min(len(p) for p in pairs)}
+
+
 def summarise(results: list[dict[str, Any]], fractions: tuple[float, ...]) -> dict[str, Any]:
     """The bench's simulation fields from the cells' results (any subset: missing cells are left out)."""
     by = {(r["variant"], r["seed"]): r for r in results}
@@ -90,6 +120,7 @@ def summarise(results: list[dict[str, Any]], fractions: tuple[float, ...]) -> di
     solo: dict[str, float | None] = {}
     paired: dict[str, dict[str, dict[str, float]]] = {"vs_clean": {}, "vs_solo": {}}  # per fraction, per seed
     external: dict[str, float | None] = {}
+    vs_solo_ci: dict[str, dict[str, Any] | None] = {}
     bad: dict[str, int] = {}
     used: dict[str, int] = {}  # every attacker group trained on, bad or not (e.g. forged claims re-scored)
     laundered = 0
@@ -98,6 +129,7 @@ def summarise(results: list[dict[str, Any]], fractions: tuple[float, ...]) -> di
         cells = [by[(name, s)] for s in seeds if (name, s) in by]
         acc[key(f)] = _mean([c["final_eval_acc"] for c in cells if c["final_eval_acc"] is not None])
         external[key(f)] = _mean([c["external_groups_trained_per_step"] for c in cells])
+        vs_solo_ci[key(f)] = paired_vs_solo(cells, by)
         alone = []
         by_seed: dict[str, dict[str, float]] = {"vs_clean": {}, "vs_solo": {}}
         for c in cells:
@@ -130,7 +162,8 @@ def summarise(results: list[dict[str, Any]], fractions: tuple[float, ...]) -> di
     return {"fractions": [float(f) for f in fractions], "kinds": [k for k in ATTACKS if k in bad],
             "honest_eval_acc": acc, "honest_eval_vs_clean": vs_clean, "honest_solo_eval_acc": solo,
             "honest_eval_vs_solo": {f: _mean(list(d.values())) for f, d in paired["vs_solo"].items()},
-            "honest_eval_paired_per_seed": paired,
+            "honest_eval_paired_per_seed": paired, "honest_eval_vs_solo_paired": vs_solo_ci,
+            "f50_vs_alone_paired": vs_solo_ci.get(key(0.5)),
             "honest_eval_paired_se": {against: {f: _se(list(d.values())) for f, d in per_fraction.items()}
                                       for against, per_fraction in paired.items()},
             "bad_groups_trained": bad, "attacker_groups_trained": used, "replays_of_attackers": laundered,

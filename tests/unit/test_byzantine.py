@@ -277,6 +277,36 @@ def test_summarise_standard_error_is_over_seeds() -> None:
     assert out["honest_eval_vs_clean"]["0.5"] is None
 
 
+def test_f50_against_alone_pairs_the_honest_nodes_per_question_then_seeds() -> None:
+    def cell(variant: str, seed: int, outcomes: dict) -> dict:
+        accs = {n: sum(o.values()) / len(o) for n, o in outcomes.items()}
+        return {"variant": variant, "seed": seed, "final_eval_acc": sum(accs.values()) / len(accs),
+                "final_eval_acc_per_node": accs, "final_eval_outcomes_per_node": outcomes,
+                "external_groups_trained_per_step": 4.0, "bad_groups_trained": {}, "rounds_to_block": {}}
+    # Honest nodes 0 and 1; the solo cell also holds node 2 (an attacker's index in f0.5), which must not count.
+    # Per question, the honest nodes' mean minus the same nodes' mean alone: q1 (1+1)/2 - (0+1)/2 = 0.5,
+    # q2 (0+1)/2 - (0+0)/2 = 0.5, q3 0 - 0 = 0: a mean of 1/3 for both seeds (seed 1 is seed 0 relabelled).
+    swarm = {"0": {"q1": 1.0, "q2": 0.0, "q3": 0.0}, "1": {"q1": 1.0, "q2": 1.0, "q3": 0.0}}
+    alone = {"0": {"q1": 0.0, "q2": 0.0, "q3": 0.0}, "1": {"q1": 1.0, "q2": 0.0, "q3": 0.0},
+             "2": {"q1": 1.0, "q2": 1.0, "q3": 1.0}}
+    results = [cell("f0.5", s, swarm) for s in (0, 1)] + [cell("solo", s, alone) for s in (0, 1)]
+    out = summarise(results, (0.5,))
+    paired = out["f50_vs_alone_paired"]
+    assert paired["diff"] == pytest.approx(1 / 3)
+    assert (paired["seeds"], paired["questions"]) == (2, 3)
+    low, high = paired["ci95"]  # questions resampled: per-question gains are 0.5, 0.5 and 0
+    assert 0.0 <= low <= 1 / 3 <= high <= 0.5
+    assert out["honest_eval_vs_solo_paired"] == {"0.5": paired}
+
+
+def test_f50_against_alone_is_none_without_per_question_outcomes() -> None:
+    accs = {"0": 0.5}
+    results = [{"variant": v, "seed": 0, "final_eval_acc": 0.5, "final_eval_acc_per_node": accs,
+                "external_groups_trained_per_step": 4.0, "bad_groups_trained": {}, "rounds_to_block": {}}
+               for v in ("f0.5", "solo")]
+    assert summarise(results, (0.5,))["f50_vs_alone_paired"] is None
+
+
 def test_every_kind_runs_live_at_some_fraction() -> None:
     kinds = live_kinds(10, (0.0, 0.1, 0.3, 0.5))
     assert kinds == {0.0: [], 0.1: ["over_length"], 0.3: ["sybil", "forged_reward", "oov_tokens"],
