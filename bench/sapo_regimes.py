@@ -15,7 +15,7 @@ bench/results/sapo_regimes.json (or --out), a reward plot per regime (against ro
 tokens generated, every arm) and the gain of the best I/J over 8/0 against the no-signal fraction, and prints one
 line.
 
-    python -m bench.sapo_regimes --pilot [--candidates hard medium ...]    8/0, first seed, every candidate
+    python -m bench.sapo_regimes --pilot [--candidates default harder ...] 8/0, first seed, every candidate
     python -m bench.sapo_regimes [--regimes hard medium] [--seeds K] [--cells 8/0 4/4 ...] [--finished-only]
     common: [--rounds 200] [--seeds 0 1 2] [--nodes 4] [--eval-problems 4000] [--run-dir runs/sapo_regimes]
             [--file bench/sapo_regimes.toml] [--scenario PATH] [--set train.lr=1e-4 ...] [--out PATH]

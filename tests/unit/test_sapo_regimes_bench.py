@@ -13,6 +13,7 @@ import pytest
 from bench.regimes_budget import grid_plan, solo_ds_factor
 from bench.regimes_file import PATH, REGIMES, RegimeNotFixed, load_regimes, parse_regimes, require_fixed
 from bench.regimes_summary import CELL_KEYS, best_ij, summarise_cell
+from swarm_node import tasks
 from swarm_node.errors import UserError
 from swarm_node.train import eval_stats
 
@@ -21,10 +22,13 @@ TINY_MIX = [{"name": "chain_sum", "options": {"min_terms": 2, "max_terms": 2, "m
 
 def test_the_committed_regimes_file_holds_candidates_and_the_grid_refuses_until_they_are_fixed() -> None:
     regimes = load_regimes(PATH)
-    assert {"hard", "medium"} <= set(regimes.candidates)
-    assert regimes.candidates["hard"].config()["run"] == {"group_size": 8}
-    assert [e["name"] for e in regimes.candidates["medium"].config()["task"]["mix"]] == [
+    assert {"default", "harder"} <= set(regimes.candidates)
+    assert regimes.candidates["harder"].config()["run"] == {"group_size": 8}
+    assert [e["name"] for e in regimes.candidates["default"].config()["task"]["mix"]] == [
         "chain_sum", "basic_arithmetic", "gcd", "count_bits"]
+    # the `default` candidate is the node's own default mix, option for option
+    assert ([(e["name"], e["options"]) for e in regimes.candidates["default"].config()["task"]["mix"]]
+            == [(e["name"], e["options"]) for e in tasks.DEFAULT_MIX])
     if regimes.fixed:  # once the lead fixed them, every fixed regime fits its bound
         require_fixed(regimes, list(regimes.fixed))
     with pytest.raises(RegimeNotFixed, match=r"regime 'hard' is not fixed .*--pilot.*needs >= 0.40"):
@@ -234,3 +238,13 @@ def test_a_cell_killed_between_rounds_resumes_from_its_snapshot(warm_tiny_model_
     assert result["regimes"]["hard"]["seeds_done"] == {"8/0": [0]}
     rows = (tmp_path / "runs" / "tiny" / "8-0" / "seed0" / "metrics.csv").read_text().splitlines()
     assert len(rows) == 1 + 2 * 2  # header, then each (node, round) once
+
+
+def test_signal_scan_counts_groups_whose_rewards_all_agree() -> None:
+    from bench.signal_scan import group_stats
+
+    # groups (1, 1), (0, 1), (0, 0), (1, 0): two without signal; mean reward 4 / 8 = 0.5; binomial 0.25 + 0.25
+    assert group_stats([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0], [1.0, 0.0]]) == {
+        "no_signal_frac": 0.5, "reward_mean": 0.5, "binomial_no_signal": 0.5}
+    stats = group_stats([[1.0, 1.0, 1.0], [0.0, 1.0, 1.0]])  # p = 5/6: (5/6)^3 + (1/6)^3
+    assert stats["no_signal_frac"] == 0.5 and stats["binomial_no_signal"] == pytest.approx(126 / 216)
