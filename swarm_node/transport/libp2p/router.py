@@ -16,7 +16,8 @@ Two more rules keep small, frequent messages cheap (bounded fan-in's digest batc
 - Small meshes on the topics named by `small_prefix` (`MeshBounds`): the mesh is kept within `low`..`high`
   (`degree` grafted on joining and when under `low`), a GRAFT that would take it past `high` is answered with a PRUNE
   (go-libp2p's rule; py-libp2p accepts every GRAFT, so meshes filled to the router's `degree_high`), and each
-  heartbeat's IHAVE goes to at most `lazy` of its peers outside the mesh (py-libp2p: at least 6). A node receives
+  heartbeat's IHAVE goes to at most `lazy` of its peers outside the mesh (py-libp2p: at least 6); no opportunistic
+  grafting there (py-libp2p's, every heartbeat, can take the mesh past `high` just after pruning). A node receives
   about one copy of a message per mesh peer, so the mesh bound is what bounds its inbound copies.
 - No IDONTWANT for a message whose data is under `idontwant_min_bytes` (gossipsub v1.2's threshold, 1 KiB in
   go-libp2p): py-libp2p sends one to every mesh peer for every message, which for a message smaller than an RPC
@@ -149,6 +150,11 @@ class SharingGossipSub(GossipSub):
             for peer, topics in more.items():
                 out[peer].extend(topics)
         return to_graft, to_prune
+
+    def _perform_opportunistic_grafting(self, topic: str, peers_to_graft: Any) -> int:
+        if self.bounds_of(topic) is not None:
+            return 0  # py-libp2p's runs every heartbeat, and grafts past `high` after the prune has counted the mesh
+        return int(super()._perform_opportunistic_grafting(topic, peers_to_graft))
 
     async def handle_graft(self, graft_msg: rpc_pb2.ControlGraft, sender_peer_id: Any) -> None:
         topic = graft_msg.topicID
