@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from simulations.scale_bounded import SHARD_GOSSIP, _Bounded
+from simulations.scale_bounded import HOST_GOSSIP_BEFORE, SHARD_GOSSIP, _Bounded
 from simulations.scale_flood import _Flood, data_copies, flood_counts, simulate_flood
 from simulations.scale_model import (
     CONTROL_BYTES,
@@ -67,8 +67,9 @@ def test_flood_is_analytical_from_1000_nodes_and_overloads_its_links() -> None:
     assert figures["rounds_with_J_frac"] == 0.0  # 1.1 GB a round through a 125 MB-a-round downlink
 
 
-def bounded_run(n: int, rounds: int = 6, push_at_flush: bool = True, **setup: object) -> _Bounded:
-    sim = _Bounded(ScaleSetup(n=n, rounds=rounds, **setup), FanInParams(), SHARD_GOSSIP,  # type: ignore[arg-type]
+def bounded_run(n: int, rounds: int = 6, push_at_flush: bool = True, gossip: GossipParams = SHARD_GOSSIP,
+                **setup: object) -> _Bounded:
+    sim = _Bounded(ScaleSetup(n=n, rounds=rounds, **setup), FanInParams(), gossip,  # type: ignore[arg-type]
                    push_at_flush=push_at_flush)
     sim.run()
     return sim
@@ -156,3 +157,15 @@ def test_a_digest_goes_to_every_topic_peer_and_ihave_only_to_the_lazy_ones() -> 
     topic = shard.mesh[0] | shard.outside[0]
     assert cout[0, 0] == len(topic) > 4  # flood publish: beyond the mesh
     assert {v for v in shard.members if cin[0, v] >= 1} == set(range(1, 24))
+
+
+def test_the_small_meshes_bring_the_p99_under_ten_times_j_groups() -> None:
+    # Two shards of 25 (seed 0, 4 measured rounds): py-libp2p's meshes of 12 against the host's small meshes.
+    before = bounded_run(50, push_at_flush=False, gossip=HOST_GOSSIP_BEFORE).record.metrics()
+    after = bounded_run(50, push_at_flush=False).record.metrics()
+    target = 10 * 4 * 5.0  # KB: 10 times the bytes of J groups
+    p99 = ("inbound_kb_per_round_p99", "outbound_kb_per_round_p99")
+    assert [round(before[k], 1) for k in p99] == [309.0, 328.9]
+    assert [round(after[k], 1) for k in p99] == [149.8, 165.8]
+    assert max(after["inbound_kb_per_round_p99"], after["outbound_kb_per_round_p99"]) < target
+    assert after["rounds_with_J_frac"] == before["rounds_with_J_frac"] == 1.0
