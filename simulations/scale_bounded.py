@@ -6,7 +6,7 @@ Contract:
   epoch) from what it saw in the last epoch: the distinct digest senders of its shards and its connections. The
   nodes present at the start have run long enough to hold `shard_count(N)`; a node that joins later starts as
   `join` does (`sharing/exchanges.py`: the shard count of `shard_size` peers, one shard) and learns. Shard topics
-  are gossipsub topics as the host runs them (`SHARD_GOSSIP`: meshes of up to `degree_high` topic peers). A new
+  are gossipsub topics as the host runs them (`SHARD_GOSSIP`: the host's small meshes on digest topics). A new
   epoch that changes a node's shards costs PRUNE/UNSUBSCRIBE to the old topic peers, GRAFT/SUBSCRIBE to the new
   ones, and a dial to every new peer; one that changes nobody's costs nothing.
 - Wire sizes are the node's, encoded by its codec (simulations/scale_wire.py): a digest batch, a pull request, a
