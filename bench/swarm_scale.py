@@ -18,6 +18,8 @@
 - churn_1000: the bounded design at N = 1,000 with 30% of the nodes replaced per minute.
 - real_vs_sim_n16 comes from real libp2p processes, measured apart by `python -m bench.fanin_real` (issue 32
   item 4), which merges it into the same file; a run of this bench keeps it (null until fanin_real has run).
+- It also draws bench/results/swarm_scale_inbound.png (bench/swarm_scale_plot.py, the README's plot) from the
+  result; `--plot-only` redraws it from the result file (`--out`) without simulating.
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from bench import provenance
+from bench.swarm_scale_plot import plot_inbound
 from simulations.scale_flood import flood_counts
 from simulations.scale_model import ScaleSetup
 from simulations.scale_sim import measure
 
 RESULTS = Path(__file__).resolve().parent / "results"
+PLOT = RESULTS / "swarm_scale_inbound.png"
 SIZES = (10, 100, 1000, 10000)
 
 
@@ -85,12 +89,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / "swarm_scale.json")
+    parser.add_argument("--plot", type=Path, default=PLOT, help="the inbound-cost plot drawn from the result")
+    parser.add_argument("--plot-only", action="store_true", help="redraw --plot from --out; simulate nothing")
     args = parser.parse_args(argv)
+    if args.plot_only:
+        plot_inbound(json.loads(args.out.read_text()), args.plot)
+        print(f"swarm_scale: plot {args.plot} from {args.out}")
+        return
     run = provenance.begin()
     result = provenance.stamp(bench(args), run, runs=1)
     if args.out.exists():  # bench.fanin_real's part, measured apart
         result["real_vs_sim_n16"] = json.loads(args.out.read_text()).get("real_vs_sim_n16")
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    plot_inbound(result, args.plot)
     print(summary(result))
 
 

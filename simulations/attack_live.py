@@ -8,7 +8,8 @@ Contract:
   newest LOG_LINES_KEPT lines of its log.
   `.rss_mib()` is the resident memory of its whole process tree (the node and its libp2p host child), from /proc;
   `.status()` its status API's JSON; `.stop()` interrupts it (SIGINT), then kills what is left.
-- `start_peers(addr, roles, ...)`: simulations/attack_peers.py against it, pinned to another CPU.
+- `start_peers(addr, roles, ...)`: simulations/attack_peers.py against it, pinned to another CPU. They publish on
+  the flooded rollout topic, so `node_tables` sets `[share] fanin = "flood"` unless the scenario names one.
 - `run_fraction(...)`: the node and `nodes - 1` live peers, k of them attackers (`live_kinds`: with 10 nodes every
   kind runs at some fraction), measured for `seconds` from the node's first training step: max RSS, steps per
   minute, and per attacker identity the seconds from its joining to its state graylisted or banned in the node's
@@ -217,6 +218,8 @@ def node_tables(scn: Scenario) -> dict[str, dict[str, Any]]:
     for k, v in scn.variants[0].config.items():
         tables.setdefault(k, {}).update(v)
     tables.setdefault("run", {}).update({"steps": 100_000, "eval_problems": 0, "checkpoint_every": 100_000})
+    # The live peers (attack_peers.py) publish on the flooded rollout topic: the node listens there too.
+    tables.setdefault("share", {}).setdefault("fanin", "flood")
     return tables
 
 

@@ -6,7 +6,7 @@ Contract:
   epoch) from what it saw in the last epoch: the distinct digest senders of its shards and its connections. The
   nodes present at the start have run long enough to hold `shard_count(N)`; a node that joins later starts as
   `join` does (`sharing/exchanges.py`: the shard count of `shard_size` peers, one shard) and learns. Shard topics
-  are gossipsub topics as the host runs them (`SHARD_GOSSIP`: meshes of up to `degree_high` topic peers). A new
+  are gossipsub topics as the host runs them (`SHARD_GOSSIP`: the host's small meshes on digest topics). A new
   epoch that changes a node's shards costs PRUNE/UNSUBSCRIBE to the old topic peers, GRAFT/SUBSCRIBE to the new
   ones, and a dial to every new peer; one that changes nobody's costs nothing.
 - Wire sizes are the node's, encoded by its codec (simulations/scale_wire.py): a digest batch, a pull request, a
@@ -51,11 +51,16 @@ from swarm_node.sharing.fanin_ledger import SERVE, PushBook, ServeBook
 from swarm_node.sharing.swarm_size import ShardCount
 from swarm_node.transport.libp2p.ipc import HostSettings
 
-# The host's gossipsub (transport/libp2p/ipc.HostSettings) on a shard topic, as measured over real libp2p at N = 16
-# (bench.fanin_real: no node got one IHAVE): py-libp2p accepts every GRAFT, so a node's mesh is its own `degree`
-# grafts and its peers' together, pruned only past `degree_high`: every topic peer (up to degree_high) is a mesh
-# peer, and nobody is left to gossip IHAVE to.
-SHARD_GOSSIP = GossipParams(degree=HostSettings().degree_high, connect=HostSettings().degree_high, lazy=0)
+# The host's gossipsub on a shard topic (transport/libp2p/router.py's small meshes, ipc.HostSettings.small_mesh_*):
+# a node grafts `small_mesh_degree` peers and takes GRAFTs up to `small_mesh_degree_high`, so meshes fill to that
+# bound (taken as every node's degree: the upper bound); its other topic peers (`GossipParams().connect` in all,
+# the connections bench.fanin_real arranges) get its own digests (flood publish), `small_mesh_lazy` of them IHAVE;
+# no IDONTWANT for a digest batch (under `idontwant_min_bytes`). Before the small meshes py-libp2p accepted every
+# GRAFT and meshes filled to `degree_high` (12): `HOST_GOSSIP_BEFORE`, as measured at N = 16 (no node got an IHAVE).
+_HOST = HostSettings()
+SHARD_GOSSIP = GossipParams(degree=_HOST.small_mesh_degree_high, connect=GossipParams().connect,
+                            lazy=_HOST.small_mesh_lazy, idontwant_min_bytes=_HOST.idontwant_min_bytes)
+HOST_GOSSIP_BEFORE = GossipParams(degree=_HOST.degree_high, connect=_HOST.degree_high, lazy=0)
 DIAL_MSGS, DIAL_BYTES = 4, 2048  # a new connection, each side: multistream-select, Noise XX, identify
 TICK_S = 1.0
 
@@ -143,7 +148,7 @@ class _Bounded:
         return self.sizers[v].next_epoch(heard, len(self.connected[v]), len(self.node_shards[v]))
 
     def _topic_peers(self, v: int) -> set[int]:
-        return set().union(*(self.shards[k].mesh.get(v, set()) | self.shards[k].lazy.get(v, set())
+        return set().union(*(self.shards[k].mesh.get(v, set()) | self.shards[k].outside.get(v, set())
                              for k in self.node_shards[v] if k in self.shards)) if self.node_shards[v] else set()
 
     def _mesh_peers(self, v: int) -> set[int]:

@@ -41,13 +41,15 @@ WAN = LinkModel(latency_s=0.02, uplink_bps=100e6, downlink_bps=100e6, loss=0.0) 
 class GossipParams:
     """A gossipsub topic as our hosts run it (libp2p/ipc.HostSettings, py-libp2p's defaults): `degree` mesh
     peers, `connect` topic peers in all (the rest get IHAVE, at most `lazy` of them), a heartbeat every
-    `heartbeat_s` with the ids seen in the last `window` heartbeats."""
+    `heartbeat_s` with the ids seen in the last `window` heartbeats; IDONTWANT only for messages whose data is
+    `idontwant_min_bytes` or more (0: every message, as py-libp2p sends it)."""
 
     degree: int = 6
     connect: int = 12
     lazy: int = 6
     heartbeat_s: float = 1.0
     window: int = 3
+    idontwant_min_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 Contract (issue 32 lets the bounded design aggregate message counts per link at N = 10,000; we do it at every N so
 that one method measures every N):
 - `Shard(members, gossip, rng)`: one shard topic among `members` (node slots): a mesh (a random regular graph of
-  `gossip.degree`) and lazy peers (at most `gossip.lazy` more topic peers each). `join(v)` / `leave(v)` change it as
+  `gossip.degree`), topic peers outside the mesh (`gossip.connect` topic peers in all) and lazy peers (at most
+  `gossip.lazy` of those, which get IHAVE). `join(v)` / `leave(v)` change it as
   gossipsub would (a joiner grafts `degree` members; a member left under `degree - 1` mesh peers grafts one more)
   and return the GRAFT/PRUNE messages as (from, to) pairs.
 - Propagation follows the flood simulator's rules (simulations/scale_flood.py, checked there against an event
@@ -28,6 +29,7 @@ import numpy as np
 
 from simulations.scale_model import (
     CONTROL_BYTES,
+    GOSSIP_OVERHEAD,
     MSG_ID_BYTES,
     SENDER_RECORD_BYTES,
     GossipParams,
@@ -49,8 +51,10 @@ class Shard:
         self.gossip, self.rng = gossip, rng
         self.members = list(members)
         self.mesh = regular_graph(self.members, gossip.degree, rng)
-        extra = regular_graph(self.members, max(0, gossip.connect - gossip.degree), rng, avoid=self.mesh)
-        self.lazy = {v: set(sorted(extra[v] - self.mesh[v])[:gossip.lazy]) for v in self.members}
+        extra = (regular_graph(self.members, gossip.connect - gossip.degree, rng, avoid=self.mesh)
+                 if gossip.connect > gossip.degree else {v: set() for v in self.members})
+        self.outside = {v: extra[v] - self.mesh[v] for v in self.members}  # topic peers outside the mesh
+        self.lazy = {v: set(sorted(self.outside[v])[:gossip.lazy]) for v in self.members}
         self._tables: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def join(self, v: int) -> list[tuple[int, int]]:
@@ -62,6 +66,7 @@ class Shard:
             self.mesh[u].add(v)
         rest = [u for u in others if u not in self.mesh[v]]
         self.lazy[v] = set(self.rng.sample(rest, min(self.gossip.lazy, len(rest))))
+        self.outside[v] = set(self.lazy[v])
         self._tables = None
         return [(v, u) for u in picks]
 
@@ -77,8 +82,10 @@ class Shard:
                 self.mesh[w].add(u)
                 grafts.append((u, w))
         self.lazy.pop(v, None)
+        self.outside.pop(v, None)
         for u in self.members:
             self.lazy[u].discard(v)
+            self.outside[u].discard(v)
         self._tables = None
         return grafts
 
@@ -96,7 +103,7 @@ class Shard:
         cin = np.zeros((m, m))
         cout = np.zeros((m, m))
         for a, o in enumerate(members):
-            topic = self.mesh[o] | self.lazy[o]
+            topic = self.mesh[o] | self.outside[o]  # our own message goes to every topic peer (flood publish)
             lv = {o: 0, **{v: 1 for v in topic}}
             fwd = {v: o for v in topic}
             frontier = sorted(topic)
@@ -139,12 +146,15 @@ class Shard:
         data_out = cout[rows].sum(axis=0)
         # IDONTWANT: every mesh peer sends one per message on its first copy, in the RPC that forwards the data to
         # us when it does (the host merges what is queued for one peer), else in an RPC of its own.
-        idontwant_only = np.maximum(sent * degree - data_in, 0.0)
+        # No IDONTWANT for a message under the host's threshold (a digest batch is smaller than one IDONTWANT RPC).
+        idontwant = msg_bytes - GOSSIP_OVERHEAD >= self.gossip.idontwant_min_bytes
+        idontwant_only = np.maximum(sent * degree - data_in, 0.0) if idontwant else np.zeros_like(data_in)
         own_rpc = CONTROL_BYTES + SENDER_RECORD_BYTES + MSG_ID_BYTES
+        copy_bytes = msg_bytes + (MSG_ID_BYTES if idontwant else 0)
         return Delivery(arrival=arrival,
                         in_msgs=data_in + idontwant_only + ihave_msgs,
-                        in_bytes=data_in * (msg_bytes + MSG_ID_BYTES) + idontwant_only * own_rpc + ihave_bytes,
-                        out_bytes=data_out * (msg_bytes + MSG_ID_BYTES) + idontwant_only * own_rpc + ihave_bytes)
+                        in_bytes=data_in * copy_bytes + idontwant_only * own_rpc + ihave_bytes,
+                        out_bytes=data_out * copy_bytes + idontwant_only * own_rpc + ihave_bytes)
 
 
 def _beats_with_ids(offsets: np.ndarray, gossip: GossipParams, setup: ScaleSetup) -> float:

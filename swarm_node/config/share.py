@@ -124,9 +124,10 @@ class ShareConfig:
     # as any other, so they count toward J while training nothing.
     filter_no_signal: bool = True
     selection: str = "uniform"  # variants.SELECTIONS (sharing/selection.py)
-    # variants.EXCHANGES (sharing/exchanges.py): "flood" gossips every group to everyone; "bounded" (issue 32, not
-    # the default until it is measured in a real run) gossips digests in shards and pulls J groups.
-    fanin: str = "flood"
+    # variants.EXCHANGES (sharing/exchanges.py): "bounded" (issue 32, docs/SWARM_SCALE.md) gossips digests in shards
+    # and pulls J groups, so a node's inbound cost does not grow with the swarm; "flood" gossips every group to
+    # everyone (the baseline; ECHO-2's worker -> learner path always floods).
+    fanin: str = "bounded"
     # A peer's completion that is not well-formed (tasks.well_formed: the answer alone, then EOS) is re-scored 0.
     # false only to measure what the defence is worth (bench/attack.py): peers' verifier-passing junk then counts.
     require_well_formed: bool = True

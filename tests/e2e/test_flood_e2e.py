@@ -50,7 +50,8 @@ def test_a_node_under_long_completions_and_a_flood_keeps_memory_bounded_and_trai
         "run": {"steps": 100_000, "eval_problems": 0, "checkpoint_every": 100_000, "group_size": 8,
                 "prompts_per_step": 4},
         "sampler": {"kind": "hf"}, "train": {"threads": 1, "minibatches": 1},
-        "share": {"local_groups": 4, "external_groups": 4, "max_external_age": 8}})
+        # flood: the attackers (simulations/attack_peers.py) publish on the flooded rollout topic
+        "share": {"local_groups": 4, "external_groups": 4, "max_external_age": 8, "fanin": "flood"}})
     node = LiveNode.start(tmp_path / "node", config, model=tiny_model_dir)
     peers = None
     try:

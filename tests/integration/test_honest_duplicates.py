@@ -25,7 +25,7 @@ def twin(model: Path, run_dir: Path, transport: MemoryTransport) -> Assembly:
                              "run.prompts_per_step": 2, "run.group_size": 4, "run.eval_problems": 0,
                              "run.run_dir": str(run_dir), "run.checkpoint_every": ROUNDS, "train.threads": 1,
                              "train.minibatches": 1, "share.local_groups": 2, "share.external_groups": 2,
-                             "status.port": -1})
+                             "share.fanin": "flood", "status.port": -1})  # identical groups reach each other whole
     return assemble(cfg, Sharing.SAPO, transport=transport, events=NodeEvents(log=lambda _m: None))
 
 

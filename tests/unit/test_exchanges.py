@@ -1,4 +1,4 @@
-"""`share.fanin` picks the rollout exchange by name (sharing/exchanges.py): flood stays the default."""
+"""`share.fanin` picks the rollout exchange by name (sharing/exchanges.py): bounded is the default (issue 32 item 5)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from swarm_node.sharing.fanin_exchange import FaninExchange
 from swarm_node.transport.memory import MemoryHub, MemoryTransport
 
 
-def test_flood_is_the_default_and_bounded_is_chosen_by_name() -> None:
+def test_bounded_is_the_default_and_flood_is_chosen_by_name() -> None:
     cfg = load_config()
-    assert cfg.share.fanin == "flood"
-    assert cfg.with_values({"share.fanin": "bounded"}).share.fanin == "bounded"
+    assert cfg.share.fanin == "bounded"
+    assert cfg.with_values({"share.fanin": "flood"}).share.fanin == "flood"
     with pytest.raises(ConfigError, match="^share.fanin 'pull' unknown; choose one of flood, bounded$"):
         cfg.with_values({"share.fanin": "pull"})
     transport = MemoryTransport(MemoryHub(), "peerA")

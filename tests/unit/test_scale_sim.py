@@ -4,13 +4,25 @@ against its simulator, and the bounded design's invariants."""
 from __future__ import annotations
 
 import dataclasses
+import random
 
+import numpy as np
 import pytest
 
-from simulations.scale_bounded import SHARD_GOSSIP, _Bounded
+from simulations.scale_bounded import HOST_GOSSIP_BEFORE, SHARD_GOSSIP, _Bounded
 from simulations.scale_flood import _Flood, data_copies, flood_counts, simulate_flood
-from simulations.scale_model import CONTROL_BYTES, GOSSIP_OVERHEAD, KB, MSG_ID_BYTES, GossipParams, ScaleSetup
+from simulations.scale_model import (
+    CONTROL_BYTES,
+    GOSSIP_OVERHEAD,
+    KB,
+    MSG_ID_BYTES,
+    SENDER_RECORD_BYTES,
+    GossipParams,
+    ScaleSetup,
+)
+from simulations.scale_shards import Shard
 from simulations.scale_sim import DESIGNS, measure
+from simulations.scale_wire import WireSizes
 from swarm_node.sharing.fanin import FanInParams, epoch_shards, shard_count
 
 
@@ -55,8 +67,9 @@ def test_flood_is_analytical_from_1000_nodes_and_overloads_its_links() -> None:
     assert figures["rounds_with_J_frac"] == 0.0  # 1.1 GB a round through a 125 MB-a-round downlink
 
 
-def bounded_run(n: int, rounds: int = 6, push_at_flush: bool = True, **setup: object) -> _Bounded:
-    sim = _Bounded(ScaleSetup(n=n, rounds=rounds, **setup), FanInParams(), SHARD_GOSSIP,  # type: ignore[arg-type]
+def bounded_run(n: int, rounds: int = 6, push_at_flush: bool = True, gossip: GossipParams = SHARD_GOSSIP,
+                **setup: object) -> _Bounded:
+    sim = _Bounded(ScaleSetup(n=n, rounds=rounds, **setup), FanInParams(), gossip,  # type: ignore[arg-type]
                    push_at_flush=push_at_flush)
     sim.run()
     return sim
@@ -77,7 +90,9 @@ def test_a_push_at_the_next_flush_mostly_arrives_after_the_receiver_dropped_the_
     sim = bounded_run(10, rounds=8)
     figures = sim.record.metrics()
     assert figures["rounds_with_J_frac"] == 1.0
-    assert figures["pulled_by_ge1_frac"] == 55 / 240  # of 6 measured rounds x 40 groups
+    # of 6 measured rounds x 40 groups (55 with the meshes of 12 before the digest topics' small meshes: the push
+    # goes to a mesh peer, drawn from fewer)
+    assert figures["pulled_by_ge1_frac"] == 61 / 240
     assert figures["distinct_peers_10_rounds"] == 9
 
 
@@ -106,3 +121,51 @@ def test_churn_replaces_nodes_and_only_whole_rounds_count() -> None:
     assert sim.next_identity > 60  # fresh identities took departed slots
     assert not sim.record.alive[2:8].all()
     assert dataclasses.replace(sim.s, churn_per_min=0.3).leave_p() == pytest.approx(1 - 0.7 ** (1 / 6))
+
+
+def test_shard_gossip_is_the_hosts_small_mesh_on_digest_topics() -> None:
+    # transport/libp2p/ipc.HostSettings: meshes of at most 4 on digest topics, IHAVE to 2, no IDONTWANT under 1 KiB;
+    # 12 topic peers in all (bench.fanin_real's connections).
+    assert SHARD_GOSSIP == GossipParams(degree=4, connect=12, lazy=2, idontwant_min_bytes=1024)
+
+
+@pytest.mark.parametrize("threshold", [0, 1024])
+def test_a_digest_in_a_shard_of_five_counts_every_copy_by_hand(threshold: int) -> None:
+    # A complete mesh of 5 (degree 4): the origin sends to its 4 topic peers, each forwards its first copy to its
+    # mesh but the origin (3 each): 4 copies in per member, none back to the origin. IDONTWANT: each member sends
+    # one to each mesh peer, riding in the RPC that forwards the data where there is one, so only the origin's 4
+    # come alone; under the threshold (a digest batch's data is < 1 KiB) there are none, and no message id rides.
+    gossip = GossipParams(degree=4, connect=4, lazy=0, idontwant_min_bytes=threshold)
+    shard = Shard([0, 1, 2, 3, 4], gossip, random.Random(0))
+    msg = WireSizes.of(ScaleSetup(n=5)).digest_msg
+    assert msg - GOSSIP_OVERHEAD < 1024
+    got = shard.deliver([0], np.array([0.5]), msg, 0.1, ScaleSetup(n=5))
+    own_rpc = CONTROL_BYTES + SENDER_RECORD_BYTES + MSG_ID_BYTES
+    copy, alone = (msg, 0) if threshold else (msg + MSG_ID_BYTES, 4)
+    assert got.in_msgs.tolist() == [alone, 4, 4, 4, 4]
+    assert got.in_bytes.tolist() == [alone * own_rpc] + [4 * copy] * 4
+    assert got.out_bytes.tolist() == [4 * copy + alone * own_rpc] + [3 * copy] * 4
+    assert got.arrival[0].tolist() == [np.inf, 0.6, 0.6, 0.6, 0.6]
+
+
+def test_a_digest_goes_to_every_topic_peer_and_ihave_only_to_the_lazy_ones() -> None:
+    shard = Shard(list(range(24)), GossipParams(degree=4, connect=12, lazy=2), random.Random(1))
+    for v in shard.members:
+        assert shard.mesh[v].isdisjoint(shard.outside[v]) and shard.lazy[v] <= shard.outside[v]
+        assert len(shard.lazy[v]) == 2
+    _, cin, cout = shard.tables()
+    topic = shard.mesh[0] | shard.outside[0]
+    assert cout[0, 0] == len(topic) > 4  # flood publish: beyond the mesh
+    assert {v for v in shard.members if cin[0, v] >= 1} == set(range(1, 24))
+
+
+def test_the_small_meshes_bring_the_p99_under_ten_times_j_groups() -> None:
+    # Two shards of 25 (seed 0, 4 measured rounds): py-libp2p's meshes of 12 against the host's small meshes.
+    before = bounded_run(50, push_at_flush=False, gossip=HOST_GOSSIP_BEFORE).record.metrics()
+    after = bounded_run(50, push_at_flush=False).record.metrics()
+    target = 10 * 4 * 5.0  # KB: 10 times the bytes of J groups
+    p99 = ("inbound_kb_per_round_p99", "outbound_kb_per_round_p99")
+    assert [round(before[k], 1) for k in p99] == [309.0, 328.9]
+    assert [round(after[k], 1) for k in p99] == [149.8, 165.8]
+    assert max(after["inbound_kb_per_round_p99"], after["outbound_kb_per_round_p99"]) < target
+    assert after["rounds_with_J_frac"] == before["rounds_with_J_frac"] == 1.0

@@ -121,7 +121,8 @@ def _oracle_groups(source: tasks.TaskSource, tok: object, step: int) -> list[Rol
 def _weak_reward_after(tiny_model_dir: Path, tmp_path: Path, external: int, rounds: int = 20) -> float:
     from swarm_node.config import build_config
     cfg = build_config([({**TINY, "train": {"threads": 1, "minibatches": 1, "lr": 1e-2, "warmup_steps": 0},
-                          "share": {"local_groups": 1, "external_groups": external},
+                          # flood: the oracle floods its groups (TransportExchange) to the weak node
+                          "share": {"local_groups": 1, "external_groups": external, "fanin": "flood"},
                           # two-digit sums: the tiny random model almost never answers them by chance
                           "task": {"name": "chain_sum",
                                    "options": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}},

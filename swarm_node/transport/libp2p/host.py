@@ -4,7 +4,8 @@
 a remote crash in py-libp2p ends only that process) or on a trio thread (`launch.py`). Contract:
 - Reads HELLO (private key + HostSettings), starts TCP + Noise (only) + yamux, GossipSub (/meshsub/1.2.0 and
   1.1.0, StrictSign, default message ids, heartbeat 1 s, library spam limiter off: our validators and peer score
-  do that job; `router.py`: our own messages flood-published, gossip to backed-off peers), answers READY(peer id,
+  do that job; `router.py`: our own messages flood-published, gossip to backed-off peers, small meshes on the
+  digest topics, no IDONTWANT for small messages), answers READY(peer id,
   listen addrs, advertised addrs), then serves CALLs until the node's socket closes, then returns.
 - CALL methods: subscribe(topic, validated), unsubscribe(topic), publish(topic, data), connect(multiaddr) -> peer id,
   peers() -> [[id, addrs, latency_ms | None, topics]], serve(protocol), open_stream(peer, protocol) -> sid,
@@ -66,7 +67,7 @@ from swarm_node.transport.libp2p.ipc import (
 )
 from swarm_node.transport.libp2p.nat import NatServices
 from swarm_node.transport.libp2p.paths import peer_traffic
-from swarm_node.transport.libp2p.router import SharingGossipSub
+from swarm_node.transport.libp2p.router import MeshBounds, SharingGossipSub
 from swarm_node.transport.libp2p.scoring import score_params
 from swarm_node.transport.libp2p.stream_bridge import StreamBridge
 from swarm_node.transport.shaping import RequestBudget
@@ -113,6 +114,9 @@ class NetworkHost:
             protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11], degree=settings.degree, degree_low=settings.degree_low,
             degree_high=settings.degree_high, heartbeat_interval=settings.heartbeat_s, heartbeat_initial_delay=0.1,
             spam_protection_enabled=False, score_params=score, counters=self.counters,
+            small_prefix=settings.small_mesh_prefix, idontwant_min_bytes=settings.idontwant_min_bytes,
+            small_bounds=MeshBounds(settings.small_mesh_degree, settings.small_mesh_degree_low,
+                                    settings.small_mesh_degree_high, settings.small_mesh_lazy),
         )
         self.pubsub = GuardedPubsub(
             self.host, self.gossipsub, strict_signing=True, seen_ttl=settings.seen_ttl_s,

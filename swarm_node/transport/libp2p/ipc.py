@@ -30,6 +30,7 @@ from typing import Any
 import msgpack
 
 from protocol.chunks import PROTOCOL_ID as CHUNKS_PROTOCOL_ID
+from protocol.messages import TOPIC_DIGESTS_PREFIX
 
 HEADER = struct.Struct("!I")
 MAX_FRAME_BYTES = 8 << 20  # > the 1 MiB gossip limit and the stream chunk, with room for msgpack overhead
@@ -67,6 +68,8 @@ class HostSettings:
     slow to form a mesh). queue_size: per-peer outbound RPC queue (library default 32 drops silently when full).
     high_water: our publish waits while any peer's queue holds this many RPCs; slow_peer_wait_s: how long it
     waits before publishing anyway (a peer that stops reading must not stall us; the miss is counted and logged).
+    small_mesh_*: the mesh bounds and IHAVE fan-out of the topics under small_mesh_prefix (router.py: GRAFTs past
+    the high bound are refused), "" for none; idontwant_min_bytes: no IDONTWANT for smaller messages (router.py).
     seen_ttl_s/sweep_s: gossipsub seen-cache (tests shorten it to exercise replays after it forgets).
     validation_timeout_s: a node that does not answer a VALIDATE in time makes the message IGNOREd.
     Gossipsub v1.1 peer score (py-libp2p's `ScoreParams`; host.score_params): invalid_penalty is P4's
@@ -107,6 +110,14 @@ class HostSettings:
     degree: int = 6
     degree_low: int = 4
     degree_high: int = 12
+    # Bounded fan-in's digest topics (router.py's small meshes; docs/SWARM_SCALE.md): a node gets about one copy of
+    # each digest batch per mesh peer, so their mesh bound is what bounds its inbound digest bytes.
+    small_mesh_prefix: str = TOPIC_DIGESTS_PREFIX
+    small_mesh_degree: int = 3
+    small_mesh_degree_low: int = 2
+    small_mesh_degree_high: int = 4
+    small_mesh_lazy: int = 2
+    idontwant_min_bytes: int = 1024
     queue_size: int = 256
     high_water: int = 192
     slow_peer_wait_s: float = 5.0
