@@ -8,11 +8,14 @@ them: docs/BENCHMARKS.md, "bench.solo_learning". Writes `--out` (default bench/r
 solo_learning_<split>.json for another split) and prints one line.
 
     python -m bench.solo_learning [--seeds 0 1 2] [--steps 300] [--problems 4000] [--split test|validation]
-                                  [--samples 0] [--sampler auto] [--parallel] [--reuse-cache] [--loaded]
+                                  [--samples 0] [--sampler auto] [--parallel] [--reuse-cache] [--resume] [--loaded]
                                   [--set train.lr=1e-4 ...] [--out PATH] [--run-root DIR]
 
 --parallel runs each seed in its own process with one torch thread (2 cores: 3 seeds side by side); without it
 the seeds run one after another with all cores. It reports times, so it refuses a loaded machine unless --loaded.
+Each finished seed's record is kept in <run-root>/seed<k>.json with its fingerprint (the settings that shape it,
+the code version and the default model's recipe); `--resume` reuses a kept record whose fingerprint matches, so a
+run cut short (a session's end) goes on from the next seed.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from bench.load_guard import add_loaded_flag
 from bench.solo_stats import seed_record, summarize
 from swarm_node import tasks
 from swarm_node.config import SAMPLER_CONFIGS, load_config
-from swarm_node.model.default_model import ensure_default_model
+from swarm_node.model.default_model import default_model_key, ensure_default_model
 from swarm_node.node.assembly import assemble
 from swarm_node.node.run_files import NodeEvents
 from swarm_node.train.evaluate import EvalResult, evaluate
@@ -61,17 +64,23 @@ def throttled(print_line: Callable[[str], None]) -> Callable[[str], None]:
     return maybe
 
 
-def build_model(run_root: Path, recipe: str) -> float:
+def build_model(run_root: Path, recipe: str, resume: bool = False) -> float:
     """Seconds to build the default model into an empty scratch cache, which the seeds (and their processes) then
-    load it from."""
+    load it from. With `resume`, a build this run root already finished (same recipe) is reused with its time."""
     cache = (run_root / CACHE_DIR).resolve()  # the seeds' processes inherit it: absolute
-    shutil.rmtree(cache, ignore_errors=True)
     os.environ["SWARM_NODE_CACHE"] = str(cache)
+    finished, key = run_root / "build.json", default_model_key(recipe)
+    if resume and finished.exists() and cache.exists() and (kept := json.loads(finished.read_text()))["key"] == key:
+        print(f"  [build] reusing the finished build ({kept['build_s']:.0f} s)", flush=True)
+        return float(kept["build_s"])
+    shutil.rmtree(cache, ignore_errors=True)
+    finished.unlink(missing_ok=True)
     progress = throttled(lambda line: print(f"  [build] {line}", flush=True))
     started = time.monotonic()
     ensure_default_model(lambda done, total, what: progress(f"warm-up step {done}/{total}, {what}"), recipe)
     build_s = time.monotonic() - started
     print(f"  [build] {recipe} in {build_s:.0f} s", flush=True)
+    finished.write_text(json.dumps({"key": key, "build_s": build_s}))
     return build_s
 
 
@@ -117,6 +126,40 @@ def run_seed(seed: int, args: argparse.Namespace, overrides: dict[str, Any]) -> 
     assembly.close()
     say(f"after {args.steps} steps ({solo_s:.0f} s): {after}, well-formed {after.well_formed_frac():.3f}")
     return seed_record(seed, args.steps, solo_s, eval_s, before, after, rows)
+
+
+def seed_fingerprint(seed: int, args: argparse.Namespace, overrides: dict[str, Any]) -> str:
+    """What a seed's record depends on: its settings, the code and the default model's recipe."""
+    from simulations.code_version import code_version
+
+    shaped = {"seed": seed, "steps": args.steps, "problems": args.problems, "split": args.split,
+              "samples": args.samples, "sampler": args.sampler, "parallel": args.parallel, "overrides": overrides}
+    recipe = load_config(None, overrides).model.recipe
+    return json.dumps({**shaped, "code": code_version(), "recipe": default_model_key(recipe)}, sort_keys=True)
+
+
+def kept_record(path: Path, fingerprint: str) -> dict[str, Any] | None:
+    """A finished seed's kept record when its fingerprint matches (else None: the seed runs again)."""
+    if not path.exists():
+        return None
+    kept = json.loads(path.read_text())
+    return kept if kept.get("fingerprint") == fingerprint else None
+
+
+def run_seeds_in_turn(args: argparse.Namespace, overrides: dict[str, Any]) -> list[dict[str, Any]]:
+    """The seeds one after another in this process; each finished seed kept (and with --resume, reused)."""
+    records = []
+    for seed in args.seeds:
+        path, fingerprint = Path(args.run_root) / f"seed{seed}.json", seed_fingerprint(seed, args, overrides)
+        if args.resume and (kept := kept_record(path, fingerprint)) is not None:
+            print(f"  [seed {seed}] reusing its finished record ({path})", flush=True)
+            records.append(kept["record"])
+            continue
+        record = run_seed(seed, args, overrides)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"fingerprint": fingerprint, "record": record}))
+        records.append(record)
+    return records
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:
@@ -174,6 +217,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--parallel", action="store_true", help="one process per seed, one thread each")
     ap.add_argument("--sampler", default="auto")
     ap.add_argument("--reuse-cache", action="store_true", help="the existing model cache: no timed build")
+    ap.add_argument("--resume", action="store_true", help="reuse the seeds a cut-short run finished (same settings)")
     ap.add_argument("--set", nargs="*", default=[], help="config overrides, e.g. train.lr=1e-4")
     ap.add_argument("--out", type=Path, help="default: bench/results/solo_learning[_<split>].json")
     ap.add_argument("--run-root", default=str(Path(__file__).parent / ".runs" / "solo_learning"))
@@ -190,11 +234,12 @@ def main() -> None:
         args.out.write_text(json.dumps({"records": records, "sources": provenance.imported_sources()}))
         return
     run = provenance.begin(timed=True, loaded=args.loaded)  # build and run seconds
-    build_s = None if args.reuse_cache else build_model(Path(args.run_root), load_config(None, overrides).model.recipe)
+    build_s = None if args.reuse_cache else build_model(Path(args.run_root), load_config(None, overrides).model.recipe,
+                                                        args.resume)
     if args.parallel:
         records, child_sources = run_parallel(args)
     else:
-        records, child_sources = [run_seed(s, args, overrides) for s in args.seeds], set()
+        records, child_sources = run_seeds_in_turn(args, overrides), set()
     result = {**summarize(records), "build_s": build_s, "split": args.split, "eval_problems": args.problems,
               "eval_samples": args.samples, "steps": args.steps, "seeds": args.seeds, "sampler": args.sampler,
               "parallel": args.parallel, "overrides": overrides}

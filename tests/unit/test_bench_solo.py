@@ -3,8 +3,11 @@ questions each, and its README row on a fixture result."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
+
+import pytest
 
 from bench.report import render_section
 from bench.report_rows import ROWS
@@ -91,3 +94,34 @@ def test_the_readme_row_reads_the_new_fields(tmp_path: Path) -> None:
     assert cell == ("300 steps, 3 seeds: greedy 0.206 -> 0.310 on 4000 test questions, gain +10.5 pts (95% "
                     "interval +9.1 to +11.9; seeds +9.5 / +10.0 / +12.0); per specialty chain_sum +15.0 "
                     "[+12.0, +18.0], gcd -1.0 [-3.0, +1.0]; well-formed 0.91 -> 0.97; 1500 s/seed, build 258 s")
+
+
+def test_a_cut_short_run_resumes_from_the_next_seed_and_never_reuses_other_settings(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.solo_learning as bench
+
+    ran: list[tuple[int, int]] = []
+
+    def fake_seed(seed: int, args: argparse.Namespace, overrides: dict) -> dict:
+        if seed == 1 and args.steps == 5 and not args.resume:
+            raise KeyboardInterrupt  # the session ends during seed 1
+        ran.append((seed, args.steps))
+        return {"seed": seed, "steps": args.steps}
+
+    monkeypatch.setattr(bench, "run_seed", fake_seed)
+
+    def args(steps: int, resume: bool) -> argparse.Namespace:
+        return argparse.Namespace(seeds=[0, 1], steps=steps, problems=8, split="test", samples=0, sampler="hf",
+                                  parallel=False, run_root=str(tmp_path), resume=resume)
+
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_seeds_in_turn(args(5, resume=False), {})
+    assert ran == [(0, 5)] and (tmp_path / "seed0.json").exists() and not (tmp_path / "seed1.json").exists()
+    assert bench.run_seeds_in_turn(args(5, resume=True), {}) == [{"seed": 0, "steps": 5}, {"seed": 1, "steps": 5}]
+    assert ran == [(0, 5), (1, 5)]  # seed 0 reused
+    bench.run_seeds_in_turn(args(6, resume=True), {})  # other settings: both seeds run again
+    assert ran[2:] == [(0, 6), (1, 6)]
+    bench.run_seeds_in_turn(args(6, resume=True), {"train.lr": 1e-4})  # another override: run again
+    assert ran[4:] == [(0, 6), (1, 6)]
+    bench.run_seeds_in_turn(args(6, resume=False), {"train.lr": 1e-4})  # without --resume nothing is reused
+    assert ran[6:] == [(0, 6), (1, 6)]
