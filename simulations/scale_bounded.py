@@ -5,7 +5,11 @@ Contract:
   shard count, which follows the node's rule (`sharing/swarm_size.ShardCount`, hysteretic, a bounded step per
   epoch) from what it saw in the last epoch: the distinct digest senders of its shards and its connections. The
   nodes present at the start have run long enough to hold `shard_count(N)`; a node that joins later starts as
-  `join` does (`sharing/exchanges.py`: the shard count of `shard_size` peers, one shard) and learns. Shard topics
+  `join` does (`sharing/exchanges.py`: the shard count of `shard_size` peers, one shard, `learning`): its batches
+  announce M = 0, and at the start of the round after the batches of `learn_from_peers` distinct senders that
+  announce an M reached it, it takes their median (`ShardCount.learn`) and moves to its shards of that M (PRUNE and
+  UNSUBSCRIBE to the old topic peers, GRAFTs and dials in the new shard); the node does this at its next flush, a
+  few seconds later. Its own estimate rules from the next epoch on (not in the epoch it learnt at). Shard topics
   are gossipsub topics as the host runs them (`SHARD_GOSSIP`: the host's small meshes on digest topics). A new
   epoch that changes a node's shards costs PRUNE/UNSUBSCRIBE to the old topic peers, GRAFT/SUBSCRIBE to the new
   ones, and a dial to every new peer; one that changes nobody's costs nothing.
@@ -87,6 +91,8 @@ class _Bounded:
         self.wire = WireSizes.of(setup)
         self.digest_msg = self.wire.digest_msg
         self.sizers = [ShardCount(params, shard_count(n, params)) for _ in range(n)]  # each node's own M
+        self.announced = [0] * n  # the M each node's batches announce this round (0 while learning)
+        self.learnt_now: set[int] = set()  # nodes that took their peers' M at this round's start
         self.hop_s = setup.link.latency_s + 2 * self.digest_msg * 8 / max(setup.link.uplink_bps, 1.0)
         self.leaving: set[int] = set()  # slots whose node leaves during this round
         self.flushed_at: list[float] = [-np.inf] * n  # each node's flush (digest) time in this round ...
@@ -139,10 +145,47 @@ class _Bounded:
             for u in self._topic_peers(v):
                 self._dial(v, u, t)
 
+    def learn(self, r: int, t: float) -> set[int]:
+        """Nodes still learning take their peers' M from the batches that reached them last round (the node's
+        `ShardCount.learn`), and move to their shards of it; at an epoch's start `new_epoch` moves them."""
+        learnt = set()
+        for v in range(self.s.n):
+            if not self.alive[v] or not self.sizers[v].learning:
+                continue
+            senders = {p for _, p in self.arrivals[v]}
+            if not self.sizers[v].learn(self.announced[p] for p in senders):
+                continue
+            learnt.add(v)
+            if r % self.p.epoch_rounds:
+                self._leave_shards(v, t)
+                self._join_shards(v, r, t)
+        return learnt
+
+    def _leave_shards(self, v: int, t: float) -> None:
+        """PRUNE and UNSUBSCRIBE to v's topic peers; its mesh peers short of peers graft others."""
+        for u in self._topic_peers(v):
+            self._control(v, u, t)
+        for k in self.node_shards[v]:
+            if k in self.shards:
+                for a, b in self.shards[k].leave(v):
+                    self._control(a, b, t)
+                    self._dial(a, b, t)
+
+    def _join_shards(self, v: int, r: int, t: float) -> None:
+        """v joins its shards of `r`'s epoch at its M: a GRAFT (and a dial) to each mesh peer it picks."""
+        self.node_shards[v] = epoch_shards(self.seed[v], r // self.p.epoch_rounds, self.sizers[v].shards,
+                                           self.p.shards_per_node)
+        for k in self.node_shards[v]:
+            shard = self.shards.setdefault(k, Shard([], self.g, random.Random(self.rng.random())))
+            for a, b in shard.join(v):
+                self._control(a, b, t)
+                self._dial(a, b, t)
+
     def _shard_count(self, v: int, epoch: int) -> int:
         """Node v's M for `epoch`: the swarm size rule of the node applied to what v saw in the last epoch (the
-        distinct digest senders of its shards: their members, since each member publishes in its shard)."""
-        if epoch == 0:
+        distinct digest senders of its shards: their members, since each member publishes in its shard); a node
+        that took its peers' M at this round's start keeps it (what it saw was of another M)."""
+        if epoch == 0 or v in self.learnt_now:
             return self.sizers[v].shards
         heard = len(set().union(*(self.shards[k].members for k in self.node_shards[v] if k in self.shards)) - {v})
         return self.sizers[v].next_epoch(heard, len(self.connected[v]), len(self.node_shards[v]))
@@ -178,14 +221,8 @@ class _Bounded:
                 self.alive[v] = True
                 self.connected[v] = set()
                 self.heard[v].clear()
-                self.sizers[v] = ShardCount(self.p, shard_count(self.p.shard_size, self.p))  # as `join` starts
-                self.node_shards[v] = epoch_shards(self.seed[v], r // self.p.epoch_rounds, self.sizers[v].shards,
-                                                   self.p.shards_per_node)
-                for k in self.node_shards[v]:
-                    shard = self.shards.setdefault(k, Shard([], self.g, random.Random(self.rng.random())))
-                    for a, b in shard.join(v):
-                        self._control(a, b, t)
-                        self._dial(a, b, t)
+                self.sizers[v] = ShardCount(self.p, shard_count(self.p.shard_size, self.p), learning=True)  # `join`
+                self._join_shards(v, r, t)
             elif self.s.churn_per_min and self.rng.random() < self.s.leave_p():
                 self.record.alive[r, v] = False
                 self.leaving.add(v)
@@ -210,6 +247,7 @@ class _Bounded:
             if not self.alive[v]:
                 continue
             offsets[v] = self.rng.uniform(0, s.publish_spread_s)
+            self.announced[v] = self.sizers[v].announced
             self.flushed_at[v] = start + offsets[v]
             if self.push_at_flush and self.flushed_at[v] - self.flushed_before[v] >= self.p.push_after_s:
                 self.links.at(self.flushed_at[v], self.push_unpulled, v, self.identity[v])
@@ -353,6 +391,7 @@ class _Bounded:
         s = self.s
         for r in range(s.rounds):
             start = r * s.round_s
+            self.learnt_now = self.learn(r, start)
             if r % self.p.epoch_rounds == 0:
                 self.new_epoch(r // self.p.epoch_rounds, start)
             self.churn(r, start)
