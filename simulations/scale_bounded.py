@@ -9,10 +9,11 @@ Contract:
   announce M = 0, and at the start of the round after the batches of `learn_from_peers` distinct senders that
   announce an M reached it, it takes their median (`ShardCount.learn`) and moves to its shards of that M (PRUNE and
   UNSUBSCRIBE to the old topic peers, GRAFTs and dials in the new shard); the node does this at its next flush, a
-  few seconds later. Its own estimate rules from the next epoch on (not in the epoch it learnt at). Shard topics
-  are gossipsub topics as the host runs them (`SHARD_GOSSIP`: the host's small meshes on digest topics). A new
-  epoch that changes a node's shards costs PRUNE/UNSUBSCRIBE to the old topic peers, GRAFT/SUBSCRIBE to the new
-  ones, and a dial to every new peer; one that changes nobody's costs nothing.
+  few seconds later; if fewer than `learn_from_peers` distinct senders reach it there in the next round, it goes
+  back (`ShardCount.confirm`). Its own estimate rules from the next epoch on (not in the epoch it learnt at).
+  Shard topics are gossipsub topics as the host runs them (`SHARD_GOSSIP`: the host's small meshes on digest
+  topics). A new epoch that changes a node's shards costs PRUNE/UNSUBSCRIBE to the old topic peers, GRAFT/SUBSCRIBE
+  to the new ones, and a dial to every new peer; one that changes nobody's costs nothing.
 - Wire sizes are the node's, encoded by its codec (simulations/scale_wire.py): a digest batch, a pull request, a
   served or refused pull, a push.
 - Each round a node publishes its I groups' digests (one DigestBatch) in one of its
@@ -150,10 +151,11 @@ class _Bounded:
         `ShardCount.learn`), and move to their shards of it; at an epoch's start `new_epoch` moves them."""
         learnt = set()
         for v in range(self.s.n):
-            if not self.alive[v] or not self.sizers[v].learning:
+            sizer = self.sizers[v]
+            if not self.alive[v] or not (sizer.learning or sizer.probation):
                 continue
             senders = {p for _, p in self.arrivals[v]}
-            if not self.sizers[v].learn(self.announced[p] for p in senders):
+            if not (sizer.confirm(len(senders)) or sizer.learn(self.announced[p] for p in senders)):
                 continue
             learnt.add(v)
             if r % self.p.epoch_rounds:

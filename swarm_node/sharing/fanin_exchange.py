@@ -27,7 +27,9 @@ Contract (the design is `sharing/fanin.py`, the bookkeeping `sharing/fanin_ledge
   and connected peers, hysteretic and bounded. A node starts `learning`: its batches announce M = 0, and at the
   first flush after `learn_from_peers` distinct senders announced theirs (a batch's `shards`), it takes their
   median as its M and moves to its shards of that M at once (not waiting for the epoch's end), so that the
-  newcomers of an epoch do not all sit on shard 0; our batches announce our M from then on.
+  newcomers of an epoch do not all sit on shard 0; our batches announce our M from then on. If the next round
+  brings fewer than `learn_from_peers` distinct senders on the new shards, it goes back to learning on shard 0
+  (`ShardCount.confirm`: a lying majority cannot park it alone on an empty shard for the epoch).
 """
 
 from __future__ import annotations
@@ -153,8 +155,9 @@ class FaninExchange:
 
     async def _join_epoch(self) -> None:
         epoch = epoch_of(self.round, self.params)
-        learnt = self.shard_sizer.learn(self._announced.values())
-        if learnt:  # what we heard was the shards of our starting M, not of the one we take now
+        heard = len(self._shard_peers - {self.peer_id})
+        learnt = self.shard_sizer.confirm(heard) or self.shard_sizer.learn(self._announced.values())
+        if learnt:  # what we heard was of the shards we leave now
             self._shard_peers, self._announced = set(), {}
         if epoch != self._epoch:
             if self._epoch >= 0 and not learnt:  # what the last epoch showed of the swarm sets this one's M

@@ -17,7 +17,9 @@ where every newcomer of the epoch would pile up while the shards of the nodes th
 median of the M that distinct digest senders announce (at least `learn_from_peers` of them; at most
 `shard_count(max_swarm_estimate)`), at once, without the step cap. Fewer than half of the senders it heard cannot
 move the median beyond the honest ones' range. Learning ends there, or at its first epoch change (its own estimate
-then rules, as for every node: a swarm whose nodes all start together has nobody to learn from).
+then rules, as for every node: a swarm whose nodes all start together has nobody to learn from). The M taken is on
+probation for one round: `confirm(heard)` with fewer than `learn_from_peers` distinct senders heard on the new
+shards (a lie that put us on a shard nobody is in, or a swarm that shrank) goes back to the starting M, learning.
 """
 
 from __future__ import annotations
@@ -55,8 +57,9 @@ class ShardCount:
     def __init__(self, params: FanInParams, shards: int = 1, learning: bool = False) -> None:
         if shards < 1:
             raise ValueError(f"ShardCount needs shards >= 1, got {shards}")
-        self.params, self.shards = params, shards
+        self.params, self.shards, self._start = params, shards, shards
         self.learning = learning  # a node that has just joined: M is to be taken from its peers' announcements
+        self.probation = False  # M was just taken from peers: the next round's senders must confirm it
         self.estimate = 0  # the last epoch's swarm estimate (0: none yet)
 
     @property
@@ -72,12 +75,23 @@ class ShardCount:
         shards = announced_shard_count(announced, self.params)
         if shards is None:
             return False
-        self.shards, self.learning = shards, False
+        self.shards, self.learning, self.probation = shards, False, True
+        return True
+
+    def confirm(self, heard: int) -> bool:
+        """The round after `learn`: with fewer than `learn_from_peers` distinct senders heard on the new shards, go
+        back to the starting M, learning again; True then (the node moves back)."""
+        if not self.probation:
+            return False
+        self.probation = False
+        if heard >= self.params.learn_from_peers:
+            return False
+        self.shards, self.learning = self._start, True
         return True
 
     def next_epoch(self, heard: int, connected: int, joined: int) -> int:
         p = self.params
-        self.learning = False  # an epoch of its own view: from now on the node's estimate rules
+        self.learning = self.probation = False  # an epoch of its own view: from now on the node's estimate rules
         self.estimate = estimate_swarm(heard, connected, self.shards, joined, p)
         low = threshold(self.shards, p) * (1 - p.shard_hysteresis) if self.shards > 1 else 0.0
         high = threshold(self.shards + 1, p) * (1 + p.shard_hysteresis)

@@ -433,8 +433,10 @@ def test_a_node_that_joins_takes_the_median_shard_count_its_first_senders_announ
     """n4 joins as `join` starts it (n_peers = shard size: M = 1, learning): its first batch, on shard 0, announces
     M = 0. n1, n2, n3 announce M = 5, 40 and 6 on shard 0 and n0 announces 0 (learning too: left out), so at its
     next flush n4 takes the lower median of (5, 6, 40), 6, mid-epoch: it leaves shard 0 for its epoch-0 shard of 6
-    (seed2: shard 4) and announces 6 there."""
-    async def main() -> tuple[list[tuple[int, int]], tuple[int, ...], int, bool, list[tuple[str, ...]]]:
+    (seed2: shard 4) and announces 6 there. Nobody else is on shard 4 (a swarm of 6 shards would have members
+    there): at the flush after, n4 goes back to shard 0, learning, and announces 0 again."""
+    async def main() -> tuple[list[tuple[int, int]], tuple[int, ...], int, bool, list[tuple[str, ...]],
+                              tuple[tuple[int, ...], int, bool]]:
         hub = MemoryHub()
         peers = {name: MemoryTransport(hub, name) for name in NAMES[:4]}
         n4 = MemoryTransport(hub, "n4")
@@ -459,15 +461,20 @@ def test_a_node_that_joins_takes_the_median_shard_count_its_first_senders_announ
         await ex.flush()
         await hub.settle()
         topics = [p.topics for p in await peers["n1"].peers()]
-        out = seen, ex.shards, ex.shard_sizer.shards, ex.shard_sizer.learning, topics
+        learnt = ex.shards, ex.shard_sizer.shards, ex.shard_sizer.learning
+        ex.publish([_group(4, 2, now)])
+        await ex.flush()
+        await hub.settle()
+        out = seen, *learnt, topics, (ex.shards, ex.shard_sizer.shards, ex.shard_sizer.learning)
         for t in (*peers.values(), n4):
             await t.stop()
         return out
 
-    seen, shards, count, learning, topics = asyncio.run(main())
-    assert seen == [(0, 0), (4, 6)]
+    seen, shards, count, learning, topics, back = asyncio.run(main())
+    assert seen == [(0, 0), (4, 6), (0, 0)]
     assert (shards, count, learning) == ((4,), 6, False)
     assert topics == [(digest_topic(4),)]  # shard 0 left
+    assert back == ((0,), 1, True)
 
 
 def _decoded(data: bytes) -> DigestBatch:

@@ -135,7 +135,7 @@ def test_a_node_that_joins_takes_the_swarms_shard_count_after_its_first_round() 
     assert all(sim.node_shards[v] == (0,) and sim.announced[v] == 0 for v in learning)
     assert all(sim.sizers[v].shards == 4 and sim.node_shards[v] == epoch_shards(sim.seed[v], 2, 4, 1)
                for v in alive if v not in learning)
-    assert sorted(len(shard.members) for shard in sim.shards.values()) == [19, 20, 25, 32]  # shard 0's with the 9 learning
+    assert sorted(len(shard.members) for shard in sim.shards.values()) == [19, 20, 25, 32]  # 0: with the 9 learning
     assert sim.record.metrics()["rounds_with_J_frac"] == 1.0
 
 

@@ -88,3 +88,19 @@ def test_a_learning_node_announces_zero_and_takes_its_peers_m_once_then_follows_
     assert (alone.next_epoch(59, 0, 1), alone.learning, alone.announced) == (2, False, 2)
     assert not alone.learn([41, 41, 41])
     assert ShardCount(P, 3).announced == 3  # not learning (the default): it announces its M
+
+
+def test_an_m_taken_from_peers_that_the_next_round_does_not_confirm_is_dropped_for_learning_again() -> None:
+    count = ShardCount(P, 1, learning=True)
+    assert not count.confirm(0)  # nothing taken yet: nothing to confirm
+    assert count.learn([41, 41, 41]) and count.probation
+    assert not count.confirm(3)  # 3 distinct senders on the new shard (learn_from_peers): kept
+    assert (count.shards, count.learning, count.probation) == (41, False, False)
+    assert not count.confirm(0)  # confirmed once: no longer on probation
+    lied_to = ShardCount(P, 1, learning=True)
+    assert lied_to.learn([65536, 65536, 41])  # the liars are the majority: a shard nobody else is in
+    assert lied_to.confirm(2)  # 2 senders there: back to the starting M, learning
+    assert (lied_to.shards, lied_to.learning, lied_to.announced, lied_to.probation) == (1, True, 0, False)
+    assert lied_to.learn([41, 41, 41, 65536, 65536]) and lied_to.shards == 41
+    # An epoch change ends the probation (the node's own estimate rules from then on).
+    assert lied_to.next_epoch(0, 0, 1) == 11 and not lied_to.probation  # 41 / 4, rounded up
