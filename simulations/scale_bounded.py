@@ -5,12 +5,10 @@ Contract:
   shard count, which follows the node's rule (`sharing/swarm_size.ShardCount`, hysteretic, a bounded step per
   epoch) from what it saw in the last epoch: the distinct digest senders of its shards and its connections. The
   nodes present at the start have run long enough to hold `shard_count(N)`; a node that joins later starts as
-  `join` does (`sharing/exchanges.py`: the shard count of `shard_size` peers, one shard, `learning`): its batches
-  announce M = 0, and at the start of the round after the batches of `learn_from_peers` distinct senders that
-  announce an M reached it, it takes their median (`ShardCount.learn`) and moves to its shards of that M (PRUNE and
-  UNSUBSCRIBE to the old topic peers, GRAFTs and dials in the new shard); the node does this at its next flush, a
-  few seconds later; if fewer than `learn_from_peers` distinct senders reach it there in the next round, it goes
-  back (`ShardCount.confirm`). Its own estimate rules from the next epoch on (not in the epoch it learnt at).
+  `join` does (one shard, `learning`: announcing M = 0) and, at the start of the round after the batches of
+  `learn_from_peers` distinct senders announcing an M reached it, takes their median and moves to its shard of it
+  (`ShardCount.learn`; the node moves at its flush, 0-5 s later), and back if fewer senders than that reach it there
+  the next round (`ShardCount.confirm`); its own estimate rules from the next epoch on.
   Shard topics are gossipsub topics as the host runs them (`SHARD_GOSSIP`: the host's small meshes on digest
   topics). A new epoch that changes a node's shards costs PRUNE/UNSUBSCRIBE to the old topic peers, GRAFT/SUBSCRIBE
   to the new ones, and a dial to every new peer; one that changes nobody's costs nothing.
@@ -49,23 +47,12 @@ from simulations.scale_model import (
     Record,
     ScaleSetup,
 )
-from simulations.scale_shards import Shard
+from simulations.scale_shards import SHARD_GOSSIP, Shard
 from simulations.scale_wire import WireSizes
 from swarm_node.sharing.fanin import Digest, FanInParams, choose_pulls, epoch_shards, shard_count
 from swarm_node.sharing.fanin_ledger import SERVE, PushBook, ServeBook
 from swarm_node.sharing.swarm_size import ShardCount
-from swarm_node.transport.libp2p.ipc import HostSettings
 
-# The host's gossipsub on a shard topic (transport/libp2p/router.py's small meshes, ipc.HostSettings.small_mesh_*):
-# a node grafts `small_mesh_degree` peers and takes GRAFTs up to `small_mesh_degree_high`, so meshes fill to that
-# bound (taken as every node's degree: the upper bound); its other topic peers (`GossipParams().connect` in all,
-# the connections bench.fanin_real arranges) get its own digests (flood publish), `small_mesh_lazy` of them IHAVE;
-# no IDONTWANT for a digest batch (under `idontwant_min_bytes`). Before the small meshes py-libp2p accepted every
-# GRAFT and meshes filled to `degree_high` (12): `HOST_GOSSIP_BEFORE`, as measured at N = 16 (no node got an IHAVE).
-_HOST = HostSettings()
-SHARD_GOSSIP = GossipParams(degree=_HOST.small_mesh_degree_high, connect=GossipParams().connect,
-                            lazy=_HOST.small_mesh_lazy, idontwant_min_bytes=_HOST.idontwant_min_bytes)
-HOST_GOSSIP_BEFORE = GossipParams(degree=_HOST.degree_high, connect=_HOST.degree_high, lazy=0)
 DIAL_MSGS, DIAL_BYTES = 4, 2048  # a new connection, each side: multistream-select, Noise XX, identify
 TICK_S = 1.0
 
@@ -163,9 +150,9 @@ class _Bounded:
                 self._join_shards(v, r, t)
         return learnt
 
-    def _leave_shards(self, v: int, t: float) -> None:
-        """PRUNE and UNSUBSCRIBE to v's topic peers; its mesh peers short of peers graft others."""
-        for u in self._topic_peers(v):
+    def _leave_shards(self, v: int, t: float, goodbye: bool = True) -> None:
+        """PRUNE and UNSUBSCRIBE to v's topic peers (unless it is gone); its mesh peers short of peers graft others."""
+        for u in self._topic_peers(v) if goodbye else ():
             self._control(v, u, t)
         for k in self.node_shards[v]:
             if k in self.shards:
@@ -184,9 +171,8 @@ class _Bounded:
                 self._dial(a, b, t)
 
     def _shard_count(self, v: int, epoch: int) -> int:
-        """Node v's M for `epoch`: the swarm size rule of the node applied to what v saw in the last epoch (the
-        distinct digest senders of its shards: their members, since each member publishes in its shard); a node
-        that took its peers' M at this round's start keeps it (what it saw was of another M)."""
+        """Node v's M for `epoch`: the node's rule on what v saw in the last epoch (the distinct digest senders of its
+        shards: their members); one that took its peers' M at this round's start keeps it (it saw another M's)."""
         if epoch == 0 or v in self.learnt_now:
             return self.sizers[v].shards
         heard = len(set().union(*(self.shards[k].members for k in self.node_shards[v] if k in self.shards)) - {v})
@@ -232,10 +218,7 @@ class _Bounded:
 
     def depart(self, t: float, v: int) -> None:
         self.alive[v] = False
-        for k in self.node_shards[v]:
-            for a, b in self.shards[k].leave(v):
-                self._control(a, b, t)
-                self._dial(a, b, t)
+        self._leave_shards(v, t, goodbye=False)
         for u in self.connected[v]:
             self.connected[u].discard(v)
 

@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from simulations.scale_bounded import HOST_GOSSIP_BEFORE, SHARD_GOSSIP, _Bounded
+from simulations.scale_bounded import _Bounded
 from simulations.scale_flood import _Flood, data_copies, flood_counts, simulate_flood
 from simulations.scale_model import (
     CONTROL_BYTES,
@@ -20,7 +20,7 @@ from simulations.scale_model import (
     GossipParams,
     ScaleSetup,
 )
-from simulations.scale_shards import Shard
+from simulations.scale_shards import HOST_GOSSIP_BEFORE, SHARD_GOSSIP, Shard
 from simulations.scale_sim import DESIGNS, measure
 from simulations.scale_wire import WireSizes
 from swarm_node.sharing.fanin import FanInParams, epoch_shards, shard_count
