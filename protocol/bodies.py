@@ -62,7 +62,7 @@ ANNOUNCE_KEYS = ("owner", "version", "base_version", "size", "sha256", "chunks",
                  "chunk_sha256", "state", "schedule", "receivers")
 STATUS_KEYS = ("role", "capabilities", "throughput", "policy_version", "follows", "created_at")
 CONTROL_KEYS = ("target", "action", "created_at")
-DIGEST_BATCH_KEYS = ("shard", "round", "digests", "created_at")
+DIGEST_BATCH_KEYS = ("shard", "shards", "round", "digests", "created_at")
 DIGEST_KEYS = ("id", "task", "variance", "signal", "hash")
 PULL_KEYS = ("round", "ids", "created_at")
 PULLED_KEYS = ("groups", "refused", "created_at")
@@ -120,7 +120,7 @@ def _digest_obj(d: DigestWire) -> dict[str, Any]:
 
 
 def _digests_obj(b: DigestBatch) -> dict[str, Any]:
-    return {"shard": b.shard, "round": b.round, "digests": [_digest_obj(d) for d in b.digests],
+    return {"shard": b.shard, "shards": b.shards, "round": b.round, "digests": [_digest_obj(d) for d in b.digests],
             "created_at": float(b.created_at)}
 
 
@@ -305,8 +305,12 @@ def _digests(obj: Any, limits: Limits) -> DigestBatch:
     digests = tuple(_digest(d, f"digests[{i}]", limits) for i, d in enumerate(raw))
     if len({d.group_id for d in digests}) != len(digests):
         raise reject("duplicate_group", "two digests in one batch share a group id")
-    return DigestBatch(shard=expect_int(f["shard"], "shard", 0, MAX_SHARD), round=expect_int(f["round"], "round"),
-                       digests=digests, created_at=expect_timestamp(f["created_at"], "created_at"))
+    shard = expect_int(f["shard"], "shard", 0, MAX_SHARD)
+    shards = expect_int(f["shards"], "shards", 0, MAX_SHARD + 1)
+    if shards and shard >= shards:  # a sender publishes in one of its own M shards
+        raise reject("out_of_range", f"shard {shard} is not below the sender's shard count {shards}")
+    return DigestBatch(shard=shard, round=expect_int(f["round"], "round"), digests=digests,
+                       created_at=expect_timestamp(f["created_at"], "created_at"), shards=shards)
 
 
 def _pull(obj: Any, limits: Limits) -> PullRequest:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 # 2: a rollout group names the prompt format its completions were generated in (`format`).
 # 3: bounded fan-in: digest batches on shard topics, pull requests and responses (issue 32).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 TOPIC_ROLLOUTS = f"swarm-node/rollouts/{SCHEMA_VERSION}"
 TOPIC_POLICY = f"swarm-node/policy/{SCHEMA_VERSION}"
@@ -173,6 +173,7 @@ class DigestBatch:
     round: int
     digests: tuple[DigestWire, ...]
     created_at: float
+    shards: int = 0  # the sender's shard count M (0: it has not learnt one yet); newcomers learn M from these
 
     def __post_init__(self) -> None:
         _set(self, "digests", tuple(self.digests))

@@ -5,10 +5,13 @@ Contract:
   shard count, which follows the node's rule (`sharing/swarm_size.ShardCount`, hysteretic, a bounded step per
   epoch) from what it saw in the last epoch: the distinct digest senders of its shards and its connections. The
   nodes present at the start have run long enough to hold `shard_count(N)`; a node that joins later starts as
-  `join` does (`sharing/exchanges.py`: the shard count of `shard_size` peers, one shard) and learns. Shard topics
-  are gossipsub topics as the host runs them (`SHARD_GOSSIP`: the host's small meshes on digest topics). A new
-  epoch that changes a node's shards costs PRUNE/UNSUBSCRIBE to the old topic peers, GRAFT/SUBSCRIBE to the new
-  ones, and a dial to every new peer; one that changes nobody's costs nothing.
+  `join` does (one shard, `learning`: announcing M = 0) and, at the start of the round after the batches of
+  `learn_from_peers` distinct senders announcing an M reached it, takes their median and moves to its shard of it
+  (`ShardCount.learn`; the node moves at its flush, 0-5 s later), and back if fewer senders than that reach it there
+  the next round (`ShardCount.confirm`); its own estimate rules from the next epoch on.
+  Shard topics are gossipsub topics as the host runs them (`SHARD_GOSSIP`: the host's small meshes on digest
+  topics). A new epoch that changes a node's shards costs PRUNE/UNSUBSCRIBE to the old topic peers, GRAFT/SUBSCRIBE
+  to the new ones, and a dial to every new peer; one that changes nobody's costs nothing.
 - Wire sizes are the node's, encoded by its codec (simulations/scale_wire.py): a digest batch, a pull request, a
   served or refused pull, a push.
 - Each round a node publishes its I groups' digests (one DigestBatch) in one of its
@@ -44,23 +47,12 @@ from simulations.scale_model import (
     Record,
     ScaleSetup,
 )
-from simulations.scale_shards import Shard
+from simulations.scale_shards import SHARD_GOSSIP, Shard
 from simulations.scale_wire import WireSizes
 from swarm_node.sharing.fanin import Digest, FanInParams, choose_pulls, epoch_shards, shard_count
 from swarm_node.sharing.fanin_ledger import SERVE, PushBook, ServeBook
 from swarm_node.sharing.swarm_size import ShardCount
-from swarm_node.transport.libp2p.ipc import HostSettings
 
-# The host's gossipsub on a shard topic (transport/libp2p/router.py's small meshes, ipc.HostSettings.small_mesh_*):
-# a node grafts `small_mesh_degree` peers and takes GRAFTs up to `small_mesh_degree_high`, so meshes fill to that
-# bound (taken as every node's degree: the upper bound); its other topic peers (`GossipParams().connect` in all,
-# the connections bench.fanin_real arranges) get its own digests (flood publish), `small_mesh_lazy` of them IHAVE;
-# no IDONTWANT for a digest batch (under `idontwant_min_bytes`). Before the small meshes py-libp2p accepted every
-# GRAFT and meshes filled to `degree_high` (12): `HOST_GOSSIP_BEFORE`, as measured at N = 16 (no node got an IHAVE).
-_HOST = HostSettings()
-SHARD_GOSSIP = GossipParams(degree=_HOST.small_mesh_degree_high, connect=GossipParams().connect,
-                            lazy=_HOST.small_mesh_lazy, idontwant_min_bytes=_HOST.idontwant_min_bytes)
-HOST_GOSSIP_BEFORE = GossipParams(degree=_HOST.degree_high, connect=_HOST.degree_high, lazy=0)
 DIAL_MSGS, DIAL_BYTES = 4, 2048  # a new connection, each side: multistream-select, Noise XX, identify
 TICK_S = 1.0
 
@@ -87,6 +79,8 @@ class _Bounded:
         self.wire = WireSizes.of(setup)
         self.digest_msg = self.wire.digest_msg
         self.sizers = [ShardCount(params, shard_count(n, params)) for _ in range(n)]  # each node's own M
+        self.announced = [0] * n  # the M each node's batches announce this round (0 while learning)
+        self.learnt_now: set[int] = set()  # nodes that took their peers' M at this round's start
         self.hop_s = setup.link.latency_s + 2 * self.digest_msg * 8 / max(setup.link.uplink_bps, 1.0)
         self.leaving: set[int] = set()  # slots whose node leaves during this round
         self.flushed_at: list[float] = [-np.inf] * n  # each node's flush (digest) time in this round ...
@@ -139,10 +133,47 @@ class _Bounded:
             for u in self._topic_peers(v):
                 self._dial(v, u, t)
 
+    def learn(self, r: int, t: float) -> set[int]:
+        """Nodes still learning take their peers' M from the batches that reached them last round (the node's
+        `ShardCount.learn`), and move to their shards of it; at an epoch's start `new_epoch` moves them."""
+        learnt = set()
+        for v in range(self.s.n):
+            sizer = self.sizers[v]
+            if not self.alive[v] or not (sizer.learning or sizer.probation):
+                continue
+            senders = {p for _, p in self.arrivals[v]}
+            if not (sizer.confirm(len(senders)) or sizer.learn(self.announced[p] for p in senders)):
+                continue
+            learnt.add(v)
+            if r % self.p.epoch_rounds:
+                self._leave_shards(v, t)
+                self._join_shards(v, r, t)
+        return learnt
+
+    def _leave_shards(self, v: int, t: float, goodbye: bool = True) -> None:
+        """PRUNE and UNSUBSCRIBE to v's topic peers (unless it is gone); its mesh peers short of peers graft others."""
+        for u in self._topic_peers(v) if goodbye else ():
+            self._control(v, u, t)
+        for k in self.node_shards[v]:
+            if k in self.shards:
+                for a, b in self.shards[k].leave(v):
+                    self._control(a, b, t)
+                    self._dial(a, b, t)
+
+    def _join_shards(self, v: int, r: int, t: float) -> None:
+        """v joins its shards of `r`'s epoch at its M: a GRAFT (and a dial) to each mesh peer it picks."""
+        self.node_shards[v] = epoch_shards(self.seed[v], r // self.p.epoch_rounds, self.sizers[v].shards,
+                                           self.p.shards_per_node)
+        for k in self.node_shards[v]:
+            shard = self.shards.setdefault(k, Shard([], self.g, random.Random(self.rng.random())))
+            for a, b in shard.join(v):
+                self._control(a, b, t)
+                self._dial(a, b, t)
+
     def _shard_count(self, v: int, epoch: int) -> int:
-        """Node v's M for `epoch`: the swarm size rule of the node applied to what v saw in the last epoch (the
-        distinct digest senders of its shards: their members, since each member publishes in its shard)."""
-        if epoch == 0:
+        """Node v's M for `epoch`: the node's rule on what v saw in the last epoch (the distinct digest senders of its
+        shards: their members); one that took its peers' M at this round's start keeps it (it saw another M's)."""
+        if epoch == 0 or v in self.learnt_now:
             return self.sizers[v].shards
         heard = len(set().union(*(self.shards[k].members for k in self.node_shards[v] if k in self.shards)) - {v})
         return self.sizers[v].next_epoch(heard, len(self.connected[v]), len(self.node_shards[v]))
@@ -178,14 +209,8 @@ class _Bounded:
                 self.alive[v] = True
                 self.connected[v] = set()
                 self.heard[v].clear()
-                self.sizers[v] = ShardCount(self.p, shard_count(self.p.shard_size, self.p))  # as `join` starts
-                self.node_shards[v] = epoch_shards(self.seed[v], r // self.p.epoch_rounds, self.sizers[v].shards,
-                                                   self.p.shards_per_node)
-                for k in self.node_shards[v]:
-                    shard = self.shards.setdefault(k, Shard([], self.g, random.Random(self.rng.random())))
-                    for a, b in shard.join(v):
-                        self._control(a, b, t)
-                        self._dial(a, b, t)
+                self.sizers[v] = ShardCount(self.p, shard_count(self.p.shard_size, self.p), learning=True)  # `join`
+                self._join_shards(v, r, t)
             elif self.s.churn_per_min and self.rng.random() < self.s.leave_p():
                 self.record.alive[r, v] = False
                 self.leaving.add(v)
@@ -193,10 +218,7 @@ class _Bounded:
 
     def depart(self, t: float, v: int) -> None:
         self.alive[v] = False
-        for k in self.node_shards[v]:
-            for a, b in self.shards[k].leave(v):
-                self._control(a, b, t)
-                self._dial(a, b, t)
+        self._leave_shards(v, t, goodbye=False)
         for u in self.connected[v]:
             self.connected[u].discard(v)
 
@@ -210,6 +232,7 @@ class _Bounded:
             if not self.alive[v]:
                 continue
             offsets[v] = self.rng.uniform(0, s.publish_spread_s)
+            self.announced[v] = self.sizers[v].announced
             self.flushed_at[v] = start + offsets[v]
             if self.push_at_flush and self.flushed_at[v] - self.flushed_before[v] >= self.p.push_after_s:
                 self.links.at(self.flushed_at[v], self.push_unpulled, v, self.identity[v])
@@ -353,6 +376,7 @@ class _Bounded:
         s = self.s
         for r in range(s.rounds):
             start = r * s.round_s
+            self.learnt_now = self.learn(r, start)
             if r % self.p.epoch_rounds == 0:
                 self.new_epoch(r // self.p.epoch_rounds, start)
             self.churn(r, start)

@@ -18,6 +18,7 @@ that one method measures every N):
   publisher's message and the RPCs and bytes in and out per member (data copies, IDONTWANT, IHAVE with the ids
   of the last `window` heartbeats to each lazy peer; every member sees the same heartbeats with ids, those of the
   publish offsets).
+- `SHARD_GOSSIP`: the host's gossipsub on a digest topic (its small meshes); `HOST_GOSSIP_BEFORE`: py-libp2p's.
 """
 
 from __future__ import annotations
@@ -36,6 +37,18 @@ from simulations.scale_model import (
     ScaleSetup,
     regular_graph,
 )
+from swarm_node.transport.libp2p.ipc import HostSettings
+
+# The host's gossipsub on a shard topic (transport/libp2p/router.py's small meshes, ipc.HostSettings.small_mesh_*):
+# a node grafts `small_mesh_degree` peers and takes GRAFTs up to `small_mesh_degree_high`, so meshes fill to that
+# bound (taken as every node's degree: the upper bound); its other topic peers (`GossipParams().connect` in all,
+# the connections bench.fanin_real arranges) get its own digests (flood publish), `small_mesh_lazy` of them IHAVE;
+# no IDONTWANT for a digest batch (under `idontwant_min_bytes`). Before the small meshes py-libp2p accepted every
+# GRAFT and meshes filled to `degree_high` (12): `HOST_GOSSIP_BEFORE`, as measured at N = 16 (no node got an IHAVE).
+_HOST = HostSettings()
+SHARD_GOSSIP = GossipParams(degree=_HOST.small_mesh_degree_high, connect=GossipParams().connect,
+                            lazy=_HOST.small_mesh_lazy, idontwant_min_bytes=_HOST.idontwant_min_bytes)
+HOST_GOSSIP_BEFORE = GossipParams(degree=_HOST.degree_high, connect=_HOST.degree_high, lazy=0)
 
 
 @dataclass

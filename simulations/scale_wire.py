@@ -3,7 +3,8 @@
 Contract (pure): `WireSizes.of(setup)` encodes, with `protocol.codec.encode`, messages of the shape the node sends
 in `setup`'s setting and adds what carries them:
 - `digest_msg`: one DigestBatch of `groups_per_node` digests (16-byte ids, a "dataset:index" task label, 32-byte
-  hashes) plus `GOSSIP_OVERHEAD` (gossipsub's message fields and the RPC's signed sender record);
+  hashes; the shard count of N nodes announced) plus `GOSSIP_OVERHEAD` (gossipsub's message fields and the RPC's
+  signed sender record);
 - `pull_request`, `pull_response`, `push`: a pull/push stream's frame (4-byte length + envelope) of a PullRequest
   for one group, a PullResponse serving one group of `group_bytes`, a push of one such group, each plus
   `STREAM_OVERHEAD` (a stream's opening: yamux frames, multistream-select of the protocol id, the close);
@@ -25,6 +26,7 @@ from protocol.messages import (
     PullResponse,
 )
 from simulations.scale_model import GOSSIP_OVERHEAD, STREAM_OVERHEAD, ScaleSetup
+from swarm_node.sharing.fanin import FanInParams, shard_count
 from swarm_node.sharing.fanin_ledger import OVER_PULL
 from swarm_node.sharing.pull_stream import frame
 
@@ -45,7 +47,7 @@ class WireSizes:
     def of(cls, setup: ScaleSetup) -> WireSizes:
         digests = tuple(DigestWire(bytes([i]) * 16, f"{'t' * 12}:{i}", 0.1875, True, CONTENT_HASH)
                         for i in range(setup.groups_per_node))
-        batch = encode(DigestBatch(0, 1, digests, WHEN))
+        batch = encode(DigestBatch(0, 1, digests, WHEN, shards=shard_count(setup.n, FanInParams())))
         served = PullResponse((PulledGroup(GROUP_ID, bytes(setup.group_bytes)),), (), WHEN)
         refused = PullResponse((), (PullRefusal(GROUP_ID, OVER_PULL),), WHEN)
         return cls(digest_msg=GOSSIP_OVERHEAD + len(batch),

@@ -5,8 +5,9 @@ Contract: `EXCHANGES[name](transport, limits, policy)` builds a not-yet-started 
 parts `join` drives):
 - "flood": `TransportExchange`, every group gossiped to every peer on the rollout topic.
 - "bounded": `FaninExchange` (issue 32) with `FanInParams()` and a fresh secret shard seed per start. It starts on
-  one shard (digests reach every peer; pulls are bounded) and sets each next epoch's shard count from the swarm it
-  saw in the last one (`sharing/swarm_size.py`).
+  one shard (digests reach every peer; pulls are bounded), learning: in a running swarm it takes the shard count
+  its first digest senders announce, and from its first epoch change on it sets each next epoch's shard count from
+  the swarm it saw in the last one (`sharing/swarm_size.py`).
 """
 
 from __future__ import annotations
@@ -33,5 +34,5 @@ EXCHANGES.add("flood", TransportExchange)
 @EXCHANGES.register("bounded")
 def bounded(transport: Transport, limits: Limits, policy: AcceptPolicy) -> FaninExchange:
     params = FanInParams()
-    # One shard to start with (shard_count(n) is 1 for n <= shard_size); later epochs learn the swarm's size.
+    # One shard to start with (shard_count(n) is 1 for n <= shard_size), learning the swarm's M from its peers.
     return FaninExchange(transport, limits, policy, params, os.urandom(SHARD_SEED_BYTES), n_peers=params.shard_size)

@@ -2,7 +2,8 @@
 
 Contract (pure: no I/O, no clock; randomness and times are passed in):
 - Shards. The rollout topic is split into `shard_count(n_peers)` shards of about `shard_size` nodes (a node
-  learns n_peers from what it sees, hysteretically: `sharing/swarm_size.py`). For each
+  learns n_peers from what it sees, hysteretically; a node that joins first takes the median of the shard counts
+  its first digest senders announce: `sharing/swarm_size.py`). For each
   epoch of `epoch_rounds` rounds a node joins `shards_per_node` of them, chosen by `epoch_shards(seed, epoch, ...)`
   from a seed the node draws itself at start (secret, never derived from a peer id: ids are free to mint, so
   anything computed from them alone can be ground). Nobody else can steer which shards a node hears.
@@ -51,6 +52,7 @@ class FanInParams:
     shard_hysteresis: float = 0.25  # the swarm estimate must leave M's band by this fraction to change M
     max_shard_step: int = 4  # M grows or shrinks by at most this factor per epoch
     max_swarm_estimate: int = 1_000_000  # what the node may believe the swarm's size to be, at most
+    learn_from_peers: int = 3  # a node that joins takes the median of this many distinct senders' M at least
     serve_streams: int = 16  # pull (and, apart, push) streams a node serves at once; more are reset unread
     serve_streams_per_peer: int = 2  # ... of them from one peer (an honest one opens one per round)
 
@@ -58,7 +60,7 @@ class FanInParams:
         for name in ("shard_size", "shards_per_node", "epoch_rounds", "pull_target", "max_pulls_per_sender",
                      "serve_per_round", "serve_per_requester", "serve_rounds", "pushes_accepted_per_round",
                      "pushes_accepted_per_sender", "serve_streams", "serve_streams_per_peer", "max_shard_step",
-                     "max_swarm_estimate"):
+                     "max_swarm_estimate", "learn_from_peers"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"FanInParams.{name} must be a positive int, got {value!r}")

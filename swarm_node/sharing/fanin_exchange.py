@@ -24,7 +24,12 @@ Contract (the design is `sharing/fanin.py`, the bookkeeping `sharing/fanin_ledge
   ones it no longer holds (`Transport.unsubscribe`: their digests stop reaching it and it stops forwarding them).
   The new epoch's shard count M comes from the last one's view of the swarm (`shard_sizer`, a
   `swarm_size.ShardCount` started at `fanin.shard_count(n_peers)`): distinct digest senders heard on our shards
-  and connected peers, hysteretic and bounded.
+  and connected peers, hysteretic and bounded. A node starts `learning`: its batches announce M = 0, and at the
+  first flush after `learn_from_peers` distinct senders announced theirs (a batch's `shards`), it takes their
+  median as its M and moves to its shards of that M at once (not waiting for the epoch's end), so that the
+  newcomers of an epoch do not all sit on shard 0; our batches announce our M from then on. If the next round
+  brings fewer than `learn_from_peers` distinct senders on the new shards, it goes back to learning on shard 0
+  (`ShardCount.confirm`: a lying majority cannot park it alone on an empty shard for the epoch).
 """
 
 from __future__ import annotations
@@ -105,7 +110,7 @@ class FaninExchange:
                  rescore: Rescore = claimed_rewards) -> None:
         self.transport, self.limits, self.policy, self.params = transport, limits, policy, params
         self.seed, self.clock, self.rescore = seed, clock, rescore
-        self.shard_sizer = ShardCount(params, shard_count(n_peers, params))  # M, learnt epoch by epoch
+        self.shard_sizer = ShardCount(params, shard_count(n_peers, params), learning=True)  # M, learnt
         self.replay = ReplayGuard(limits.max_age_s)
         self.accepted = AcceptedMessages()
         self.round = 0
@@ -122,6 +127,7 @@ class FaninExchange:
         self._published_at: dict[str, float] = {}  # our current round's group ids (hex) -> when their digest went out
         self._pulled: set[str] = set()  # ... and those somebody pulled
         self._shard_peers: set[str] = set()  # peers whose digests we heard this epoch: push fallback targets
+        self._announced: dict[str, int] = {}  # ... and the shard count each announced (learning our first M)
         self._epoch = -1
         self.push_book = PushBook(params)
         self._inbox: list[Received] = []
@@ -149,11 +155,15 @@ class FaninExchange:
 
     async def _join_epoch(self) -> None:
         epoch = epoch_of(self.round, self.params)
+        heard = len(self._shard_peers - {self.peer_id})
+        learnt = self.shard_sizer.confirm(heard) or self.shard_sizer.learn(self._announced.values())
+        if learnt:  # what we heard was of the shards we leave now
+            self._shard_peers, self._announced = set(), {}
         if epoch != self._epoch:
-            if self._epoch >= 0:  # what the last epoch showed of the swarm sets this one's shard count
+            if self._epoch >= 0 and not learnt:  # what the last epoch showed of the swarm sets this one's M
                 heard = len(self._shard_peers - {self.peer_id})
                 self.shard_sizer.next_epoch(heard, await self._connected(), len(self.shards))
-            self._epoch, self._shard_peers = epoch, set()
+            self._epoch, self._shard_peers, self._announced = epoch, set(), {}
         self.shards = epoch_shards(self.seed, epoch, self.shard_sizer.shards, self.params.shards_per_node)
         for shard in sorted(self._joined - set(self.shards)):  # last epoch's: their digests stop reaching us
             self._joined.discard(shard)
@@ -193,6 +203,7 @@ class FaninExchange:
         if not isinstance(msg, DigestBatch) or msg.shard not in self.shards:
             return
         self._shard_peers.add(delivery.from_peer)
+        self._announced[delivery.from_peer] = msg.shards
         for d in msg.digests:
             key = d.group_id.hex()
             self._candidates[key] = (msg.round, Digest(key, delivery.from_peer, d.task, d.reward_variance,
@@ -243,8 +254,8 @@ class FaninExchange:
             signal, variance = reward_stats(claimed_rewards(g))
             digests.append(DigestWire(g.group_id, task_label(g), variance, signal, group_content_hash(g)))
         shard = self.shards[self.round % len(self.shards)]
-        await self.transport.publish(digest_topic(shard), encode(DigestBatch(shard, self.round, digests,
-                                                                             now)))
+        batch = DigestBatch(shard, self.round, digests, now, shards=self.shard_sizer.announced)
+        await self.transport.publish(digest_topic(shard), encode(batch))
         self._push_timer = asyncio.get_running_loop().call_later(self.params.push_after_s, self._push_when_due)
         return 1
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from protocol.codec import encode, encode_group, group_content_hash
+from protocol.codec import decode, encode, encode_group, group_content_hash
 from protocol.limits import Limits
 from protocol.messages import (
     CompletionWire,
@@ -427,3 +427,57 @@ def test_the_next_epoch_takes_its_shard_count_from_the_digest_senders_heard() ->
     sizes, topics = asyncio.run(main())
     assert sizes == {name: (2, 8) for name in NAMES}
     assert topics == {name: (digest_topic(epoch_shards(SEEDS[i], 1, 2, 1)[0]),) for i, name in enumerate(NAMES)}
+
+
+def test_a_node_that_joins_takes_the_median_shard_count_its_first_senders_announce() -> None:
+    """n4 joins as `join` starts it (n_peers = shard size: M = 1, learning): its first batch, on shard 0, announces
+    M = 0. n1, n2, n3 announce M = 5, 40 and 6 on shard 0 and n0 announces 0 (learning too: left out), so at its
+    next flush n4 takes the lower median of (5, 6, 40), 6, mid-epoch: it leaves shard 0 for its epoch-0 shard of 6
+    (seed2: shard 4) and announces 6 there. Nobody else is on shard 4 (a swarm of 6 shards would have members
+    there): at the flush after, n4 goes back to shard 0, learning, and announces 0 again."""
+    async def main() -> tuple[list[tuple[int, int]], tuple[int, ...], int, bool, list[tuple[str, ...]],
+                              tuple[tuple[int, ...], int, bool]]:
+        hub = MemoryHub()
+        peers = {name: MemoryTransport(hub, name) for name in NAMES[:4]}
+        n4 = MemoryTransport(hub, "n4")
+        ex = FaninExchange(n4, LIMITS, accept_policy_for(SOURCE), PARAMS, SEEDS[4], PARAMS.shard_size)
+        seen: list[tuple[int, int]] = []
+        for t in (*peers.values(), n4):
+            await t.start()
+        await ex.start()
+        for topic in (digest_topic(0), digest_topic(4)):
+            await peers["n0"].subscribe(topic, lambda d: seen.append((_decoded(d.data).shard, _decoded(d.data).shards))
+                                        if d.from_peer == "n4" else None)
+        for name in peers:
+            await n4.connect(memory_addr(name))
+        now = time.time()
+        ex.publish([_group(4, 0, now)])
+        await ex.flush()
+        for i, (name, shards) in enumerate((("n0", 0), ("n1", 5), ("n2", 40), ("n3", 6))):
+            digests = (DigestWire(bytes([i, 9]) * 8, "chain_sum:1", 0.0, False, b"\xaa" * 32),)  # no signal: no pull
+            await peers[name].publish(digest_topic(0), encode(DigestBatch(0, 1, digests, now, shards=shards)))
+        await hub.settle()
+        ex.publish([_group(4, 1, now)])
+        await ex.flush()
+        await hub.settle()
+        topics = [p.topics for p in await peers["n1"].peers()]
+        learnt = ex.shards, ex.shard_sizer.shards, ex.shard_sizer.learning
+        ex.publish([_group(4, 2, now)])
+        await ex.flush()
+        await hub.settle()
+        out = seen, *learnt, topics, (ex.shards, ex.shard_sizer.shards, ex.shard_sizer.learning)
+        for t in (*peers.values(), n4):
+            await t.stop()
+        return out
+
+    seen, shards, count, learning, topics, back = asyncio.run(main())
+    assert seen == [(0, 0), (4, 6), (0, 0)]
+    assert (shards, count, learning) == ((4,), 6, False)
+    assert topics == [(digest_topic(4),)]  # shard 0 left
+    assert back == ((0,), 1, True)
+
+
+def _decoded(data: bytes) -> DigestBatch:
+    msg = decode(data, LIMITS)
+    assert isinstance(msg, DigestBatch)
+    return msg

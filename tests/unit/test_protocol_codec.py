@@ -62,7 +62,7 @@ def fails(data: bytes, limits: Limits = Limits(), now: float | None = None) -> W
 def test_status_exact_bytes() -> None:
     expected = (
         b"\x83"                                         # fixmap, 3 entries: the envelope
-        b"\xa1v" b"\x03"                                # "v": 3
+        b"\xa1v" b"\x04"                                # "v": 4
         b"\xa4type" b"\xa6status"                       # "type": "status"
         b"\xa4body" b"\x86"                             # "body": fixmap, 6 entries
         b"\xa4role" b"\xa4peer"
@@ -78,7 +78,7 @@ def test_status_exact_bytes() -> None:
 
 def test_rollout_exact_bytes_with_little_endian_blobs() -> None:
     expected = (
-        b"\x83\xa1v\x03\xa4type\xa8rollouts\xa4body"
+        b"\x83\xa1v\x04\xa4type\xa8rollouts\xa4body"
         b"\x81\xa6groups\x91"                           # {"groups": [ one group ]}
         b"\x89"                                         # the group: 9 keys
         b"\xa2id\xc4\x10" + bytes(range(16))            # bin8 of 16 bytes
@@ -289,23 +289,23 @@ def test_largest_valid_message_fits_the_parse_budget() -> None:
 
 
 def test_unknown_version_is_ignored_even_with_an_unknown_body() -> None:
-    for data in (pack({"v": 4, "type": "status", "body": raw(status())["body"]}),
-                 pack({"v": 4, "kind": "something new", "payload": [1, 2, 3]}),
+    for data in (pack({"v": 5, "type": "status", "body": raw(status())["body"]}),
+                 pack({"v": 5, "kind": "something new", "payload": [1, 2, 3]}),
                  pack({"v": 0})):
         err = fails(data)
         assert (err.reason, err.verdict) == ("unknown_version", Verdict.IGNORE)
 
 
 def test_a_peer_of_another_schema_version_is_refused_naming_both_versions() -> None:
-    """Schema 3 added bounded fan-in's digests and pulls: a schema-2 peer's messages are ignored (so are schema 1's),
-    the reason one line naming both versions."""
-    assert SCHEMA_VERSION == 3
-    for old_version in (2, 1):
+    """Schema 4 added the sender's shard count to digest batches (schema 3: bounded fan-in's digests and pulls): a
+    schema-3 peer's messages are ignored (so are schema 2's and 1's), the reason one line naming both versions."""
+    assert SCHEMA_VERSION == 4
+    for old_version in (3, 2, 1):
         old = raw(status())
         old["v"] = old_version
         err = fails(pack(old))
         assert (err.reason, err.verdict) == ("unknown_version", Verdict.IGNORE)
-        assert err.detail == f"the sender speaks schema version {old_version}, this node speaks 3"
+        assert err.detail == f"the sender speaks schema version {old_version}, this node speaks 4"
 
 
 def test_freshness_window_ignores_stale_and_future() -> None:

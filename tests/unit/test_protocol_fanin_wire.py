@@ -1,4 +1,4 @@
-"""Bounded fan-in's wire messages (schema 3): digest batches, pull requests and responses, byte for byte, and
+"""Bounded fan-in's wire messages (schema 4): digest batches, pull requests and responses, byte for byte, and
 what a hostile peer's bytes get (a precise reason, bounded work, nothing decoded before the hash check)."""
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def digest(group_id: bytes = ID0, **overrides: Any) -> DigestWire:
     return DigestWire(**fields)
 
 
-def batch(*digests: DigestWire, shard: int = 1, created_at: float = 100.0) -> DigestBatch:
-    return DigestBatch(shard=shard, round=7, digests=digests or (digest(),), created_at=created_at)
+def batch(*digests: DigestWire, shard: int = 1, created_at: float = 100.0, shards: int = 0) -> DigestBatch:
+    return DigestBatch(shard=shard, round=7, digests=digests or (digest(),), created_at=created_at, shards=shards)
 
 
 def group(group_id: bytes = ID0, created_at: float = 1e9) -> RolloutGroup:
@@ -75,9 +75,9 @@ def fails(data: bytes, limits: Limits | None = None) -> WireError:
 
 def test_digest_batch_exact_bytes() -> None:
     expected = (
-        b"\x83\xa1v\x03\xa4type\xa7digests\xa4body"
-        b"\x84"                                          # the body: 4 keys
-        b"\xa5shard\x01\xa5round\x07"
+        b"\x83\xa1v\x04\xa4type\xa7digests\xa4body"
+        b"\x85"                                          # the body: 5 keys
+        b"\xa5shard\x01\xa6shards\x03\xa5round\x07"           # shard 1 of the sender's 3
         b"\xa7digests\x91\x85"                           # one digest of 5 keys
         b"\xa2id\xc4\x10" + ID0
         + b"\xa4task\xabchain_sum:5"
@@ -86,15 +86,17 @@ def test_digest_batch_exact_bytes() -> None:
         b"\xa4hash\xc4\x20" + HASH
         + b"\xaacreated_at\xcb" + struct.pack(">d", 100.0)
     )
-    assert encode(batch()) == expected
-    assert decode(expected, Limits()) == batch()
-    assert len(expected) == 170
+    assert encode(batch(shards=3)) == expected
+    assert decode(expected, Limits()) == batch(shards=3)
+    assert len(expected) == 178
+    # 0: the sender has not learnt a shard count yet (it publishes in shard 0 of its own M = 1 meanwhile).
+    assert decode(encode(batch(shard=0)), Limits()).shards == 0
 
 
 def test_pull_request_exact_bytes_ids_as_one_blob() -> None:
     second = b"\x01" * 16
     expected = (
-        b"\x83\xa1v\x03\xa4type\xa4pull\xa4body\x83"
+        b"\x83\xa1v\x04\xa4type\xa4pull\xa4body\x83"
         b"\xa5round\x07"
         b"\xa3ids\xc4\x20" + ID0 + second              # two 16-byte ids in one bin
         + b"\xaacreated_at\xcb" + struct.pack(">d", 100.0)
@@ -111,7 +113,7 @@ def test_pull_response_exact_bytes_carries_the_group_encoding_unparsed() -> None
     assert len(encoded) == 229  # the 261-byte rollout example of WIRE.md less its envelope and groups array
     refused = b"\x02" * 16
     expected = (
-        b"\x83\xa1v\x03\xa4type\xa6pulled\xa4body\x83"
+        b"\x83\xa1v\x04\xa4type\xa6pulled\xa4body\x83"
         b"\xa6groups\x91\x82\xa2id\xc4\x10" + ID0 + b"\xa5group\xc4" + bytes([len(encoded)]) + encoded
         + b"\xa7refused\x91\x82\xa2id\xc4\x10" + refused + b"\xa6reason\xa4busy"
         + b"\xaacreated_at\xcb" + struct.pack(">d", 100.0)
@@ -179,6 +181,11 @@ def _with_digest(**changes: Any) -> bytes:
     ("digest extra key", lambda: _with_digest(x=0), "bad_schema"),
     ("no digests", lambda: _with_body(batch(), digests=[]), "bad_schema"),
     ("shard past the range", lambda: _with_body(batch(), shard=2**16), "out_of_range"),
+    ("shard count past the range", lambda: _with_body(batch(), shards=2**16 + 1), "out_of_range"),
+    ("shard not below the shard count", lambda: _with_body(batch(), shard=3, shards=3), "out_of_range"),
+    ("shard count as a bool", lambda: _with_body(batch(), shards=True), "bad_schema"),
+    ("no shard count", lambda: pack({**raw(encode(batch())), "body": {
+        k: v for k, v in raw(encode(batch()))["body"].items() if k != "shards"}}), "bad_schema"),
     ("duplicate digest", lambda: encode(batch(digest(), digest(task="other"))), "duplicate_group"),
     ("65 digests", lambda: encode(batch(*(digest(i.to_bytes(16, "big")) for i in range(65)))),
      "too_many_digests"),
@@ -210,16 +217,16 @@ def test_largest_valid_fanin_messages_decode_and_many_tiny_objects_do_not() -> N
                            tuple(PullRefusal((100 + i).to_bytes(16, "big"), "busy") for i in range(8)), 100.0)
     assert decode(encode(answers), limits) == answers
     # An array of 200,000 tiny arrays in a digest batch is refused while being built (bounded CPU and memory).
-    flood = pack({"v": 3, "type": "digests", "body": {"shard": 0, "round": 0, "digests": [[]] * 200_000,
+    flood = pack({"v": 4, "type": "digests", "body": {"shard": 0, "round": 0, "digests": [[]] * 200_000,
                                                        "created_at": 1.0}})
     assert fails(flood).reason == "too_large"
 
 
 def test_digest_topics_carry_their_shard_only() -> None:
-    assert digest_topic(5) == "swarm-node/digests/3/5"
-    assert topic_type("swarm-node/digests/3/5") is DigestBatch
-    for not_ours in ("swarm-node/digests/3/05", "swarm-node/digests/3/+5", "swarm-node/digests/3/",
-                     "swarm-node/digests/3/65536", "swarm-node/digests/2/5"):
+    assert digest_topic(5) == "swarm-node/digests/4/5"
+    assert topic_type("swarm-node/digests/4/5") is DigestBatch
+    for not_ours in ("swarm-node/digests/4/05", "swarm-node/digests/4/+5", "swarm-node/digests/4/",
+                     "swarm-node/digests/4/65536", "swarm-node/digests/3/5"):
         assert topic_type(not_ours) is None, not_ours
     policy = AcceptPolicy(tasks=frozenset(), max_index=1)
 

@@ -135,7 +135,7 @@ def test_stale_future_and_unknown_version_are_ignored() -> None:
     assert outcome(validate(batch(group(created_at=NOW - 61.0)))) == (Verdict.IGNORE, "stale")
     assert outcome(validate(batch(group(created_at=NOW + 6.0)))) == (Verdict.IGNORE, "future")
     assert outcome(validate(status(NOW - 61.0), topic=TOPIC_STATUS)) == (Verdict.IGNORE, "stale")
-    newer = msgpack.packb({"v": 4, "type": "rollouts", "body": {"groups": "new layout"}}, use_bin_type=True)
+    newer = msgpack.packb({"v": 5, "type": "rollouts", "body": {"groups": "new layout"}}, use_bin_type=True)
     assert outcome(validate(newer)) == (Verdict.IGNORE, "unknown_version")
 
 

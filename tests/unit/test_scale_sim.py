@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from simulations.scale_bounded import HOST_GOSSIP_BEFORE, SHARD_GOSSIP, _Bounded
+from simulations.scale_bounded import _Bounded
 from simulations.scale_flood import _Flood, data_copies, flood_counts, simulate_flood
 from simulations.scale_model import (
     CONTROL_BYTES,
@@ -20,7 +20,7 @@ from simulations.scale_model import (
     GossipParams,
     ScaleSetup,
 )
-from simulations.scale_shards import Shard
+from simulations.scale_shards import HOST_GOSSIP_BEFORE, SHARD_GOSSIP, Shard
 from simulations.scale_sim import DESIGNS, measure
 from simulations.scale_wire import WireSizes
 from swarm_node.sharing.fanin import FanInParams, epoch_shards, shard_count
@@ -123,6 +123,22 @@ def test_churn_replaces_nodes_and_only_whole_rounds_count() -> None:
     assert dataclasses.replace(sim.s, churn_per_min=0.3).leave_p() == pytest.approx(1 - 0.7 ** (1 / 6))
 
 
+def test_a_node_that_joins_takes_the_swarms_shard_count_after_its_first_round() -> None:
+    """30% churn a minute at N = 100 (4 shards of 25; seed 0, 30 rounds): a newcomer starts as `join` does (M = 1,
+    learning: shard 0, announcing 0) and at the next round's start takes the M its first senders announce, 4, and
+    its shard of 4; so shard 0 does not collect the newcomers, and shards stay near 25 members."""
+    sim = bounded_run(100, rounds=30, push_at_flush=False, churn_per_min=0.3)
+    alive = [v for v in range(100) if sim.alive[v]]
+    learning = [v for v in alive if sim.sizers[v].learning]
+    # 150 newcomers in 30 rounds; 96 nodes alive at the end, 9 of them joined at the last round's start.
+    assert (sim.next_identity, len(alive), len(learning)) == (250, 96, 9)
+    assert all(sim.node_shards[v] == (0,) and sim.announced[v] == 0 for v in learning)
+    assert all(sim.sizers[v].shards == 4 and sim.node_shards[v] == epoch_shards(sim.seed[v], 2, 4, 1)
+               for v in alive if v not in learning)
+    assert sorted(len(shard.members) for shard in sim.shards.values()) == [19, 20, 25, 32]  # 0: with the 9 learning
+    assert sim.record.metrics()["rounds_with_J_frac"] == 1.0
+
+
 def test_shard_gossip_is_the_hosts_small_mesh_on_digest_topics() -> None:
     # transport/libp2p/ipc.HostSettings: meshes of at most 4 on digest topics, IHAVE to 2, no IDONTWANT under 1 KiB;
     # 12 topic peers in all (bench.fanin_real's connections).
@@ -160,12 +176,13 @@ def test_a_digest_goes_to_every_topic_peer_and_ihave_only_to_the_lazy_ones() -> 
 
 
 def test_the_small_meshes_bring_the_p99_under_ten_times_j_groups() -> None:
-    # Two shards of 25 (seed 0, 4 measured rounds): py-libp2p's meshes of 12 against the host's small meshes.
+    # Two shards of 25 (seed 0, 4 measured rounds): py-libp2p's meshes of 12 against the host's small meshes
+    # (schema 4's digest batch, 8 bytes longer than schema 3's: [309.0, 328.9] and [149.8, 165.8] before).
     before = bounded_run(50, push_at_flush=False, gossip=HOST_GOSSIP_BEFORE).record.metrics()
     after = bounded_run(50, push_at_flush=False).record.metrics()
     target = 10 * 4 * 5.0  # KB: 10 times the bytes of J groups
     p99 = ("inbound_kb_per_round_p99", "outbound_kb_per_round_p99")
-    assert [round(before[k], 1) for k in p99] == [309.0, 328.9]
-    assert [round(after[k], 1) for k in p99] == [149.8, 165.8]
+    assert [round(before[k], 1) for k in p99] == [311.2, 331.0]
+    assert [round(after[k], 1) for k in p99] == [150.6, 166.5]
     assert max(after["inbound_kb_per_round_p99"], after["outbound_kb_per_round_p99"]) < target
     assert after["rounds_with_J_frac"] == before["rounds_with_J_frac"] == 1.0

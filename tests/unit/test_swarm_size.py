@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from swarm_node.sharing.fanin import FanInParams
-from swarm_node.sharing.swarm_size import ShardCount, estimate_swarm, threshold
+from swarm_node.sharing.swarm_size import ShardCount, announced_shard_count, estimate_swarm, threshold
 
 P = FanInParams()  # shard_size 24, one shard per node, hysteresis 0.25, step 4
 
@@ -55,3 +55,52 @@ def test_the_shard_count_grows_and_shrinks_by_at_most_the_step_per_epoch() -> No
     assert shrunk == [104, 26, 7]
     with pytest.raises(ValueError):
         ShardCount(P, 0)
+
+
+def test_a_joining_node_takes_the_lower_median_of_the_shard_counts_announced() -> None:
+    assert announced_shard_count([41, 29, 52], P) == 41
+    assert announced_shard_count([41, 29, 52, 58], P) == 41  # the lower median: a value somebody announced
+    assert announced_shard_count([41, 0, 0, 29, 0, 52], P) == 41  # 0: a sender still learning, left out
+    assert announced_shard_count([41, 29], P) is None  # fewer than learn_from_peers (3)
+    assert announced_shard_count([0, 0, 0, 41], P) is None
+    # Fewer than half the senders cannot move the median outside the honest ones' values: 4 honest, 3 liars.
+    assert announced_shard_count([41, 41, 40, 42, 65536, 65536, 65536], P) == 42
+    assert announced_shard_count([41, 41, 40, 42, 1, 1, 1], P) == 40
+    # Half or more can (then it is bounded by the largest M that max_swarm_estimate allows: 1,000,000 // 24).
+    assert announced_shard_count([41, 65536, 65536], P) == 41_666
+    three = dataclasses.replace(P, learn_from_peers=1)
+    assert announced_shard_count([7], three) == 7
+
+
+def test_a_learning_node_announces_zero_and_takes_its_peers_m_once_then_follows_its_own_estimate() -> None:
+    count = ShardCount(P, 1, learning=True)
+    assert (count.announced, count.learning) == (0, True)
+    assert not count.learn([41, 29])  # too few
+    assert (count.shards, count.announced) == (1, 0)
+    assert count.learn([41, 29, 52, 0])  # no step cap: 1 -> 41 at once
+    assert (count.shards, count.announced, count.learning) == (41, 41, False)
+    assert not count.learn([100, 100, 100])  # learnt once: from now on only its own estimate moves M
+    assert count.shards == 41
+    # 24 heard in a shard of 41: an estimate of 25 * 41 = 1,025, inside 41's band [984 * 0.75, 1,008 * 1.25).
+    assert (count.next_epoch(24, 12, 1), count.estimate) == (41, 1025)
+    # A node that reaches an epoch's end still learning (a swarm that started together) follows its estimate.
+    alone = ShardCount(P, 1, learning=True)
+    assert (alone.next_epoch(59, 0, 1), alone.learning, alone.announced) == (2, False, 2)
+    assert not alone.learn([41, 41, 41])
+    assert ShardCount(P, 3).announced == 3  # not learning (the default): it announces its M
+
+
+def test_an_m_taken_from_peers_that_the_next_round_does_not_confirm_is_dropped_for_learning_again() -> None:
+    count = ShardCount(P, 1, learning=True)
+    assert not count.confirm(0)  # nothing taken yet: nothing to confirm
+    assert count.learn([41, 41, 41]) and count.probation
+    assert not count.confirm(3)  # 3 distinct senders on the new shard (learn_from_peers): kept
+    assert (count.shards, count.learning, count.probation) == (41, False, False)
+    assert not count.confirm(0)  # confirmed once: no longer on probation
+    lied_to = ShardCount(P, 1, learning=True)
+    assert lied_to.learn([65536, 65536, 41])  # the liars are the majority: a shard nobody else is in
+    assert lied_to.confirm(2)  # 2 senders there: back to the starting M, learning
+    assert (lied_to.shards, lied_to.learning, lied_to.announced, lied_to.probation) == (1, True, 0, False)
+    assert lied_to.learn([41, 41, 41, 65536, 65536]) and lied_to.shards == 41
+    # An epoch change ends the probation (the node's own estimate rules from then on).
+    assert lied_to.next_epoch(0, 0, 1) == 11 and not lied_to.probation  # 41 / 4, rounded up
