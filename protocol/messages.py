@@ -174,9 +174,11 @@ class DigestBatch:
     digests: tuple[DigestWire, ...]
     created_at: float
     shards: int = 0  # the sender's shard count M (0: it has not learnt one yet); newcomers learn M from these
+    addrs: tuple[str, ...] = ()  # the sender's dialable addresses (`protocol.addrs`): a receiver not connected dials
 
     def __post_init__(self) -> None:
         _set(self, "digests", tuple(self.digests))
+        _set(self, "addrs", tuple(self.addrs))
 
 
 @dataclass(frozen=True)

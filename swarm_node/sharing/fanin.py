@@ -55,12 +55,14 @@ class FanInParams:
     learn_from_peers: int = 3  # a node that joins takes the median of this many distinct senders' M at least
     serve_streams: int = 16  # pull (and, apart, push) streams a node serves at once; more are reset unread
     serve_streams_per_peer: int = 2  # ... of them from one peer (an honest one opens one per round)
+    dials_per_round: int = 4  # new connections a node dials per round to reach digest senders (`sender_dial`)
+    dial_backoff_rounds: int = 3  # an IP whose dial failed is not dialled again for this many rounds
 
     def __post_init__(self) -> None:
         for name in ("shard_size", "shards_per_node", "epoch_rounds", "pull_target", "max_pulls_per_sender",
                      "serve_per_round", "serve_per_requester", "serve_rounds", "pushes_accepted_per_round",
                      "pushes_accepted_per_sender", "serve_streams", "serve_streams_per_peer", "max_shard_step",
-                     "max_swarm_estimate", "learn_from_peers"):
+                     "max_swarm_estimate", "learn_from_peers", "dials_per_round", "dial_backoff_rounds"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"FanInParams.{name} must be a positive int, got {value!r}")
