@@ -1,11 +1,11 @@
 """The dialable addresses a digest batch may carry (schema 4): `/ip4/<a>/tcp/<port>` and `/ip6/<a>/tcp/<port>`.
 
 Contract (sans-I/O, stdlib only): `parse_dial_addr(text)` returns `(ip, port)` for an address in canonical form
-(the IP as Python's `ipaddress` writes it: dotted quad, compressed lower-case IPv6; the port in decimal without a
-leading zero, 1..65535; no IPv6 zone), else None. No DNS names (a name is resolved at dial time, so a receiver could not check
-what it dials before it does), no relay or other protocols, no `/p2p/` part: the address is the gossip signer's, and
-the receiver appends the signer's peer id itself. One spelling per address keeps the receivers' per-address
-caps exact.
+(the IP as Python's `ipaddress` writes it: dotted quad, compressed lower-case IPv6, no zone; the port in decimal
+without a leading zero, 1..65535), else None. No DNS names (a name is resolved at dial time, so a receiver could
+not check what it dials before it does), no relay or other protocols, no `/p2p/` part: the address is the gossip
+signer's, and the receiver appends the signer's peer id itself. One spelling per address keeps the receivers'
+per-address caps exact.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Contract:
 - `scope(ip)`: "public", "private", "link_local", "loopback", or "never" (unspecified, multicast, reserved, shared
   and other special ranges: never dialled). An IPv4-mapped IPv6 address has its IPv4 address's scope.
 - `announced_addrs(listen_addrs, limit)`: the addresses a node puts in its digest batches: its listen addresses in
-  the form `protocol.addrs` accepts (the `/p2p/` part dropped), none of scope "never", distinct, public first, then
-  private, link-local, loopback; at most `limit`.
+  the form `protocol.addrs` accepts (the `/p2p/` part dropped), distinct, of its widest scope only (public, else
+  private, else link-local, else loopback: a node with a public address does not tell the swarm its LAN's), in
+  order, at most `limit`.
 - `own_scopes(listen_addrs)`: the scopes of the networks the node itself listens on.
 - `dialable(addrs, own)`: the addresses learnt from a peer that this node may dial, in the sender's order: public
   ones, and private, link-local or loopback ones only when the node itself listens on a network of that scope
@@ -25,7 +26,7 @@ from collections.abc import Collection, Iterable, Mapping
 from protocol.addrs import IPAddress, parse_dial_addr
 from swarm_node.sharing.fanin import FanInParams
 
-SCOPE_ORDER = ("public", "private", "link_local", "loopback")  # what a node announces first
+SCOPE_ORDER = ("public", "private", "link_local", "loopback")  # widest first
 NEVER = "never"
 
 
@@ -62,8 +63,9 @@ def _scoped(addrs: Iterable[str]) -> list[tuple[str, str]]:
 
 
 def announced_addrs(listen_addrs: Iterable[str], limit: int) -> tuple[str, ...]:
-    ranked = sorted(((a, s) for a, s in _scoped(listen_addrs) if s != NEVER), key=lambda e: SCOPE_ORDER.index(e[1]))
-    return tuple(a for a, _ in ranked[:limit])
+    scoped = _scoped(listen_addrs)
+    widest = next((s for s in SCOPE_ORDER if any(s == own for _, own in scoped)), NEVER)
+    return tuple(a for a, s in scoped if s == widest)[:limit] if widest != NEVER else ()
 
 
 def own_scopes(listen_addrs: Iterable[str]) -> frozenset[str]:

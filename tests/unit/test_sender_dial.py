@@ -27,12 +27,16 @@ def test_scope_of_an_ip(ip: str, expected: str) -> None:
     assert scope(ipaddress.ip_address(ip)) == expected
 
 
-def test_a_node_announces_its_ip_addresses_public_first_without_its_peer_id() -> None:
+def test_a_node_announces_the_ip_addresses_of_its_widest_scope_without_its_peer_id() -> None:
     listen = [f"{LOOPBACK}/p2p/QmMe", f"{PRIVATE}/p2p/QmMe", "/ip4/0.0.0.0/tcp/4001/p2p/QmMe", f"{PUBLIC}/p2p/QmMe",
-              "/memory/QmMe/p2p/QmMe", "/ip4/8.8.8.8/tcp/4001/p2p/QmMe/p2p-circuit", PUBLIC, LINK_LOCAL]
-    assert announced_addrs(listen, 4) == (PUBLIC, PRIVATE, LINK_LOCAL, LOOPBACK)
-    assert announced_addrs(listen, 2) == (PUBLIC, PRIVATE)
-    assert announced_addrs(["/memory/QmMe/p2p/QmMe"], 4) == ()
+              "/memory/QmMe/p2p/QmMe", "/ip4/8.8.8.8/tcp/4001/p2p/QmMe/p2p-circuit", PUBLIC, LINK_LOCAL, PUBLIC6]
+    assert announced_addrs(listen, 4) == (PUBLIC, PUBLIC6)
+    assert announced_addrs(listen, 1) == (PUBLIC,)
+    assert announced_addrs([LOOPBACK, PRIVATE, LINK_LOCAL, "/ip4/192.168.0.2/tcp/1"], 4) == (
+        PRIVATE, "/ip4/192.168.0.2/tcp/1")
+    assert announced_addrs([f"{LOOPBACK}/p2p/QmMe", LINK_LOCAL], 4) == (LINK_LOCAL,)
+    assert announced_addrs([f"{LOOPBACK}/p2p/QmMe"], 4) == (LOOPBACK,)
+    assert announced_addrs(["/memory/QmMe/p2p/QmMe", "/ip4/0.0.0.0/tcp/1"], 4) == ()
     assert own_scopes(listen) == frozenset({"public", "private", "link_local", "loopback"})
     assert own_scopes([f"{LOOPBACK}/p2p/QmMe"]) == frozenset({"loopback"})
 
