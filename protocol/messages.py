@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 # 2: a rollout group names the prompt format its completions were generated in (`format`).
 # 3: bounded fan-in: digest batches on shard topics, pull requests and responses (issue 32).
+# 4: a digest batch carries its sender's shard count (`shards`) and dialable addresses (`addrs`).
 SCHEMA_VERSION = 4
 
 TOPIC_ROLLOUTS = f"swarm-node/rollouts/{SCHEMA_VERSION}"

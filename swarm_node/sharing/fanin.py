@@ -17,6 +17,9 @@ Contract (pure: no I/O, no clock; randomness and times are passed in):
 - Push fallback. A group nobody pulled by `push_after_s` after its digest is pushed once, unsolicited, to one
   random neighbour of its shard (`unpulled`): every group reaches some peer in its round, and every sender's
   digests are checked against content (re-scored) somewhere, whether its groups are popular or not.
+- Reaching senders. A digest usually arrives relayed by the shard's mesh, from a sender we are not connected to:
+  its batch carries the sender's addresses, and a node dials the senders of its chosen pulls first, within
+  `dials_per_round` and per-IP caps (`sharing/sender_dial.py`, `sharing/sender_reach.py`).
 - What a receiver accepts, what a server serves and how lies are scored: `sharing/fanin_ledger.py`; how many
   pull and push streams a node serves at once (`serve_streams`, `serve_streams_per_peer`): `sharing/stream_gate.py`.
 """
