@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from protocol.addrs import parse_dial_addr
 from protocol.errors import reject
 from protocol.fields import (
     expect_bin,
@@ -62,7 +63,7 @@ ANNOUNCE_KEYS = ("owner", "version", "base_version", "size", "sha256", "chunks",
                  "chunk_sha256", "state", "schedule", "receivers")
 STATUS_KEYS = ("role", "capabilities", "throughput", "policy_version", "follows", "created_at")
 CONTROL_KEYS = ("target", "action", "created_at")
-DIGEST_BATCH_KEYS = ("shard", "shards", "round", "digests", "created_at")
+DIGEST_BATCH_KEYS = ("shard", "shards", "round", "digests", "addrs", "created_at")
 DIGEST_KEYS = ("id", "task", "variance", "signal", "hash")
 PULL_KEYS = ("round", "ids", "created_at")
 PULLED_KEYS = ("groups", "refused", "created_at")
@@ -121,7 +122,7 @@ def _digest_obj(d: DigestWire) -> dict[str, Any]:
 
 def _digests_obj(b: DigestBatch) -> dict[str, Any]:
     return {"shard": b.shard, "shards": b.shards, "round": b.round, "digests": [_digest_obj(d) for d in b.digests],
-            "created_at": float(b.created_at)}
+            "addrs": list(b.addrs), "created_at": float(b.created_at)}
 
 
 def _pull_obj(r: PullRequest) -> dict[str, Any]:
@@ -310,7 +311,19 @@ def _digests(obj: Any, limits: Limits) -> DigestBatch:
     if shards and shard >= shards:  # a sender publishes in one of its own M shards
         raise reject("out_of_range", f"shard {shard} is not below the sender's shard count {shards}")
     return DigestBatch(shard=shard, round=expect_int(f["round"], "round"), digests=digests,
-                       created_at=expect_timestamp(f["created_at"], "created_at"), shards=shards)
+                       created_at=expect_timestamp(f["created_at"], "created_at"), shards=shards,
+                       addrs=_dial_addrs(f["addrs"], limits))
+
+
+def _dial_addrs(value: Any, limits: Limits) -> tuple[str, ...]:
+    raw = expect_list(value, "addrs", limits.max_digest_addrs, "too_many_addrs", min_len=0)
+    addrs = tuple(expect_str(a, f"addrs[{i}]", limits.max_addr_chars) for i, a in enumerate(raw))
+    for i, addr in enumerate(addrs):
+        if parse_dial_addr(addr) is None:
+            raise reject("bad_addr", f"addrs[{i}]: {addr[:80]!r} is not a canonical /ip4|ip6/<ip>/tcp/<port>")
+    if len(set(addrs)) != len(addrs):
+        raise reject("duplicate_addr", "an address appears twice in addrs")
+    return addrs
 
 
 def _pull(obj: Any, limits: Limits) -> PullRequest:

@@ -162,7 +162,8 @@ def _object_budget(limits: Limits) -> int:
     status = (1 + len(STATUS_KEYS)) + (1 + limits.max_capabilities + 1)
     announce = (1 + len(ANNOUNCE_KEYS) + 1) + (1 + limits.max_receivers + 1)
     digests = limits.max_digests_per_message + 1
-    digest_batch = (1 + len(DIGEST_BATCH_KEYS) + 1) + (1 + digests) + digests * (1 + len(DIGEST_KEYS) + 1)
+    digest_batch = (1 + len(DIGEST_BATCH_KEYS) + 1) + (1 + digests) + digests * (1 + len(DIGEST_KEYS) + 1) \
+        + (1 + limits.max_digest_addrs + 1)
     answers = limits.max_pulls_per_request + 1
     pulled = (1 + len(PULLED_KEYS) + 1) + 2 * (1 + answers) \
         + answers * (2 + len(PULLED_GROUP_KEYS) + len(REFUSAL_KEYS) + 2)
@@ -174,7 +175,7 @@ def _object_budget(limits: Limits) -> int:
 def _unpack(data: bytes, limits: Limits) -> Any:
     # Bounds one past each schema limit: a count just over a limit still reaches the schema check and gets its
     # precise reason; anything larger is refused by msgpack before the container is allocated.
-    max_chars = max(limits.max_text_chars, limits.max_config_chars, limits.max_name_chars)
+    max_chars = max(limits.max_text_chars, limits.max_config_chars, limits.max_name_chars, limits.max_addr_chars)
     max_other_array = max(limits.max_groups_per_message, limits.max_completions_per_group,
                           limits.max_digests_per_message, limits.max_pulls_per_request) + 1
     on_list, on_pairs = _container_hooks(_object_budget(limits), max_other_array)
@@ -187,7 +188,7 @@ def _unpack(data: bytes, limits: Limits) -> Any:
                             min(SHA256_BYTES * (limits.max_chunks + 1), limits.max_message_bytes)),
             max_array_len=max(limits.max_groups_per_message, limits.max_completions_per_group,
                               limits.max_capabilities, limits.max_receivers, limits.max_digests_per_message,
-                              limits.max_pulls_per_request) + 1,
+                              limits.max_pulls_per_request, limits.max_digest_addrs) + 1,
             max_map_len=_MAX_MAP_LEN, max_ext_len=0)
     except _DuplicateKey as exc:
         raise reject("duplicate_key", "a map repeats a key") from exc

@@ -46,6 +46,8 @@ class Limits:
     max_receivers: int = 1024  # peers one announce's relay plan covers
     max_digests_per_message: int = 64  # digests in one digest batch (one sender's groups of one round)
     max_pulls_per_request: int = 16  # group ids one pull request names (and groups one response carries)
+    max_digest_addrs: int = 4  # dialable addresses of its sender one digest batch carries (`protocol.addrs`)
+    max_addr_chars: int = 64  # one such address ("/ip6/" + 39 + "/tcp/65535" is 54)
     max_clock_skew_s: float = 30.0
     max_age_s: float = 600.0
 
@@ -53,7 +55,8 @@ class Limits:
         for name in ("max_message_bytes", "max_groups_per_message", "max_completions_per_group",
                      "max_tokens_per_completion", "max_text_chars", "vocab_size", "max_foreign_vocab", "max_name_chars",
                      "max_config_chars", "max_capabilities", "max_policy_bytes", "max_chunks", "max_chunk_bytes",
-                     "max_receivers", "max_digests_per_message", "max_pulls_per_request"):
+                     "max_receivers", "max_digests_per_message", "max_pulls_per_request",
+                     "max_digest_addrs", "max_addr_chars"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 # 2: a rollout group names the prompt format its completions were generated in (`format`).
 # 3: bounded fan-in: digest batches on shard topics, pull requests and responses (issue 32).
+# 4: a digest batch carries its sender's shard count (`shards`) and dialable addresses (`addrs`).
 SCHEMA_VERSION = 4
 
 TOPIC_ROLLOUTS = f"swarm-node/rollouts/{SCHEMA_VERSION}"
@@ -174,9 +175,11 @@ class DigestBatch:
     digests: tuple[DigestWire, ...]
     created_at: float
     shards: int = 0  # the sender's shard count M (0: it has not learnt one yet); newcomers learn M from these
+    addrs: tuple[str, ...] = ()  # the sender's dialable addresses (`protocol.addrs`): a receiver not connected dials
 
     def __post_init__(self) -> None:
         _set(self, "digests", tuple(self.digests))
+        _set(self, "addrs", tuple(self.addrs))
 
 
 @dataclass(frozen=True)

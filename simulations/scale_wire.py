@@ -3,8 +3,8 @@
 Contract (pure): `WireSizes.of(setup)` encodes, with `protocol.codec.encode`, messages of the shape the node sends
 in `setup`'s setting and adds what carries them:
 - `digest_msg`: one DigestBatch of `groups_per_node` digests (16-byte ids, a "dataset:index" task label, 32-byte
-  hashes; the shard count of N nodes announced) plus `GOSSIP_OVERHEAD` (gossipsub's message fields and the RPC's
-  signed sender record);
+  hashes; the shard count of N nodes announced; one public IPv4 address of its sender) plus `GOSSIP_OVERHEAD`
+  (gossipsub's message fields and the RPC's signed sender record);
 - `pull_request`, `pull_response`, `push`: a pull/push stream's frame (4-byte length + envelope) of a PullRequest
   for one group, a PullResponse serving one group of `group_bytes`, a push of one such group, each plus
   `STREAM_OVERHEAD` (a stream's opening: yamux frames, multistream-select of the protocol id, the close);
@@ -33,6 +33,7 @@ from swarm_node.sharing.pull_stream import frame
 GROUP_ID = bytes(range(16))
 CONTENT_HASH = bytes(32)
 WHEN = 1.8e9  # a unix time of 2027: the float's encoding does not depend on its value
+SENDER_ADDR = "/ip4/100.100.100.100/tcp/40001"  # one public IPv4 address, the longest spelling (30 characters)
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class WireSizes:
     def of(cls, setup: ScaleSetup) -> WireSizes:
         digests = tuple(DigestWire(bytes([i]) * 16, f"{'t' * 12}:{i}", 0.1875, True, CONTENT_HASH)
                         for i in range(setup.groups_per_node))
-        batch = encode(DigestBatch(0, 1, digests, WHEN, shards=shard_count(setup.n, FanInParams())))
+        batch = encode(DigestBatch(0, 1, digests, WHEN, shard_count(setup.n, FanInParams()), (SENDER_ADDR,)))
         served = PullResponse((PulledGroup(GROUP_ID, bytes(setup.group_bytes)),), (), WHEN)
         refused = PullResponse((), (PullRefusal(GROUP_ID, OVER_PULL),), WHEN)
         return cls(digest_msg=GOSSIP_OVERHEAD + len(batch),

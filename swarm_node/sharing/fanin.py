@@ -17,6 +17,9 @@ Contract (pure: no I/O, no clock; randomness and times are passed in):
 - Push fallback. A group nobody pulled by `push_after_s` after its digest is pushed once, unsolicited, to one
   random neighbour of its shard (`unpulled`): every group reaches some peer in its round, and every sender's
   digests are checked against content (re-scored) somewhere, whether its groups are popular or not.
+- Reaching senders. A digest usually arrives relayed by the shard's mesh, from a sender we are not connected to:
+  its batch carries the sender's addresses, and a node dials the senders of its chosen pulls first, within
+  `dials_per_round` and per-IP caps (`sharing/sender_dial.py`, `sharing/sender_reach.py`).
 - What a receiver accepts, what a server serves and how lies are scored: `sharing/fanin_ledger.py`; how many
   pull and push streams a node serves at once (`serve_streams`, `serve_streams_per_peer`): `sharing/stream_gate.py`.
 """
@@ -55,12 +58,15 @@ class FanInParams:
     learn_from_peers: int = 3  # a node that joins takes the median of this many distinct senders' M at least
     serve_streams: int = 16  # pull (and, apart, push) streams a node serves at once; more are reset unread
     serve_streams_per_peer: int = 2  # ... of them from one peer (an honest one opens one per round)
+    dials_per_round: int = 6  # new connections a node dials per round to reach digest senders (`sender_dial`):
+    # pull_target, so that every pull of a round may first dial its sender, as the scale simulator assumes
+    dial_backoff_rounds: int = 3  # an IP whose dial failed is not dialled again for this many rounds
 
     def __post_init__(self) -> None:
         for name in ("shard_size", "shards_per_node", "epoch_rounds", "pull_target", "max_pulls_per_sender",
                      "serve_per_round", "serve_per_requester", "serve_rounds", "pushes_accepted_per_round",
                      "pushes_accepted_per_sender", "serve_streams", "serve_streams_per_peer", "max_shard_step",
-                     "max_swarm_estimate", "learn_from_peers"):
+                     "max_swarm_estimate", "learn_from_peers", "dials_per_round", "dial_backoff_rounds"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"FanInParams.{name} must be a positive int, got {value!r}")

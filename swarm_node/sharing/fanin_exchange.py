@@ -8,18 +8,19 @@ Contract (the design is `sharing/fanin.py`, the bookkeeping `sharing/fanin_ledge
   groups we serve for this round (`served_rounds.ServedRounds`: recent rounds stay served, since peers step at
   their own pace), and their digests go out as one DigestBatch on one of our shards.
 - Digests heard on our shards are pull candidates of that round; `await pull()` picks pulls with `choose_pulls`
-  (signal only, capped per sender, up to `pull_target`), asks each sender once (one that cannot be reached
-  frees its slots for other senders at once, and ranks as recently heard for the next rounds), checks every
-  served group against its digest's hash before decoding it and against its re-scored rewards (`rescore`), and
-  queues the groups that pass; lies are queued as drops with their fan-in reason (`hash_mismatch`,
-  `digest_reward_mismatch`, `unserved_digest`), as are requesters that pull unoffered groups or past their share.
+  (signal only, capped per sender, up to `pull_target`), dials the chosen senders we are not connected to at the
+  addresses their batches carry (`sharing.sender_reach`, capped per round), asks each sender once (one that cannot
+  be reached frees its slots for others at once, and ranks as recently heard), checks every served group against
+  its digest's hash before decoding it and against its re-scored rewards (`rescore`), and queues the groups that
+  pass; lies are queued as drops with their fan-in reason (`hash_mismatch`, `digest_reward_mismatch`,
+  `unserved_digest`), as are requesters that pull unoffered groups or past their share.
 - `drain()` (sync) returns and clears what arrived, like `TransportExchange`; `round_stats` counts this round's
   inbound messages, bytes and pulls, handed to `on_round` when `flush` closes the round (the node's /status).
 - Push fallback: `push_after_s` after our digests went out (a timer on the transport's loop, while peers still
   hold them; and at the latest when `flush` closes the round), each of the round's groups that nobody pulled
   (`fanin.unpulled`) is pushed once to one shard neighbour (a peer whose digests we heard this epoch), drawn from
-  our seed. A pushed group is taken only while we hold its digest from that sender,
-  within `PushBook`'s caps (else dropped unread, `unsolicited_push`), and then checked as a pulled one.
+  our seed. A pushed group is taken only while we hold its digest from that sender, within `PushBook`'s caps
+  (else dropped unread, `unsolicited_push`), and then checked as a pulled one.
 - Epochs: when `flush` opens a round of a new epoch (`epoch_rounds`), the node joins its new shards and leaves the
   ones it no longer holds (`Transport.unsubscribe`: their digests stop reaching it and it stops forwarding them).
   The new epoch's shard count M comes from the last one's view of the swarm (`shard_sizer`, a
@@ -81,6 +82,7 @@ from swarm_node.sharing.fanin_ledger import (
     check_pulled,
 )
 from swarm_node.sharing.pull_stream import PullFailed, request_pull, send_push, serve_pulls, serve_pushes
+from swarm_node.sharing.sender_reach import SenderReach
 from swarm_node.sharing.served_rounds import ServedRounds
 from swarm_node.sharing.stream_gate import StreamGate
 from swarm_node.sharing.swarm_size import ShardCount
@@ -112,6 +114,7 @@ class FaninExchange:
         self.seed, self.clock, self.rescore = seed, clock, rescore
         self.shard_sizer = ShardCount(params, shard_count(n_peers, params), learning=True)  # M, learnt
         self.replay = ReplayGuard(limits.max_age_s)
+        self.reach = SenderReach(transport, params, limits.max_digest_addrs)  # dials senders we are not connected to
         self.accepted = AcceptedMessages()
         self.round = 0
         self.shards: tuple[int, ...] = ()
@@ -204,6 +207,7 @@ class FaninExchange:
             return
         self._shard_peers.add(delivery.from_peer)
         self._announced[delivery.from_peer] = msg.shards
+        self.reach.heard(delivery.from_peer, msg.addrs)
         for d in msg.digests:
             key = d.group_id.hex()
             self._candidates[key] = (msg.round, Digest(key, delivery.from_peer, d.task, d.reward_variance,
@@ -241,6 +245,7 @@ class FaninExchange:
         self._recent = [heard, *self._recent][:self.params.recent_rounds]
         self._taken, self._candidates, self._unreachable = {}, {}, set()
         self.push_book.new_round()
+        self.reach.new_round()
         await self._join_epoch()
         out, self._outbox = self._outbox[:self.limits.max_digests_per_message], self._outbox[
             self.limits.max_digests_per_message:]
@@ -254,7 +259,7 @@ class FaninExchange:
             signal, variance = reward_stats(claimed_rewards(g))
             digests.append(DigestWire(g.group_id, task_label(g), variance, signal, group_content_hash(g)))
         shard = self.shards[self.round % len(self.shards)]
-        batch = DigestBatch(shard, self.round, digests, now, shards=self.shard_sizer.announced)
+        batch = DigestBatch(shard, self.round, digests, now, self.shard_sizer.announced, self.reach.own_addrs())
         await self.transport.publish(digest_topic(shard), encode(batch))
         self._push_timer = asyncio.get_running_loop().call_later(self.params.push_after_s, self._push_when_due)
         return 1
@@ -337,7 +342,9 @@ class FaninExchange:
             for d in chosen:
                 self._taken[d.group_id] = d
                 asks.setdefault((d.sender, self._candidates[d.group_id][0]), []).append(d)
-            results = await asyncio.gather(*(self._pull_from(sender, r, ds) for (sender, r), ds in asks.items()))
+            unreached = await self.reach.reach(list(dict.fromkeys(sender for sender, _ in asks)))
+            results = await asyncio.gather(*(self._pull_from(sender, r, ds, sender in unreached)
+                                             for (sender, r), ds in asks.items()))
             accepted += sum(n for n in results if n is not None)
             failed = {sender for (sender, _), n in zip(asks, results, strict=True) if n is None}
             if not failed:
@@ -345,11 +352,13 @@ class FaninExchange:
             self._unreachable |= failed
         return accepted
 
-    async def _pull_from(self, sender: str, sender_round: int, digests: list[Digest]) -> int | None:
+    async def _pull_from(self, sender: str, sender_round: int, digests: list[Digest], unreached: bool) -> int | None:
         """The groups accepted from one pull request, or None when the sender could not be reached."""
         request = PullRequest(sender_round, tuple(bytes.fromhex(d.group_id) for d in digests), self.clock())
-        self.round_stats.pulls_sent += len(digests)
         try:
+            if unreached:  # our dial to it failed
+                raise PullFailed("transport", f"could not dial {sender}")
+            self.round_stats.pulls_sent += len(digests)
             response = await request_pull(self.transport, sender, request, self.limits, self.params.pull_timeout_s)
         except PullFailed:
             for d in digests:  # lost: the slots are free again

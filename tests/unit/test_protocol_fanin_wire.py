@@ -48,8 +48,13 @@ def digest(group_id: bytes = ID0, **overrides: Any) -> DigestWire:
     return DigestWire(**fields)
 
 
-def batch(*digests: DigestWire, shard: int = 1, created_at: float = 100.0, shards: int = 0) -> DigestBatch:
-    return DigestBatch(shard=shard, round=7, digests=digests or (digest(),), created_at=created_at, shards=shards)
+def batch(*digests: DigestWire, shard: int = 1, created_at: float = 100.0, shards: int = 0,
+          addrs: tuple[str, ...] = ()) -> DigestBatch:
+    return DigestBatch(shard=shard, round=7, digests=digests or (digest(),), created_at=created_at, shards=shards,
+                       addrs=addrs)
+
+
+ADDR = "/ip4/1.2.3.4/tcp/4001"
 
 
 def group(group_id: bytes = ID0, created_at: float = 1e9) -> RolloutGroup:
@@ -76,7 +81,7 @@ def fails(data: bytes, limits: Limits | None = None) -> WireError:
 def test_digest_batch_exact_bytes() -> None:
     expected = (
         b"\x83\xa1v\x04\xa4type\xa7digests\xa4body"
-        b"\x85"                                          # the body: 5 keys
+        b"\x86"                                          # the body: 6 keys
         b"\xa5shard\x01\xa6shards\x03\xa5round\x07"           # shard 1 of the sender's 3
         b"\xa7digests\x91\x85"                           # one digest of 5 keys
         b"\xa2id\xc4\x10" + ID0
@@ -84,13 +89,28 @@ def test_digest_batch_exact_bytes() -> None:
         b"\xa8variance\xcb" + struct.pack(">d", 0.25)
         + b"\xa6signal\xc3"                              # msgpack true
         b"\xa4hash\xc4\x20" + HASH
-        + b"\xaacreated_at\xcb" + struct.pack(">d", 100.0)
+        + b"\xa5addrs\x91\xb5/ip4/1.2.3.4/tcp/4001"         # one address of 21 characters
+        b"\xaacreated_at\xcb" + struct.pack(">d", 100.0)
     )
-    assert encode(batch(shards=3)) == expected
-    assert decode(expected, Limits()) == batch(shards=3)
-    assert len(expected) == 178
+    assert encode(batch(shards=3, addrs=(ADDR,))) == expected
+    assert decode(expected, Limits()) == batch(shards=3, addrs=(ADDR,))
+    assert len(expected) == 207
     # 0: the sender has not learnt a shard count yet (it publishes in shard 0 of its own M = 1 meanwhile).
     assert decode(encode(batch(shard=0)), Limits()).shards == 0
+    # No address (a sender that listens on no IP network): an empty array, 7 bytes with its key.
+    assert decode(encode(batch(shards=3)), Limits()).addrs == ()
+    assert len(encode(batch(shards=3))) == 207 - 29 + 7
+
+
+def test_digest_batch_addresses_in_canonical_form_only() -> None:
+    good = ("/ip4/1.2.3.4/tcp/4001", "/ip6/2606:4700::1/tcp/65535", "/ip4/127.0.0.1/tcp/1", "/ip6/::1/tcp/80")
+    assert decode(encode(batch(addrs=good)), Limits()).addrs == good
+    for bad in ("/ip4/1.2.3.4/tcp/04001", "/ip4/1.2.3.4/tcp/0", "/ip4/1.2.3.4/tcp/65536", "/ip4/01.2.3.4/tcp/1",
+                "/ip4/1.2.3/tcp/1", "/ip6/2606:4700:0::1/tcp/1", "/ip6/2606:4700::1/udp/1", "/ip4/1.2.3.4/udp/1/quic",
+                "/dns4/example.com/tcp/1", "/ip4/1.2.3.4/tcp/1/p2p/QmPeer", "ip4/1.2.3.4/tcp/1", "/ip4/1.2.3.4/tcp/+1",
+                "/ip6/2606:4700::1%eth0/tcp/1", "/ip4/1.2.3.4/tcp/1/", ""):
+        err = fails(_with_body(batch(), addrs=[bad]))
+        assert (err.reason, err.verdict) == ("bad_addr", Verdict.REJECT), bad
 
 
 def test_pull_request_exact_bytes_ids_as_one_blob() -> None:
@@ -187,6 +207,14 @@ def _with_digest(**changes: Any) -> bytes:
     ("no shard count", lambda: pack({**raw(encode(batch())), "body": {
         k: v for k, v in raw(encode(batch()))["body"].items() if k != "shards"}}), "bad_schema"),
     ("duplicate digest", lambda: encode(batch(digest(), digest(task="other"))), "duplicate_group"),
+    ("no addrs key", lambda: pack({**raw(encode(batch())), "body": {
+        k: v for k, v in raw(encode(batch()))["body"].items() if k != "addrs"}}), "bad_schema"),
+    ("addrs as a string", lambda: _with_body(batch(), addrs=ADDR), "bad_schema"),
+    ("address as bytes", lambda: _with_body(batch(), addrs=[ADDR.encode()]), "bad_schema"),
+    ("5 addrs", lambda: encode(batch(addrs=tuple(f"/ip4/1.2.3.{i}/tcp/1" for i in range(5)))), "too_many_addrs"),
+    ("address of 65 characters", lambda: _with_body(batch(), addrs=["/ip4/1.2.3.4/tcp/1" + "0" * 47]),
+     "name_too_long"),
+    ("an address twice", lambda: encode(batch(addrs=(ADDR, ADDR))), "duplicate_addr"),
     ("65 digests", lambda: encode(batch(*(digest(i.to_bytes(16, "big")) for i in range(65)))),
      "too_many_digests"),
     ("no ids", lambda: _with_body(PullRequest(7, (ID0,), 100.0), ids=b""), "bad_schema"),
@@ -211,7 +239,9 @@ def test_bad_fanin_messages_get_their_precise_reason(name: str, data: Any, reaso
 
 def test_largest_valid_fanin_messages_decode_and_many_tiny_objects_do_not() -> None:
     limits = Limits()
-    full = batch(*(digest(i.to_bytes(16, "big")) for i in range(limits.max_digests_per_message)))
+    full = batch(*(digest(i.to_bytes(16, "big")) for i in range(limits.max_digests_per_message)),
+                 addrs=tuple(f"/ip6/2606:4700:ffff:ffff:ffff:ffff:ffff:fff{i}/tcp/65535" for i in range(4)))
+    assert max(len(a) for a in full.addrs) == limits.max_addr_chars - 10
     assert decode(encode(full), limits) == full
     answers = PullResponse(tuple(PulledGroup(i.to_bytes(16, "big"), b"x") for i in range(8)),
                            tuple(PullRefusal((100 + i).to_bytes(16, "big"), "busy") for i in range(8)), 100.0)
