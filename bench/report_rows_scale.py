@@ -1,0 +1,56 @@
+"""The README's benchmark rows for sharing at scale and the sharing regimes (registered after bench/report_rows.py's,
+so they follow them in the README table; the registry: bench/report_registry.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench import report_rows  # noqa: F401  (its rows register first: README order is registration order)
+from bench.report_registry import Results, row, slash
+
+SIZES = ("10", "100", "1000", "10000")
+
+
+def per_n(design: dict[str, Any], key: str, fmt: str) -> str:
+    return slash([design[n][key] for n in SIZES if n in design], fmt)
+
+
+@row("swarm_scale", "python -m bench.swarm_scale",
+     "per-node inbound cost of rollout sharing at N = 10 / 100 / 1,000 / 10,000 nodes (message-level simulation on a "
+     "virtual clock; I = J = 4, 5 KB groups, 10 s rounds; the flood from N = 1,000 in closed form): today's flood "
+     "against the bounded fan-in `join` uses by default; 30% churn per minute at N = 1,000; `bench.fanin_real`'s "
+     "16 real libp2p processes against the simulator", "swarm_scale.json")
+def swarm_scale(r: Results) -> str:
+    d = r["swarm_scale.json"]
+    flood, bounded = d["designs"]["flood"], d["designs"]["bounded"]
+    top = bounded[max(bounded, key=int)]
+    real = d.get("real_vs_sim_n16")
+    real_text = ("" if real is None else f"; real/simulated at N = 16: messages {real['inbound_msgs_ratio']:.2f}, KB "
+                 f"{real['inbound_kb_ratio']:.2f}")
+    return (f"inbound KB per node and round, flood {per_n(flood, 'inbound_kb_per_round', ',.0f')}, bounded "
+            f"{per_n(bounded, 'inbound_kb_per_round', ',.0f')} (messages "
+            f"{per_n(bounded, 'inbound_msgs_per_round', '.0f')}"
+            f"; p99 in / out at the largest N {top['inbound_kb_per_round_p99']:.0f} / "
+            f"{top['outbound_kb_per_round_p99']:.0f} KB); bounded: J usable groups in "
+            f"{per_n(bounded, 'rounds_with_J_frac', '.3f')} of (node, round) pairs, pulled by at least one peer "
+            f"{per_n(bounded, 'pulled_by_ge1_frac', '.3f')}, distinct peers heard at the largest N "
+            f"{top['distinct_peers_10_rounds']:.0f} in 10 rounds and {top['distinct_peers_100_rounds']:.0f} in 100; "
+            f"30% churn per minute at N = 1,000: J in {d['churn_1000']['rounds_with_J_frac']:.3f}" + real_text)
+
+
+@row("sapo_regimes", "python -m bench.sapo_regimes --pilot",
+     "the fraction of a solo node's groups without signal, which sets the sharing regime (issue 30 item 5): before "
+     "RL per option set and G (`bench.signal_scan`, 64 training problems each), and over a 1-seed 8/0 pilot of 4 "
+     "nodes on the default mix; the grid's projected cost", "signal_scan.json", "sapo_regimes_pilot.json")
+def sapo_regimes(r: Results) -> str:
+    scans = r["signal_scan.json"]["scans"]
+    at8 = [s["8"]["no_signal_frac"] for s in scans.values() if "8" in s]
+    lowest = min((s[g]["no_signal_frac"], name, g) for name, s in scans.items() for g in s)
+    pilot = r["sapo_regimes_pilot.json"]
+    cand = pilot["candidates"]["default"]
+    return (f"before RL, G = 8: {min(at8):.2f}-{max(at8):.2f} of groups without signal over "
+            f"{len(at8)} option sets (lowest at any G: {lowest[0]:.2f}, {lowest[1]} at G = {lowest[2]}): no mix "
+            f"reaches `medium` (<= 0.20); pilot (default mix, {pilot['rounds']} rounds): "
+            f"{cand['no_signal_frac_solo']:.3f} without signal (`hard`), mean local reward {cand['reward_mean']:.3f}, "
+            f"held-out {cand['final_eval_acc']:.3f}; grid projection from its "
+            + pilot["lines"][-1].removeprefix("grid projection: "))
