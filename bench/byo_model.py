@@ -82,7 +82,9 @@ TRACE_STYLE = "digit-columns"  # the default model's: per-operation traces of 2-
 # generation_config.json). At 8 prompts and temperature 1.0 the reward fell (0.349 -> 0.292, 2026-11-27); at lr 3e-4
 # it fell from 0.92 to 0.3 in 40 steps, at 1e-3 to 0.
 # the longest of 3,000 training traces: 141 tokens (p95 108) with the qwen shape's tokenizer
-RL = {"run.steps": 150, "sampler.max_new_tokens": 160, "sampler.kind": "hf"}
+# The node's default sampler (vLLM where it runs): the transformers one took ~80 s a step here
+RL = {"run.steps": 150, "sampler.max_new_tokens": 160}
+RL_CHECKPOINT_EVERY = 10  # steps between the RL run's checkpoints (it resumes from the newest)
 GAP_PROMPTS, GAP_SAMPLES = 8, 8
 WELL_FORMED_PROBLEMS, WELL_FORMED_SAMPLES = 64, 4
 SIZING = {"shape": "qwen2.5-instruct", "size": "qwen2.5-0.5b", "lora_rank": 16, "max_new_tokens": 1024,
@@ -109,8 +111,12 @@ def warmed_up_dir(shape: str, root: Path) -> tuple[Path, dict[str, Any]]:
                                 "task.seed": WARMUP_SOURCE_SEED}).task.build_source()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     started = time.monotonic()
+    def progress(done: int, total: int, what: str) -> None:
+        if done % 100 == 0 or done == total:
+            print(f"  {shape}: warm-up step {done}/{total}, {what} ({time.monotonic() - started:.0f} s)", flush=True)
+
     losses = supervised_warm_up(model, think_answer_draw(tokenizer, source, prompter.ids, TRACE_STYLE), WARMUP,
-                                pad)
+                                pad, progress)
     save_shaped_model_dir(shape, model, tokenizer, path)
     info = {"recipe": recipe, "first_loss": round(losses[0], 4), "last_loss": round(losses[-1], 4),
             "wall_s": round(time.monotonic() - started, 1), "prompt_format": prompter.name}
@@ -187,16 +193,23 @@ def quarters(rewards: list[float]) -> dict[str, float]:
 
 
 def rl_run(model_dir: Path, run_dir: Path) -> dict[str, Any]:
-    shutil.rmtree(run_dir, ignore_errors=True)
+    """The RL run; one cut short (a session's end) resumes from its newest checkpoint when its settings and its
+    warmed-up model are the same (`bench_rl.json` in its run dir)."""
     steps = int(RL["run.steps"])
-    cfg = load_config(None, {**RL, "model.path": str(model_dir), "task.name": RL_TASK,
-                             "task.options": RL_TASK_OPTIONS, "run.eval_problems": 0,
-                             "run.checkpoint_every": steps, "run.run_dir": str(run_dir), "status.port": -1})
-    rows: list[dict[str, Any]] = []
+    settings = {**RL, "model.path": str(model_dir), "task.name": RL_TASK, "task.options": RL_TASK_OPTIONS,
+                "run.eval_problems": 0, "run.checkpoint_every": RL_CHECKPOINT_EVERY, "run.run_dir": str(run_dir),
+                "status.port": -1}
+    identity = {"settings": settings, "model": json.loads((model_dir / "bench_recipe.json").read_text())["recipe"]}
+    kept = run_dir / "bench_rl.json"
+    resume = kept.exists() and json.loads(kept.read_text()) == identity
+    if not resume:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir(parents=True)
+        kept.write_text(json.dumps(identity))
+    cfg = load_config(None, {**settings, "run.resume": resume})
     lines: list[str] = []
 
     def on_step(m: dict[str, Any]) -> None:
-        rows.append(m)
         if m["step"] % 25 == 0:
             print(f"  step {m['step']}/{steps} reward {m['reward_mean']:.3f}", flush=True)
 
@@ -207,14 +220,17 @@ def rl_run(model_dir: Path, run_dir: Path) -> dict[str, Any]:
         assembly.run()
     finally:
         assembly.close()
+    # every step's row once: a resumed run repeats the steps after its checkpoint, the later row wins
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [row for _, row in sorted({int(r["step"]): r for r in logged if "reward_mean" in r}.items())]
     rewards = [float(r["reward_mean"]) for r in rows]
     return {**quarters(rewards), "task": RL_TASK, "task_options": RL_TASK_OPTIONS,
             "settings": {**RL, "train.lr": used.train.lr, "run.prompts_per_step": used.run.prompts_per_step,
                          "run.group_size": used.run.group_size, "sampler.temperature": used.sampler.temperature,
-                         "sampler.top_p": used.sampler.top_p},
+                         "sampler.top_p": used.sampler.top_p, "sampler.kind": used.sampler.kind},
             "reward": "exact (correctness alone, no reward terms)", "rewards": rewards,
             "groups_used": [r["groups_used"] for r in rows], "wall_s": round(time.monotonic() - started, 1),
-            "node_lines": lines}
+            "resumed": resume, "node_lines": lines}
 
 
 def shape_part(shape: str) -> dict[str, Any]:
