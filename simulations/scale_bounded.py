@@ -31,6 +31,9 @@ Contract:
   the round (it stops answering and forwarding); a fresh node (new identity and seed) takes its slot at the next
   round's start and joins its shard (GRAFTs). Only nodes present for a whole round count in `rounds_with_J_frac`.
 - Everything goes through `scale_links.Links` (network.py's link model) except the shard gossip, counted per link.
+- `run_bounded(setup, params, gossip, push_at_flush)` -> the run's `Record`; its `inbound_breakdown()` names the
+  kinds: the shard gossip's ("digest_copy", "idontwant", "ihave"), "control" (GRAFT, PRUNE, (UN)SUBSCRIBE),
+  "dial" (`DIAL_MSGS` per side of a new connection), "pull_request", "pulled_group", "refusal", "push".
 """
 
 from __future__ import annotations
@@ -188,7 +191,7 @@ class _Bounded:
 
     def _control(self, v: int, u: int, t: float) -> None:
         self.record.outbound(v, t, CONTROL_BYTES)
-        self.record.inbound(u, t, CONTROL_BYTES)
+        self.record.inbound(u, t, CONTROL_BYTES, kind="control")
 
     def _dial(self, v: int, u: int, t: float) -> None:
         if u in self.connected[v]:
@@ -197,7 +200,7 @@ class _Bounded:
         self.connected[u].add(v)
         for a, b in ((v, u), (u, v)):
             self.record.outbound(a, t, DIAL_BYTES)
-            self.record.inbound(b, t, DIAL_BYTES, msgs=DIAL_MSGS)
+            self.record.inbound(b, t, DIAL_BYTES, msgs=DIAL_MSGS, kind="dial")
 
     def churn(self, r: int, t: float) -> None:
         self.leaving = set()
@@ -261,6 +264,8 @@ class _Bounded:
                 rec.in_msgs[base + v] += float(got.in_msgs[j])
                 rec.in_bytes[base + v] += float(got.in_bytes[j])
                 rec.out_bytes[base + v] += float(got.out_bytes[j])
+                for kind, msgs in got.in_by_kind.items():
+                    rec.count_kind(base + v, kind, float(msgs[j]))
             for j, v in enumerate(shard.members):
                 self.arrivals[v].extend((start + got.arrival[i, j], p) for i, p in enumerate(pubs)
                                         if got.arrival[i, j] < np.inf)
@@ -289,7 +294,7 @@ class _Bounded:
                 self.pending[v].add(gid)
                 self._dial(v, sender, t)
                 self.links.send(v, sender, self.wire.pull_request, t, self.on_request, sender, v,
-                                self.identity[v], gid)
+                                self.identity[v], gid, kind="pull_request")
                 if self.s.link.loss or sender in self.leaving:  # else an answer always comes: no timer needed
                     self.links.at(t + self.p.pull_timeout_s, self.on_timeout, v, self.identity[v], gid)
 
@@ -298,9 +303,10 @@ class _Bounded:
             return  # gone: the requester times out
         if self.serve[sender].request(str(requester), str(gid)) == SERVE:
             self.served.add(gid)
-            self.links.send(sender, v, self.wire.pull_response, t, self.on_group, v, requester, gid)
+            self.links.send(sender, v, self.wire.pull_response, t, self.on_group, v, requester, gid,
+                            kind="pulled_group")
         else:
-            self.links.send(sender, v, self.wire.refusal, t, self.on_refused, v, requester, gid)
+            self.links.send(sender, v, self.wire.refusal, t, self.on_refused, v, requester, gid, kind="refusal")
 
     def _current(self, v: int, identity: int) -> bool:
         return self.alive[v] and self.identity[v] == identity
@@ -338,7 +344,7 @@ class _Bounded:
                 continue
             u = self.rng.choice(peers)
             self._dial(v, u, t)
-            self.links.send(v, u, self.wire.push, t, self.on_push, u, self.identity[u], gid, v)
+            self.links.send(v, u, self.wire.push, t, self.on_push, u, self.identity[u], gid, v, kind="push")
 
     def on_push(self, t: float, u: int, identity: int, gid: int, sender: int) -> None:
         """u takes a pushed group only while it holds the sender's digest: heard since its last flush (a node's
@@ -362,7 +368,7 @@ class _Bounded:
                 continue
             u = self.rng.choice(peers)
             self._dial(v, u, t)
-            self.links.send(v, u, self.wire.push, t, self.on_timer_push, u, self.identity[u], gid)
+            self.links.send(v, u, self.wire.push, t, self.on_timer_push, u, self.identity[u], gid, kind="push")
 
     def on_timer_push(self, t: float, u: int, identity: int, gid: int) -> None:
         """Taken while the receiver holds this round's digests (all round long, in this variant)."""
@@ -386,11 +392,17 @@ class _Bounded:
         return self.record
 
 
+def run_bounded(setup: ScaleSetup, params: FanInParams = FanInParams(), gossip: GossipParams = SHARD_GOSSIP,
+                push_at_flush: bool = False) -> Record:
+    """One run of the bounded design (see the contract); `push_at_flush` is design "bounded-flush-push"."""
+    return _Bounded(setup, params, gossip, push_at_flush=push_at_flush).run()
+
+
 def simulate_bounded(setup: ScaleSetup, params: FanInParams = FanInParams(),
                      gossip: GossipParams = SHARD_GOSSIP) -> dict[str, float]:
     """The node as it is (`FaninExchange`): the push `push_after_s` after the digest, taken by a receiver holding
     the round's digests."""
-    return _Bounded(setup, params, gossip, push_at_flush=False).run().metrics()
+    return run_bounded(setup, params, gossip).metrics()
 
 
 def simulate_bounded_flush_push(setup: ScaleSetup, params: FanInParams = FanInParams(),

@@ -95,3 +95,11 @@ def test_compare_needs_simulated_traffic() -> None:
     with pytest.raises(ZeroDivisionError):
         compare({"inbound_msgs_per_round": 1.0, "inbound_kb_per_round": 1.0},
                 {"inbound_msgs_per_round": 0.0, "inbound_kb_per_round": 1.0})
+
+
+def test_the_simulators_breakdowns_are_averaged_kind_by_kind_a_missing_kind_counting_zero() -> None:
+    from bench.fanin_real import mean_breakdown
+
+    assert mean_breakdown([{"ihave": 14.0, "digest_copy": 62.0}, {"digest_copy": 61.0, "dial": 0.5}]) == {
+        "dial": 0.25, "digest_copy": 61.5, "ihave": 7.0}
+    assert mean_breakdown([]) == {}
