@@ -17,6 +17,8 @@ length, publish spread and gossip degree. It merges into bench/results/swarm_sca
   to set beside the real breakdown: digest_copy ~ publish_msgs, ihave ~ rpc_ihave, control ~ GRAFT/PRUNE/
   subscriptions, pull_request + pulled_group + refusal + push ~ frames; "dial" (handshake messages of new
   connections) has no real counterpart in the messages (the real count is RPCs and frames; its bytes are counted).
+- "real_router" (`router_summary`): the stand-ins' digest mesh sizes and gossipsub heartbeat intervals over the
+  measured rounds (what the simulator's shard mesh and IHAVE schedule assume).
 - Every child is ended on exit, on an error and on Ctrl-C or SIGTERM (terminate, then kill after 5 s).
 Not a timing measurement (message and byte counts), but 16 py-libp2p hosts load 2 cores: rounds are 10 s so that
 every flush finishes well within its round.
@@ -34,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -68,6 +71,16 @@ def real_figures(rounds_by_node: Sequence[Sequence[dict[str, Any]]], warmup: int
         "pulls_sent_per_round": median_of(lambda r: r["pulls_sent"]),
         "pushes_sent_per_round": median_of(lambda r: r["pushes_sent"]),
     }
+
+
+def router_summary(rounds_by_node: Sequence[Sequence[dict[str, Any]]], warmup: int) -> dict[str, Any]:
+    """The stand-ins' gossipsub state over the measured rounds (rounds that carry "router"): how many (node, round)
+    pairs had each digest mesh size, their mean, and each heartbeat interval seen (seconds -> pairs)."""
+    states = [r["router"] for rounds in rounds_by_node for r in rounds[warmup:] if r.get("router")]
+    sizes = [size for state in states for size in state["digest_mesh"]]
+    return {"digest_mesh_sizes": {str(k): v for k, v in sorted(Counter(sizes).items())},
+            "digest_mesh_mean": round(statistics.fmean(sizes), 3) if sizes else None,
+            "heartbeat_s": {str(k): v for k, v in sorted(Counter(s["heartbeat_s"] for s in states).items())}}
 
 
 def compare(real: dict[str, float], sim: dict[str, float]) -> dict[str, Any]:
@@ -165,6 +178,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                                                               "rounds_with_J_frac", "pulled_by_ge1_frac")}
     out = compare(real_figures(rounds, args.warmup), sim)
     out["sim_breakdown"] = mean_breakdown([r.inbound_breakdown() for r in records])
+    out["real_router"] = router_summary(rounds, args.warmup)
     out.update({"rss_mb_total": round(rss_mb, 1), "wall_s": round(wall_s, 1),
                 "setup": {"nodes": args.nodes, "round_s": args.round_s, "warmup": args.warmup,
                           "rounds_measured": args.rounds, "publish_spread_s": args.publish_spread_s,
