@@ -15,7 +15,7 @@ length, publish spread and gossip degree. It merges into bench/results/swarm_sca
   rounds go to LOGS/rounds.json; `--from-rounds` compares such a file again without starting anything.
 - The simulator's inbound messages by kind (`Record.inbound_breakdown`, mean over its seeds) go to "sim_breakdown",
   to set beside the real breakdown: digest_copy ~ publish_msgs, ihave ~ rpc_ihave, control ~ GRAFT/PRUNE/
-  subscriptions, pull_request + pulled_group + refusal + push ~ frames; "dial" (handshake messages of new
+  subscriptions, pull_request + group + refusal + push ~ frames; "dial" (handshake messages of new
   connections) has no real counterpart in the messages (the real count is RPCs and frames; its bytes are counted).
 - "real_router" (`router_summary`): the stand-ins' digest mesh sizes and gossipsub heartbeat intervals over the
   measured rounds (what the simulator's shard mesh and IHAVE schedule assume).

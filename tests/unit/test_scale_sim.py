@@ -198,7 +198,7 @@ def test_bounded_breakdown_names_every_inbound_message_and_counts_digest_copies_
     (shard,) = sim.shards.values()
     _, copies_in, _ = shard.tables()
     breakdown = record.inbound_breakdown()
-    assert set(breakdown) == {"dial", "digest_copy", "idontwant", "ihave", "pull_request", "pulled_group", "push",
+    assert set(breakdown) == {"dial", "digest_copy", "idontwant", "ihave", "pull_request", "group", "push",
                               "refusal"}
     assert breakdown["digest_copy"] == pytest.approx(copies_in.sum() / 16)
     assert breakdown["idontwant"] == 0.0  # a digest batch is under the host's IDONTWANT threshold
@@ -206,4 +206,4 @@ def test_bounded_breakdown_names_every_inbound_message_and_counts_digest_copies_
     per_node = np.array(record.in_msgs).reshape(-1, 16)[list(setup.measured)].mean(axis=0)
     assert sum(breakdown.values()) == pytest.approx(per_node.mean())
     # Every request reaching a sender is answered within its round (nobody leaves): a group or a refusal.
-    assert breakdown["pull_request"] == pytest.approx(breakdown["pulled_group"] + breakdown["refusal"])
+    assert breakdown["pull_request"] == pytest.approx(breakdown["group"] + breakdown["refusal"])
