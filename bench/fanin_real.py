@@ -13,6 +13,12 @@ length, publish spread and gossip degree. It merges into bench/results/swarm_sca
   inbound KB = every byte read from its TCP connections (Noise, yamux, identify and all) / 1024. The breakdown
   (RPC and frame bytes, the exchange's own RoundStats counts, usable groups) is kept beside them. Each node's
   rounds go to LOGS/rounds.json; `--from-rounds` compares such a file again without starting anything.
+- The simulator's inbound messages by kind (`Record.inbound_breakdown`, mean over its seeds) go to "sim_breakdown",
+  to set beside the real breakdown: digest_copy ~ publish_msgs, ihave ~ rpc_ihave, control ~ GRAFT/PRUNE/
+  subscriptions, pull_request + group + refusal + push ~ frames; "dial" (handshake messages of new
+  connections) has no real counterpart in the messages (the real count is RPCs and frames; its bytes are counted).
+- "real_router" (`router_summary`): the stand-ins' digest mesh sizes and gossipsub heartbeat intervals over the
+  measured rounds (what the simulator's shard mesh and IHAVE schedule assume).
 - Every child is ended on exit, on an error and on Ctrl-C or SIGTERM (terminate, then kill after 5 s).
 Not a timing measurement (message and byte counts), but 16 py-libp2p hosts load 2 cores: rounds are 10 s so that
 every flush finishes well within its round.
@@ -30,13 +36,13 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from simulations.scale_bounded import SHARD_GOSSIP
+from simulations.scale_bounded import SHARD_GOSSIP, run_bounded
 from simulations.scale_model import KB, GossipParams, ScaleSetup, regular_graph
-from simulations.scale_sim import measure
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,11 +73,27 @@ def real_figures(rounds_by_node: Sequence[Sequence[dict[str, Any]]], warmup: int
     }
 
 
+def router_summary(rounds_by_node: Sequence[Sequence[dict[str, Any]]], warmup: int) -> dict[str, Any]:
+    """The stand-ins' gossipsub state over the measured rounds (rounds that carry "router"): how many (node, round)
+    pairs had each digest mesh size, their mean, and each heartbeat interval seen (seconds -> pairs)."""
+    states = [r["router"] for rounds in rounds_by_node for r in rounds[warmup:] if r.get("router")]
+    sizes = [size for state in states for size in state["digest_mesh"]]
+    return {"digest_mesh_sizes": {str(k): v for k, v in sorted(Counter(sizes).items())},
+            "digest_mesh_mean": round(statistics.fmean(sizes), 3) if sizes else None,
+            "heartbeat_s": {str(k): v for k, v in sorted(Counter(s["heartbeat_s"] for s in states).items())}}
+
+
 def compare(real: dict[str, float], sim: dict[str, float]) -> dict[str, Any]:
     return {"inbound_msgs_ratio": round(real["inbound_msgs_per_round"] / sim["inbound_msgs_per_round"], 4),
             "inbound_kb_ratio": round(real["inbound_kb_per_round"] / sim["inbound_kb_per_round"], 4),
             "real": {k: round(v, 3) for k, v in real.items()},
             "sim": {k: round(v, 3) for k, v in sim.items()}}
+
+
+def mean_breakdown(breakdowns: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Each kind's mean over the runs (a kind a run did not see counts 0 there), rounded to 3 places."""
+    kinds = sorted(set().union(*breakdowns)) if breakdowns else []
+    return {k: round(statistics.fmean(b.get(k, 0.0) for b in breakdowns), 3) for k in kinds}
 
 
 class Children:
@@ -150,10 +172,13 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         rounds, rss_mb = run_real(args, logs)
         (logs / "rounds.json").write_text(json.dumps({"rounds": rounds, "rss_mb_total": rss_mb}))
     wall_s = time.monotonic() - t0
-    sims = [measure("bounded", dataclasses.replace(sim_setup(args), seed=s))[0] for s in range(args.sim_seeds)]
+    records = [run_bounded(dataclasses.replace(sim_setup(args), seed=s)) for s in range(args.sim_seeds)]
+    sims = [r.metrics() for r in records]
     sim = {k: statistics.fmean(f[k] for f in sims) for k in ("inbound_msgs_per_round", "inbound_kb_per_round",
                                                               "rounds_with_J_frac", "pulled_by_ge1_frac")}
     out = compare(real_figures(rounds, args.warmup), sim)
+    out["sim_breakdown"] = mean_breakdown([r.inbound_breakdown() for r in records])
+    out["real_router"] = router_summary(rounds, args.warmup)
     out.update({"rss_mb_total": round(rss_mb, 1), "wall_s": round(wall_s, 1),
                 "setup": {"nodes": args.nodes, "round_s": args.round_s, "warmup": args.warmup,
                           "rounds_measured": args.rounds, "publish_spread_s": args.publish_spread_s,

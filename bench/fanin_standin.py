@@ -17,6 +17,9 @@ Contract:
   gossipsub, streams), every gossipsub RPC read (`rpcs`, `rpc_bytes`: data, IHAVE/IWANT/GRAFT/PRUNE/IDONTWANT,
   subscriptions; `rpc_<kind>`: the RPCs carrying each kind) and every pull/push frame read (`frames`,
   `frame_bytes`: requests served, answers, pushes), and how our own pulls ended (answered, failed, groups refused).
+  It also keeps the gossipsub router(s) this process builds (`ROUTERS`), so that each recorded round carries
+  `router_state()`: the mesh size and topic peers of each digest topic and the heartbeat interval at that moment
+  (py-libp2p's adaptive gossip changes it; docs/SWARM_SCALE.md, "Real against simulated at N = 16").
 - `python -m bench.fanin_standin --index I --seed S` (what bench/fanin_real.py starts): prints one JSON line
   {"peer_id", "addr"}, reads one JSON line {"dial": [addrs], "start_at", "round_s", "rounds", ...} from stdin,
   dials, runs `rounds` rounds flushing at `start_at + r * round_s + U(0, publish_spread_s)` (the simulator's
@@ -110,13 +113,44 @@ class WireCounters:
                 setattr(self, f"rpc_{kind}", getattr(self, f"rpc_{kind}") + 1)
 
 
+ROUTERS: list[Any] = []  # the SharingGossipSub instances built in this process (count_libp2p_wire)
+
+
+def router_state() -> dict[str, Any]:
+    """{"digest_mesh": [mesh size per digest topic], "digest_topic_peers": [...], "heartbeat_s": float}, or {}
+    without a router; read from the host's thread, so retried if a dict changes while it is read."""
+    from protocol.messages import TOPIC_DIGESTS_PREFIX
+
+    for _ in range(5):
+        try:
+            out: dict[str, Any] = {}
+            for router in ROUTERS:
+                topics = sorted(t for t in list(router.mesh) if t.startswith(TOPIC_DIGESTS_PREFIX))
+                peers = router.pubsub.peer_topics if router.pubsub is not None else {}
+                out = {"digest_mesh": [len(router.mesh.get(t, ())) for t in topics],
+                       "digest_topic_peers": [len(peers.get(t, ())) for t in topics],
+                       "heartbeat_s": float(router.heartbeat_interval)}
+            return out
+        except RuntimeError:  # changed size during iteration
+            continue
+    return {}
+
+
 def count_libp2p_wire(counters: WireCounters) -> None:
     """Wrap py-libp2p's TCP reads and gossipsub's RPC reads, and the pull/push frame reads (see the contract)."""
     import libp2p.io.trio as trio_io  # the host's library: loaded here only, for the thread isolation
     import libp2p.pubsub.pubsub as pubsub
 
     from swarm_node.sharing import pull_stream
+    from swarm_node.transport.libp2p import router
 
+    router_init = router.SharingGossipSub.__init__
+
+    def keep_router(self: Any, *args: Any, **kwargs: Any) -> None:
+        router_init(self, *args, **kwargs)
+        ROUTERS.append(self)
+
+    router.SharingGossipSub.__init__ = keep_router  # type: ignore[method-assign]
     tcp_read = trio_io.TrioTCPStream.read
 
     async def read(self: Any, n: int | None = None) -> bytes:
@@ -193,7 +227,8 @@ class StandIn:
         stats = self._closed[-1] if self._closed else RoundStats()
         closed = {f.name: getattr(stats, f.name) for f in fields(RoundStats) if f.name != "by_reason"}
         self.rounds.append({**closed, **delta, "drops": dict(stats.by_reason), "groups": len(got),
-                            "usable": len(usable), "senders": sorted({r.sender for r in got})})
+                            "usable": len(usable), "senders": sorted({r.sender for r in got}),
+                            "router": router_state()})
 
 
 async def _run(args: argparse.Namespace) -> None:

@@ -14,13 +14,13 @@ Contract:
   to the new ones, and a dial to every new peer; one that changes nobody's costs nothing.
 - Wire sizes are the node's, encoded by its codec (simulations/scale_wire.py): a digest batch, a pull request, a
   served or refused pull, a push.
-- Each round a node publishes its I groups' digests (one DigestBatch) in one of its
-  shards at an offset uniform in the publish spread; the digests' gossip is counted per link (scale_shards.py).
+- Each round a node publishes its I groups' digests (one DigestBatch) in one of its shards at an offset uniform
+  in the publish spread; the digests' gossip is counted per link (scale_shards.py).
 - Every `tick_s` a node that has fewer than `pull_target` pulls in flight or done takes `choose_pulls` over the
   digests it holds from this round and asks each chosen sender on a direct stream (one request per sender and
   round: `max_pulls_per_sender` is 1; a dial first if not connected); the sender answers with the group
-  (`ServeBook`: SERVE) or a refusal; no answer within `pull_timeout_s` (a departed
-  sender) frees the slot. A slot freed by a refusal or a timeout is used again at the next tick.
+  (`ServeBook`: SERVE) or a refusal; no answer within `pull_timeout_s` (a departed sender) frees the slot. A slot
+  freed by a refusal or a timeout is used again at the next tick.
 - Push fallback as the node does it (`FaninExchange`, design "bounded"): `push_after_s` after the digest, within
   the round, taken by a receiver that holds the round's digests (all round long). With `push_at_flush=True`
   (design "bounded-flush-push", the node until 2026-11-27): at its next flush (its next round's digest time, if
@@ -31,6 +31,8 @@ Contract:
   the round (it stops answering and forwarding); a fresh node (new identity and seed) takes its slot at the next
   round's start and joins its shard (GRAFTs). Only nodes present for a whole round count in `rounds_with_J_frac`.
 - Everything goes through `scale_links.Links` (network.py's link model) except the shard gossip, counted per link.
+- `run_bounded(...)` -> the run's `Record`, whose `inbound_breakdown()` kinds are digest_copy, idontwant, ihave (shard
+  gossip), control (GRAFT/PRUNE/(UN)SUBSCRIBE), dial (new connections), pull_request, group (served), refusal, push.
 """
 
 from __future__ import annotations
@@ -41,12 +43,7 @@ from collections import deque
 import numpy as np
 
 from simulations.scale_links import Links
-from simulations.scale_model import (
-    CONTROL_BYTES,
-    GossipParams,
-    Record,
-    ScaleSetup,
-)
+from simulations.scale_model import CONTROL_BYTES, GossipParams, Record, ScaleSetup
 from simulations.scale_shards import SHARD_GOSSIP, Shard
 from simulations.scale_wire import WireSizes
 from swarm_node.sharing.fanin import Digest, FanInParams, choose_pulls, epoch_shards, shard_count
@@ -61,20 +58,16 @@ class _Bounded:
     def __init__(self, setup: ScaleSetup, params: FanInParams, gossip: GossipParams,
                  push_at_flush: bool = True) -> None:
         n = setup.n
-        self.push_at_flush = push_at_flush
-        self.s, self.p, self.g = setup, params, gossip
+        self.s, self.p, self.g, self.push_at_flush = setup, params, gossip, push_at_flush
         self.record = Record(setup)
         self.links = Links(setup.link, self.record, n, setup.seed)
         self.rng = random.Random(setup.seed)
-        self.identity = list(range(n))
-        self.next_identity = n
-        self.seed = [self.rng.randbytes(16) for _ in range(n)]
-        self.alive = [True] * n
+        self.identity, self.next_identity = list(range(n)), n
+        self.seed, self.alive = [self.rng.randbytes(16) for _ in range(n)], [True] * n
         self.connected: list[set[int]] = [set() for _ in range(n)]
         self.node_shards: list[tuple[int, ...]] = [() for _ in range(n)]
         self.shards: dict[int, Shard] = {}
-        self.serve = [ServeBook(params) for _ in range(n)]
-        self.pushes = [PushBook(params) for _ in range(n)]
+        self.serve, self.pushes = [ServeBook(params) for _ in range(n)], [PushBook(params) for _ in range(n)]
         self.heard: list[deque[set[str]]] = [deque(maxlen=params.recent_rounds) for _ in range(n)]
         self.wire = WireSizes.of(setup)
         self.digest_msg = self.wire.digest_msg
@@ -188,7 +181,7 @@ class _Bounded:
 
     def _control(self, v: int, u: int, t: float) -> None:
         self.record.outbound(v, t, CONTROL_BYTES)
-        self.record.inbound(u, t, CONTROL_BYTES)
+        self.record.inbound(u, t, CONTROL_BYTES, kind="control")
 
     def _dial(self, v: int, u: int, t: float) -> None:
         if u in self.connected[v]:
@@ -197,7 +190,7 @@ class _Bounded:
         self.connected[u].add(v)
         for a, b in ((v, u), (u, v)):
             self.record.outbound(a, t, DIAL_BYTES)
-            self.record.inbound(b, t, DIAL_BYTES, msgs=DIAL_MSGS)
+            self.record.inbound(b, t, DIAL_BYTES, msgs=DIAL_MSGS, kind="dial")
 
     def churn(self, r: int, t: float) -> None:
         self.leaving = set()
@@ -261,6 +254,8 @@ class _Bounded:
                 rec.in_msgs[base + v] += float(got.in_msgs[j])
                 rec.in_bytes[base + v] += float(got.in_bytes[j])
                 rec.out_bytes[base + v] += float(got.out_bytes[j])
+                for kind, msgs in got.in_by_kind.items():
+                    rec.count_kind(base + v, kind, float(msgs[j]))
             for j, v in enumerate(shard.members):
                 self.arrivals[v].extend((start + got.arrival[i, j], p) for i, p in enumerate(pubs)
                                         if got.arrival[i, j] < np.inf)
@@ -289,7 +284,7 @@ class _Bounded:
                 self.pending[v].add(gid)
                 self._dial(v, sender, t)
                 self.links.send(v, sender, self.wire.pull_request, t, self.on_request, sender, v,
-                                self.identity[v], gid)
+                                self.identity[v], gid, kind="pull_request")
                 if self.s.link.loss or sender in self.leaving:  # else an answer always comes: no timer needed
                     self.links.at(t + self.p.pull_timeout_s, self.on_timeout, v, self.identity[v], gid)
 
@@ -298,9 +293,9 @@ class _Bounded:
             return  # gone: the requester times out
         if self.serve[sender].request(str(requester), str(gid)) == SERVE:
             self.served.add(gid)
-            self.links.send(sender, v, self.wire.pull_response, t, self.on_group, v, requester, gid)
+            self.links.send(sender, v, self.wire.pull_response, t, self.on_group, v, requester, gid, kind="group")
         else:
-            self.links.send(sender, v, self.wire.refusal, t, self.on_refused, v, requester, gid)
+            self.links.send(sender, v, self.wire.refusal, t, self.on_refused, v, requester, gid, kind="refusal")
 
     def _current(self, v: int, identity: int) -> bool:
         return self.alive[v] and self.identity[v] == identity
@@ -338,7 +333,7 @@ class _Bounded:
                 continue
             u = self.rng.choice(peers)
             self._dial(v, u, t)
-            self.links.send(v, u, self.wire.push, t, self.on_push, u, self.identity[u], gid, v)
+            self.links.send(v, u, self.wire.push, t, self.on_push, u, self.identity[u], gid, v, kind="push")
 
     def on_push(self, t: float, u: int, identity: int, gid: int, sender: int) -> None:
         """u takes a pushed group only while it holds the sender's digest: heard since its last flush (a node's
@@ -362,7 +357,7 @@ class _Bounded:
                 continue
             u = self.rng.choice(peers)
             self._dial(v, u, t)
-            self.links.send(v, u, self.wire.push, t, self.on_timer_push, u, self.identity[u], gid)
+            self.links.send(v, u, self.wire.push, t, self.on_timer_push, u, self.identity[u], gid, kind="push")
 
     def on_timer_push(self, t: float, u: int, identity: int, gid: int) -> None:
         """Taken while the receiver holds this round's digests (all round long, in this variant)."""
@@ -386,15 +381,19 @@ class _Bounded:
         return self.record
 
 
+def run_bounded(setup: ScaleSetup, params: FanInParams = FanInParams(), gossip: GossipParams = SHARD_GOSSIP,
+                push_at_flush: bool = False) -> Record:
+    """One run of the bounded design (see the contract); `push_at_flush` is design "bounded-flush-push"."""
+    return _Bounded(setup, params, gossip, push_at_flush=push_at_flush).run()
+
+
 def simulate_bounded(setup: ScaleSetup, params: FanInParams = FanInParams(),
                      gossip: GossipParams = SHARD_GOSSIP) -> dict[str, float]:
-    """The node as it is (`FaninExchange`): the push `push_after_s` after the digest, taken by a receiver holding
-    the round's digests."""
-    return _Bounded(setup, params, gossip, push_at_flush=False).run().metrics()
+    """The node as it is (`FaninExchange`): the push `push_after_s` after the digest, within the round."""
+    return run_bounded(setup, params, gossip).metrics()
 
 
 def simulate_bounded_flush_push(setup: ScaleSetup, params: FanInParams = FanInParams(),
                                 gossip: GossipParams = SHARD_GOSSIP) -> dict[str, float]:
-    """The node until 2026-11-27: the push fallback at the sender's next flush, mostly after receivers dropped the
-    digest (why the node now pushes on a timer)."""
-    return _Bounded(setup, params, gossip).run().metrics()
+    """The node until 2026-11-27: the push at the sender's next flush, mostly after receivers dropped the digest."""
+    return run_bounded(setup, params, gossip, push_at_flush=True).metrics()

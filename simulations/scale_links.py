@@ -5,8 +5,9 @@ Contract:
   asyncio hand-off per hop would not fit 10,000 nodes): a message of b bytes from u to v leaves u's uplink when it is
   free (sends serialised in call order), takes b*8/uplink_bps, travels `latency_s`, then queues on v's downlink the
   same way; capacity 0 is unlimited; a message is lost with probability `loss` (seeded).
-- `send(src, dst, nbytes, now, handler, *args)` schedules the arrival and counts the bytes out of `src` (at `now`);
-  at arrival the bytes and the message count into `dst` (`Record.inbound`), then `handler(t, *args)` runs.
+- `send(src, dst, nbytes, now, handler, *args, kind=)` schedules the arrival and counts the bytes out of `src` (at
+  `now`); at arrival the bytes and the message count into `dst` (`Record.inbound`, under `kind` in its breakdown),
+  then `handler(t, *args)` runs.
   `at(t, handler, *args)` schedules a timer (no traffic). `run_until(t)` runs everything due by t in time order
   (ties in scheduling order); handlers may send and schedule more.
 - Nothing reads a clock: a run is a function of its seeds.
@@ -38,7 +39,8 @@ class Links:
         self.now = 0.0
         self.lost = 0
 
-    def send(self, src: int, dst: int, nbytes: int, now: float, handler: Handler, *args: Any) -> None:
+    def send(self, src: int, dst: int, nbytes: int, now: float, handler: Handler, *args: Any,
+             kind: str = "message") -> None:
         link = self.link
         self.record.outbound(src, now, nbytes)
         if link.loss and self.rng.random() < link.loss:
@@ -48,10 +50,10 @@ class Links:
         self.up_free[src] = depart
         arrive = max(depart + link.latency_s, self.down_free[dst]) + transfer_s(nbytes, link.downlink_bps)
         self.down_free[dst] = arrive
-        heapq.heappush(self.queue, (arrive, next(self.order), self._arrive, (dst, nbytes, handler, args)))
+        heapq.heappush(self.queue, (arrive, next(self.order), self._arrive, (dst, nbytes, handler, args, kind)))
 
-    def _arrive(self, t: float, dst: int, nbytes: int, handler: Handler, args: tuple[Any, ...]) -> None:
-        self.record.inbound(dst, t, nbytes)
+    def _arrive(self, t: float, dst: int, nbytes: int, handler: Handler, args: tuple[Any, ...], kind: str) -> None:
+        self.record.inbound(dst, t, nbytes, kind=kind)
         handler(t, *args)
 
     def at(self, t: float, handler: Handler, *args: Any) -> None:

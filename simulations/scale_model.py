@@ -15,12 +15,15 @@ Contract:
   round in which they arrive or leave), usable groups (in their round, valid, with signal), distinct receivers of
   each group in its round and when the K-th got it, distinct senders heard per node. `Record.metrics()` gives the
   issue's per-design figures (per-node figures: each node's mean per measured round, then the median or the 99th
-  percentile over nodes; the first `warmup` rounds are not measured).
+  percentile over nodes; the first `warmup` rounds are not measured). `Record.inbound_breakdown()`: the inbound
+  messages of the measured rounds by kind (each `inbound(..., kind=)` call's), per node and round (the mean over
+  the (node, round) pairs present for the whole round, not a median: the kinds add up to the mean, not the median).
 """
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -126,6 +129,7 @@ class Record:
     kth_at: np.ndarray = field(init=False)  # when the K-th of them got it
     heard_10: list[set[int]] = field(init=False)
     heard_100: list[set[int]] = field(init=False)
+    in_kinds: Counter[str] = field(init=False)  # inbound messages of the measured rounds, by kind
 
     def __post_init__(self) -> None:
         shape = (self.setup.rounds + 1, self.setup.n)  # +1: traffic that lands after the last round
@@ -142,6 +146,7 @@ class Record:
         self.kth_at = np.full(groups, np.inf)
         self.heard_10 = [set() for _ in range(self.setup.n)]
         self.heard_100 = [set() for _ in range(self.setup.n)]
+        self.in_kinds = Counter()
 
     def round_of(self, t: float) -> int:
         return min(int(t // self.setup.round_s), self.setup.rounds)
@@ -161,10 +166,22 @@ class Record:
         self.group_time[group] = t
         self.group_signal[group] = signal
 
-    def inbound(self, node: int, t: float, nbytes: float, msgs: float = 1.0) -> None:
+    def inbound(self, node: int, t: float, nbytes: float, msgs: float = 1.0, kind: str = "message") -> None:
         cell = self.cell(t, node)
         self.in_msgs[cell] += msgs
         self.in_bytes[cell] += nbytes
+        self.count_kind(cell, kind, msgs)
+
+    def count_kind(self, cell: int, kind: str, msgs: float) -> None:
+        """Adds `msgs` inbound messages of `kind` at flat `cell` to the breakdown if its round is measured (the
+        caller counts them into `in_msgs` itself)."""
+        if self.setup.warmup * self.setup.n <= cell < self.setup.rounds * self.setup.n:
+            self.in_kinds[kind] += msgs
+
+    def inbound_breakdown(self) -> dict[str, float]:
+        """See the module contract: kind -> inbound messages per node and round (mean), kinds sorted."""
+        pairs = float(self.alive[list(self.setup.measured)].sum())
+        return {kind: self.in_kinds[kind] / pairs for kind in sorted(self.in_kinds)} if pairs else {}
 
     def outbound(self, node: int, t: float, nbytes: float) -> None:
         self.out_bytes[self.cell(t, node)] += nbytes

@@ -17,7 +17,7 @@ that one method measures every N):
 - `deliver(publishers, offsets, msg_bytes, hop_s, setup)` -> `Delivery`: each member's arrival time of each
   publisher's message and the RPCs and bytes in and out per member (data copies, IDONTWANT, IHAVE with the ids
   of the last `window` heartbeats to each lazy peer; every member sees the same heartbeats with ids, those of the
-  publish offsets).
+  publish offsets); `in_by_kind` splits the RPCs in: "digest_copy", "idontwant" (RPCs of their own), "ihave".
 - `SHARD_GOSSIP`: the host's gossipsub on a digest topic (its small meshes); `HOST_GOSSIP_BEFORE`: py-libp2p's.
 """
 
@@ -57,6 +57,7 @@ class Delivery:
     in_msgs: np.ndarray  # (members,)
     in_bytes: np.ndarray
     out_bytes: np.ndarray
+    in_by_kind: dict[str, np.ndarray]  # in_msgs split by kind (they add up to it)
 
 
 class Shard:
@@ -167,7 +168,8 @@ class Shard:
         return Delivery(arrival=arrival,
                         in_msgs=data_in + idontwant_only + ihave_msgs,
                         in_bytes=data_in * copy_bytes + idontwant_only * own_rpc + ihave_bytes,
-                        out_bytes=data_out * copy_bytes + idontwant_only * own_rpc + ihave_bytes)
+                        out_bytes=data_out * copy_bytes + idontwant_only * own_rpc + ihave_bytes,
+                        in_by_kind={"digest_copy": data_in, "idontwant": idontwant_only, "ihave": ihave_msgs})
 
 
 def _beats_with_ids(offsets: np.ndarray, gossip: GossipParams, setup: ScaleSetup) -> float:

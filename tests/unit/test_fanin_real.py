@@ -95,3 +95,25 @@ def test_compare_needs_simulated_traffic() -> None:
     with pytest.raises(ZeroDivisionError):
         compare({"inbound_msgs_per_round": 1.0, "inbound_kb_per_round": 1.0},
                 {"inbound_msgs_per_round": 0.0, "inbound_kb_per_round": 1.0})
+
+
+def test_the_simulators_breakdowns_are_averaged_kind_by_kind_a_missing_kind_counting_zero() -> None:
+    from bench.fanin_real import mean_breakdown
+
+    assert mean_breakdown([{"ihave": 14.0, "digest_copy": 62.0}, {"digest_copy": 61.0, "dial": 0.5}]) == {
+        "dial": 0.25, "digest_copy": 61.5, "ihave": 7.0}
+    assert mean_breakdown([]) == {}
+
+
+def test_the_router_summary_counts_mesh_sizes_and_heartbeat_intervals_over_the_measured_rounds_only() -> None:
+    from bench.fanin_real import router_summary
+
+    def state(mesh: int, beat: float) -> dict[str, object]:
+        return {"router": {"digest_mesh": [mesh], "digest_topic_peers": [12], "heartbeat_s": beat}}
+
+    rounds = [[state(9, 1.0), state(2, 1.0), state(3, 60.0)], [state(9, 1.0), state(4, 30.0), {"router": {}}]]
+    assert router_summary(rounds, warmup=1) == {"digest_mesh_sizes": {"2": 1, "3": 1, "4": 1},
+                                                "digest_mesh_mean": 3.0,
+                                                "heartbeat_s": {"1.0": 1, "30.0": 1, "60.0": 1}}
+    assert router_summary([[{"round": 0}]], warmup=0) == {"digest_mesh_sizes": {}, "digest_mesh_mean": None,
+                                                          "heartbeat_s": {}}

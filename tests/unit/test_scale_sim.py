@@ -187,3 +187,23 @@ def test_the_small_meshes_bring_the_p99_under_ten_times_j_groups() -> None:
     assert [round(after[k], 1) for k in p99] == [154.2, 169.8]
     assert max(after["inbound_kb_per_round_p99"], after["outbound_kb_per_round_p99"]) < target
     assert after["rounds_with_J_frac"] == before["rounds_with_J_frac"] == 1.0
+
+
+def test_bounded_breakdown_names_every_inbound_message_and_counts_digest_copies_as_the_mesh_gives_them() -> None:
+    # N = 16: one shard (M = 1), every node publishes one batch a round, nobody leaves, so the digest copies a node
+    # takes in per round are the shard's per-origin copies (Shard.tables) summed over origins, whatever the timing.
+    setup = ScaleSetup(n=16, rounds=8, warmup=2, seed=0)
+    sim = _Bounded(setup, FanInParams(), SHARD_GOSSIP, push_at_flush=False)
+    record = sim.run()
+    (shard,) = sim.shards.values()
+    _, copies_in, _ = shard.tables()
+    breakdown = record.inbound_breakdown()
+    assert set(breakdown) == {"dial", "digest_copy", "idontwant", "ihave", "pull_request", "group", "push",
+                              "refusal"}
+    assert breakdown["digest_copy"] == pytest.approx(copies_in.sum() / 16)
+    assert breakdown["idontwant"] == 0.0  # a digest batch is under the host's IDONTWANT threshold
+    # The kinds add up to the mean over nodes of each node's inbound messages per measured round.
+    per_node = np.array(record.in_msgs).reshape(-1, 16)[list(setup.measured)].mean(axis=0)
+    assert sum(breakdown.values()) == pytest.approx(per_node.mean())
+    # Every request reaching a sender is answered within its round (nobody leaves): a group or a refusal.
+    assert breakdown["pull_request"] == pytest.approx(breakdown["group"] + breakdown["refusal"])
