@@ -115,3 +115,14 @@ def test_no_idontwant_for_a_message_under_the_threshold() -> None:
         trio.run(r._emit_idontwant_for_message, msg.from_id + msg.seqno, [topic])
     assert sent == [ps[0].to_bytes() + (1).to_bytes(8, "big")] * 3  # the 1,024-byte one, to each mesh peer
     assert r.counters["idontwant_skipped"] == 1
+
+
+def test_the_router_keeps_its_heartbeat_without_adaptive_gossip() -> None:
+    # py-libp2p's adaptive gossip (on by default) rates small meshes as poor health and then stretches the
+    # heartbeat to 30-60 s on every topic (measured in bench.fanin_real); ours is off unless asked for.
+    r = SharingGossipSub(protocols=[PROTOCOL_ID_V12], degree=6, degree_low=4, degree_high=12, heartbeat_interval=1)
+    assert r.adaptive_gossip_enabled is False and r.heartbeat_interval == 1
+    enabled = SharingGossipSub(protocols=[PROTOCOL_ID_V12], degree=6, degree_low=4, degree_high=12,
+                               heartbeat_interval=1, adaptive_gossip_enabled=True)
+    enabled._adapt_heartbeat_parameters(0.3)  # what the library does each heartbeat when health reads critical
+    assert enabled.heartbeat_interval == 30

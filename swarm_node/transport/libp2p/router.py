@@ -22,6 +22,10 @@ Two more rules keep small, frequent messages cheap (bounded fan-in's digest batc
 - No IDONTWANT for a message whose data is under `idontwant_min_bytes` (gossipsub v1.2's threshold, 1 KiB in
   go-libp2p): py-libp2p sends one to every mesh peer for every message, which for a message smaller than an RPC
   costs more than the copy it might save.
+- No "adaptive gossip" (py-libp2p's own extension, on by default): it rates the network's health by comparing each
+  mesh with the router's degree, so the small meshes read as unhealthy, and it then stretched the heartbeat from
+  our 1 s to 30-60 s on every topic, stalling mesh top-ups, gossip, the message cache's shift, score decay
+  (scoring.py assumes 1 s heartbeats) and backoff expiry (measured: bench.fanin_real, docs/SWARM_SCALE.md).
 """
 
 from __future__ import annotations
@@ -91,7 +95,7 @@ class SharingGossipSub(GossipSub):
 
     def __init__(self, *args: Any, counters: Counter[str] | None = None, small_prefix: str = "",
                  small_bounds: MeshBounds | None = None, idontwant_min_bytes: int = 0, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **{"adaptive_gossip_enabled": False, **kwargs})
         self.counters: Counter[str] = counters if counters is not None else Counter()
         self.small_prefix, self.small_bounds = small_prefix, small_bounds
         self.idontwant_min_bytes = idontwant_min_bytes
