@@ -131,6 +131,13 @@ async def test_pulls_push_and_an_oversized_frame_over_libp2p() -> None:
         await until(pushes_arrived, "c's two pushed groups")
         for name in "ab":
             assert await ex[name].flush() == 0
+
+        async def c_pulled_both() -> bool:  # c's pulls (from its flush above) are answered in their own time
+            got["c"] += ex["c"].drain()
+            return sorted({r.sender for r in got["c"] if r.group is not None}, key=str) == sorted(
+                [ta.peer_id, tb.peer_id], key=str)
+
+        await until(c_pulled_both, "c's pulls of a's and b's groups")
         got = {name: got[name] + ex[name].drain() for name in "abc"}
         pushed = sorted((r.group.group_id, name) for name in "ab" for r in got[name]
                         if r.group is not None and r.sender == tc.peer_id)
