@@ -104,9 +104,10 @@ def recipe_key() -> str:
 
 def dirty(root: Path = REPO) -> bool | None:
     """Uncommitted changes outside bench/results/ (None outside a git checkout)."""
-    status = _git(root, "status", "--porcelain")  # untracked files too: an untracked module may be measured
+    status = _git(root, "status", "--porcelain", strip=False)  # untracked files too: an untracked module counts
     if status is None:
         return None
+    # each line is "XY path": two status columns (the first may be a space), a space, the path
     return any(not line[3:].startswith(RESULTS_DIR) for line in status.splitlines() if line.strip())
 
 
@@ -130,9 +131,11 @@ def _invocation() -> list[str]:
     return list(sys.argv)
 
 
-def _git(root: Path, *args: str) -> str | None:
+def _git(root: Path, *args: str, strip: bool = True) -> str | None:
     try:
         done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return done.stdout.strip() if done.returncode == 0 else None
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() if strip else done.stdout

@@ -126,3 +126,25 @@ def test_a_cell_fingerprint_includes_the_code_version(monkeypatch: pytest.Monkey
     here = cell_fingerprint(scn, scn.variants[0])
     monkeypatch.setattr(simulations.results, "code_version", lambda: "other-code")
     assert cell_fingerprint(scn, scn.variants[0]) != here
+
+
+def test_a_changed_result_alone_leaves_a_checkout_clean_whatever_its_status_columns(tmp_path: Path) -> None:
+    # " M path" (changed in the work tree only) starts with a space: the path must still be read from column 3
+    import subprocess
+
+    from bench.provenance import dirty
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("config", "user.email", "t@t"), git("config", "user.name", "t")
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "bench" / "results" / "r.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "-A"), git("commit", "-qm", "c")
+    assert dirty(tmp_path) is False
+    (tmp_path / "bench" / "results" / "r.json").write_text('{"a": 1}')
+    assert dirty(tmp_path) is False  # " M bench/results/r.json"
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert dirty(tmp_path) is True
