@@ -58,11 +58,7 @@ def tokens_per_node(rows: Sequence[Row]) -> float | None:
 
 def seed_outcomes(result: Mapping[str, Any]) -> dict[str, float]:
     """{question: the mean over the cell's nodes of its outcome}, on the questions every node answered."""
-    per_node = result.get("final_eval_outcomes_per_node") or []
-    if not per_node:
-        return {}
-    common = set.intersection(*(set(o) for o in per_node))
-    return {q: statistics.fmean(o[q] for o in per_node) for q in sorted(common)}
+    return eval_stats.mean_over_nodes(result.get("final_eval_outcomes_per_node") or [])
 
 
 def _mean_std(values: list[float]) -> tuple[float | None, float | None]:

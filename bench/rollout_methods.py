@@ -227,8 +227,7 @@ def swarm_summary(seed: int, rows: list[dict[str, Any]], result: dict[str, Any],
 
     nodes = max(1, len({r["node"] for r in rows}))
     groups, with_signal = total("groups_total"), total("groups_used")
-    common = set.intersection(*(set(o) for o in per_node)) if per_node else set()
-    outcomes = {q: statistics.fmean(o[q] for o in per_node) for q in sorted(common)}
+    outcomes = eval_stats.mean_over_nodes(per_node)
     return {"arm": SWARM_ARM, "seed": seed, "steps": result["rounds"], "gen_tokens": total("gen_tokens") / nodes,
             "groups": groups / nodes, "groups_with_signal": with_signal / nodes,
             "signal_frac": with_signal / groups if groups else None, "cum_reward": result["cum_reward"],

@@ -90,8 +90,7 @@ def honest_outcomes(result: dict[str, Any], nodes: list[str]) -> dict[str, float
     per_node = result.get("final_eval_outcomes_per_node") or {}
     if not nodes or any(n not in per_node for n in nodes):
         return {}
-    common = set.intersection(*(set(per_node[n]) for n in nodes))
-    return {q: statistics.fmean(per_node[n][q] for n in nodes) for q in sorted(common)}
+    return eval_stats.mean_over_nodes([per_node[n] for n in nodes])
 
 
 def paired_vs_solo(cells: list[dict[str, Any]], by: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any] | None:

@@ -4,6 +4,8 @@ Contract (pure: numpy only, deterministic for a given `seed`):
 - An arm's outcomes are per question: a mapping {question key: score in [0, 1]} (1/0 for exact accuracy). A question
   asked more than once in one eval is one key whose score is the mean of its answers (`per_question`), so an
   interval never counts a repeated question twice: an eval is no larger than its distinct questions.
+- `mean_over_nodes(per_node)`: several nodes' outcomes as one arm: per question, the mean over the nodes, on the
+  questions every node answered (a swarm's nodes evaluated on the same questions).
 - `mean_ci95(outcomes)`: the mean and the percentile-bootstrap 95% interval over questions.
 - `paired_diff(a, b)`: on the questions both arms answered, the mean of a - b and its bootstrap interval, the pairs
   kept together (resampling questions, not arms), which cancels how hard each question is.
@@ -18,6 +20,7 @@ An interval is `(low, high)`; with a single question (or seed) it is the point i
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +49,14 @@ def per_question(answers: Iterable[tuple[str, float]]) -> dict[str, float]:
         sums[key] += score
         counts[key] += 1
     return {key: sums[key] / counts[key] for key in sums}
+
+
+def mean_over_nodes(per_node: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """{question: the mean over the nodes of its outcome} on the questions all of them answered; {} without nodes."""
+    if not per_node:
+        return {}
+    common = set.intersection(*(set(o) for o in per_node))
+    return {q: statistics.fmean(o[q] for o in per_node) for q in sorted(common)}
 
 
 def paired_values(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:

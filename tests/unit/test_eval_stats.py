@@ -66,3 +66,11 @@ def test_gains_per_question_feed_the_seed_bootstrap() -> None:
     assert gains == {"q1": 1.0, "q2": 0.0, "q3": 1.0, "q4": 0.0}
     est = eval_stats.seeds_then_questions([gains, gains])
     assert est.mean == 0.5 and est.ci95[0] >= 0.0 and est.ci95[1] <= 1.0
+
+
+def test_nodes_as_one_arm_average_each_question_they_all_answered() -> None:
+    from swarm_node.train.eval_stats import mean_over_nodes
+
+    # q3 was answered by the first node only: left out; q1 (1 + 0) / 2, q2 (1 + 1) / 2
+    assert mean_over_nodes([{"q1": 1.0, "q2": 1.0, "q3": 0.0}, {"q1": 0.0, "q2": 1.0}]) == {"q1": 0.5, "q2": 1.0}
+    assert mean_over_nodes([]) == {}
