@@ -25,7 +25,10 @@ def twin(model: Path, run_dir: Path, transport: MemoryTransport) -> Assembly:
                              "run.prompts_per_step": 2, "run.group_size": 4, "run.eval_problems": 0,
                              "run.run_dir": str(run_dir), "run.checkpoint_every": ROUNDS, "train.threads": 1,
                              "train.minibatches": 1, "share.local_groups": 2, "share.external_groups": 2,
-                             "share.fanin": "flood", "status.port": -1})  # identical groups reach each other whole
+                             "share.fanin": "flood", "status.port": -1,  # identical groups reach each other whole
+                             # The message rate is per second of real time, and this runs 10 minutes of rounds in
+                             # seconds: an idle machine outran it (4 groups `flood`-dropped, 116 of 120 duplicates).
+                             "peers.max_messages_per_s": 0})
     return assemble(cfg, Sharing.SAPO, transport=transport, events=NodeEvents(log=lambda _m: None))
 
 
