@@ -9,8 +9,9 @@ Contract (the design is `sharing/fanin.py`, the bookkeeping `sharing/fanin_ledge
   their own pace), and their digests go out as one DigestBatch on one of our shards.
 - Digests heard on our shards are pull candidates of that round; `await pull()` picks pulls with `choose_pulls`
   (signal only, capped per sender, up to `pull_target`), dials the chosen senders we are not connected to at the
-  addresses their batches carry (`sharing.sender_reach`, capped per round), asks each sender once (one that cannot
-  be reached frees its slots for others at once, and ranks as recently heard), checks every served group against
+  addresses their batches carry (`sharing.sender_reach`, capped per round), asks each sender once per round of its
+  digests, in requests of at most `limits.max_pulls_per_request` ids (`fanin.pull_asks`; one that cannot be reached
+  frees its slots for others at once, and ranks as recently heard), checks every served group against
   its digest's hash before decoding it and against its re-scored rewards (`rescore`), and queues the groups that
   pass; lies are queued as drops with their fan-in reason (`hash_mismatch`, `digest_reward_mismatch`,
   `unserved_digest`), as are requesters that pull unoffered groups or past their share.
@@ -67,6 +68,7 @@ from swarm_node.sharing.fanin import (
     choose_pulls,
     epoch_of,
     epoch_shards,
+    pull_asks,
     shard_count,
     unpulled,
 )
@@ -338,21 +340,22 @@ class FaninExchange:
                                   recent, self.params, self.seed)
             if not chosen:
                 break
-            asks: dict[tuple[str, int], list[Digest]] = {}  # one request per sender and round of its digests
             for d in chosen:
                 self._taken[d.group_id] = d
-                asks.setdefault((d.sender, self._candidates[d.group_id][0]), []).append(d)
-            unreached = await self.reach.reach(list(dict.fromkeys(sender for sender, _ in asks)))
+            asks = pull_asks(chosen, {d.group_id: self._candidates[d.group_id][0] for d in chosen},
+                             self.limits.max_pulls_per_request)
+            unreached = await self.reach.reach(list(dict.fromkeys(sender for sender, _, _ in asks)))
             results = await asyncio.gather(*(self._pull_from(sender, r, ds, sender in unreached)
-                                             for (sender, r), ds in asks.items()))
+                                             for sender, r, ds in asks))
             accepted += sum(n for n in results if n is not None)
-            failed = {sender for (sender, _), n in zip(asks, results, strict=True) if n is None}
+            failed = {sender for (sender, _, _), n in zip(asks, results, strict=True) if n is None}
             if not failed:
                 break
             self._unreachable |= failed
         return accepted
 
-    async def _pull_from(self, sender: str, sender_round: int, digests: list[Digest], unreached: bool) -> int | None:
+    async def _pull_from(self, sender: str, sender_round: int, digests: tuple[Digest, ...],
+                         unreached: bool) -> int | None:
         """The groups accepted from one pull request, or None when the sender could not be reached."""
         request = PullRequest(sender_round, tuple(bytes.fromhex(d.group_id) for d in digests), self.clock())
         try:

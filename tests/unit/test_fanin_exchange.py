@@ -236,6 +236,39 @@ def test_recent_rounds_stay_served_and_an_expired_one_is_refused_unscored() -> N
     assert _drops(out.received["n0"]) == [("n4", "over_pull")] + [("n4", "unoffered_pull")] * 3
 
 
+def test_many_groups_of_one_sender_round_are_pulled_in_requests_of_at_most_max_pulls_per_request() -> None:
+    """With caps raised past the wire's ids per request (a bench taking every group offered), the 20 groups of one
+    sender's round go out as 3 requests of 8, 8 and 4 ids (one request of 20 would be rejected whole)."""
+    limits = dataclasses.replace(LIMITS, max_pulls_per_request=8)
+    params = dataclasses.replace(PARAMS, pull_target=40, max_pulls_per_sender=40, serve_per_round=40,
+                                 serve_per_requester=40, serve_streams_per_peer=3)
+
+    async def main() -> tuple[int, list[Received], RoundStats, RoundStats]:
+        hub = MemoryHub()
+        transports = {name: MemoryTransport(hub, name) for name in ("n0", "n1")}
+        n0, n1 = (FaninExchange(transports[name], limits, accept_policy_for(SOURCE), params, SEEDS[i], 8)
+                  for i, name in enumerate(("n0", "n1")))
+        for transport, exchange in zip(transports.values(), (n0, n1), strict=True):
+            await transport.start()
+            await exchange.start()
+        await transports["n0"].connect(memory_addr("n1"))
+        n0.publish([_group(0, k, time.time()) for k in range(20)])
+        await n0.flush()
+        await hub.settle()
+        accepted = await n1.pull()
+        out = accepted, n1.drain(), n1.round_stats, n0.round_stats
+        for transport in transports.values():
+            await transport.stop()
+        return out
+
+    accepted, got, pulled, served = asyncio.run(main())
+    assert accepted == 20
+    assert sorted(r.group.group_id for r in got if r.group is not None) == [bytes([0, k]) * 8 for k in range(20)]
+    assert _drops(got) == []
+    # One digest batch and 3 pull responses in; 20 groups pulled, all served.
+    assert (pulled.inbound_messages, pulled.pulls_sent, served.pulls_served) == (4, 20, 20)
+
+
 def test_flush_hands_the_finished_round_counters_to_on_round() -> None:
     async def next_round(exchanges: dict[str, FaninExchange]) -> object:
         finished: list[RoundStats] = []
