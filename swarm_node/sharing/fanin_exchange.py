@@ -4,16 +4,18 @@ Contract (the design is `sharing/fanin.py`, the bookkeeping `sharing/fanin_ledge
 - `await start()` serves the pull and push protocols (`sharing.pull_stream`, each within `serve_streams` streams
   at once, `serve_streams_per_peer` per peer: `sharing.stream_gate`) and joins this epoch's shard topics
   (`epoch_shards` from the node's own secret seed); every digest batch is validated by `validate_gossip`.
-- `publish(groups)` (sync) queues our groups; `await flush()` opens a round: our queued groups become the
-  groups we serve for this round (`served_rounds.ServedRounds`: recent rounds stay served, since peers step at
-  their own pace), and their digests go out as one DigestBatch on one of our shards.
-- Digests heard on our shards are pull candidates of that round; `await pull()` picks pulls with `choose_pulls`
-  (signal only, capped per sender, up to `pull_target`), dials the chosen senders we are not connected to at the
-  addresses their batches carry (`sharing.sender_reach`, capped per round), asks each sender once per round of its
-  digests, in requests of at most `limits.max_pulls_per_request` ids (`fanin.pull_asks`; one that cannot be reached
-  frees its slots for others at once, and ranks as recently heard), checks every served group against
-  its digest's hash before decoding it and against its re-scored rewards (`rescore`), and queues the groups that
-  pass; lies are queued as drops with their fan-in reason (`hash_mismatch`, `digest_reward_mismatch`,
+- `publish(groups)` (sync) queues our groups (`queued`: how many wait for a round); `await flush()` opens a
+  round: our queued groups become the groups we serve for this round (`served_rounds.ServedRounds`: recent rounds
+  stay served, since peers step at their own pace), and their digests go out as one DigestBatch on one of our
+  shards (at most `limits.max_digests_per_message` groups a round: the rest wait for the next).
+- Digests heard on our shards are pull candidates of that round (those that arrive while its pull is under way,
+  after its last choice, of the next round: never chosen from, they are not dropped); `await pull()` picks pulls
+  with `choose_pulls` (signal only, capped per sender, up to `pull_target`), dials the chosen senders we are not
+  connected to at the addresses their batches carry (`sharing.sender_reach`, capped per round), asks each sender
+  once per round of its digests, in requests of at most `limits.max_pulls_per_request` ids (`fanin.pull_asks`;
+  one that cannot be reached frees its slots for others at once, and ranks as recently heard), checks every served
+  group against its digest's hash before decoding it and against its re-scored rewards (`rescore`), and queues the
+  groups that pass; lies are queued as drops with their fan-in reason (`hash_mismatch`, `digest_reward_mismatch`,
   `unserved_digest`), as are requesters that pull unoffered groups or past their share.
 - `drain()` (sync) returns and clears what arrived, like `TransportExchange`; `round_stats` counts this round's
   inbound messages, bytes and pulls, handed to `on_round` when `flush` closes the round (the node's /status).
@@ -124,6 +126,7 @@ class FaninExchange:
         self._outbox: list[RolloutGroup] = []
         self.served = ServedRounds(params)  # our groups of recent rounds (peers' rounds are not in step with ours)
         self._candidates: dict[str, tuple[int, Digest]] = {}  # group id hex -> (the sender's round, digest)
+        self._considered: set[str] = set()  # candidates a pull's choice saw this round (the rest came in after it)
         self._taken: dict[str, Digest] = {}  # pulled or asked this round
         self._recent: list[set[str]] = []  # senders taken from (or unreachable) in each of the last rounds
         self._unreachable: set[str] = set()  # senders whose pull failed this round: not asked again in it
@@ -228,6 +231,11 @@ class FaninExchange:
     def publish(self, groups: list[RolloutGroup]) -> None:
         self._outbox.extend(groups)
 
+    @property
+    def queued(self) -> int:
+        """Our groups published and not yet announced (a flush announces `limits.max_digests_per_message`)."""
+        return len(self._outbox)
+
     def serving(self, round_index: int) -> dict[bytes, RolloutGroup]:
         """The groups we serve for `round_index` (none once it is no longer held: `served_rounds`)."""
         return self.served.groups(round_index)
@@ -245,7 +253,9 @@ class FaninExchange:
         self.round_stats = RoundStats(self.round)
         heard = set(d.sender for d in self._taken.values()) | self._unreachable
         self._recent = [heard, *self._recent][:self.params.recent_rounds]
-        self._taken, self._candidates, self._unreachable = {}, {}, set()
+        # Digests that arrived while we pulled were never chosen from: they are candidates of the next round.
+        self._candidates = {k: v for k, v in self._candidates.items() if k not in self._considered}
+        self._taken, self._considered, self._unreachable = {}, set(), set()
         self.push_book.new_round()
         self.reach.new_round()
         await self._join_epoch()
@@ -335,6 +345,7 @@ class FaninExchange:
             for d in self._taken.values():
                 per_sender[d.sender] = per_sender.get(d.sender, 0) + 1
             recent = set().union(self._unreachable, *self._recent)
+            self._considered.update(self._candidates)
             candidates = [d for _, d in self._candidates.values() if d.sender not in self._unreachable]
             chosen = choose_pulls(candidates, self._taken, per_sender, {d.task for d in self._taken.values()},
                                   recent, self.params, self.seed)

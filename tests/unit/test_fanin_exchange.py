@@ -253,7 +253,9 @@ def test_many_groups_of_one_sender_round_are_pulled_in_requests_of_at_most_max_p
             await exchange.start()
         await transports["n0"].connect(memory_addr("n1"))
         n0.publish([_group(0, k, time.time()) for k in range(20)])
+        assert n0.queued == 20
         await n0.flush()
+        assert n0.queued == 0
         await hub.settle()
         accepted = await n1.pull()
         out = accepted, n1.drain(), n1.round_stats, n0.round_stats
@@ -267,6 +269,38 @@ def test_many_groups_of_one_sender_round_are_pulled_in_requests_of_at_most_max_p
     assert _drops(got) == []
     # One digest batch and 3 pull responses in; 20 groups pulled, all served.
     assert (pulled.inbound_messages, pulled.pulls_sent, served.pulls_served) == (4, 20, 20)
+
+
+def test_digests_that_arrive_while_a_pull_is_under_way_are_candidates_of_the_next_round() -> None:
+    """n2's digest reaches n1 after n1's pull chose (n0's group) and before it finished: n1's next round pulls it
+    (a flush used to clear every candidate, so a group announced during a receiver's pull was never fetched)."""
+    async def main() -> tuple[list[str], list[str]]:
+        hub, transports, exchanges = await _started(PARAMS)
+        for a, b in (("n0", "n1"), ("n0", "n2"), ("n1", "n2")):
+            await transports[a].connect(memory_addr(b))
+        n0, n1, n2 = exchanges["n0"], exchanges["n1"], exchanges["n2"]
+        n0.publish([_group(0, 0, time.time())])
+        await n0.flush()
+        await hub.settle()
+        reach = n1.reach.reach
+
+        async def n2_announces_meanwhile(senders: list[str]) -> set[str]:
+            n2.publish([_group(2, 0, time.time())])
+            await n2.flush()
+            await hub.settle()
+            return await reach(senders)
+
+        n1.reach.reach = n2_announces_meanwhile  # type: ignore[method-assign]
+        await n1.flush()  # pulls n0's group; n2's digest arrives during the pull
+        first = _senders(n1.drain())
+        n1.reach.reach = reach  # type: ignore[method-assign]
+        await n1.flush()
+        out = first, _senders(n1.drain())
+        for t in transports.values():
+            await t.stop()
+        return out
+
+    assert asyncio.run(main()) == (["n0"], ["n2"])
 
 
 def test_flush_hands_the_finished_round_counters_to_on_round() -> None:
