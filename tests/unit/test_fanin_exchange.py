@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -126,6 +127,14 @@ def _neighbours(name: str) -> list[str]:
     return sorted(n for n in NAMES if n != name and SHARD_OF[n] == SHARD_OF[name])
 
 
+def test_reward_stats_give_the_signal_and_the_population_variance() -> None:
+    assert reward_stats([0.0, 1.0]) == (True, 0.25)
+    assert reward_stats([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]) == (True, 0.234375)
+    assert reward_stats([0.5, 0.5, 0.5]) == (False, 0.0)
+    assert reward_stats([]) == (False, 0.0)
+    assert abs(reward_stats([0.1, 0.7, 0.3])[1] - statistics.pvariance([0.1, 0.7, 0.3])) < 1e-15
+
+
 def test_each_node_gets_its_j_groups_one_per_shard_neighbour_and_hears_only_its_shard() -> None:
     out = _swarm()
     assert out.shards == {name: (SHARD_OF[name],) for name in NAMES}
@@ -163,9 +172,9 @@ def test_an_unreachable_sender_frees_its_slot_for_another_at_once_and_ranks_as_h
 
 def test_a_server_whose_bytes_differ_from_its_digest_is_scored_and_nothing_of_it_is_taken() -> None:
     def swap_n1_content(exchanges: dict[str, FaninExchange]) -> None:
-        liar = exchanges["n1"]
-        served = liar.serving(liar.round)
-        served.update({gid: _group(1, gid[1], g.created_at + 1.0) for gid, g in served.items()})
+        liar = exchanges["n1"]  # serves other bytes than its digests announced (a group served is its encoding)
+        lies = {gid: encode_group(_group(1, gid[1], g.created_at + 1.0)) for gid, g in liar.serving(liar.round).items()}
+        liar.served.wire = lambda _round, gid: lies.get(gid)  # type: ignore[method-assign]
 
     out = _swarm(after_flush=swap_n1_content)
     for name in ("n0", "n2", "n3"):
