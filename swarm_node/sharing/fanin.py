@@ -14,6 +14,8 @@ Contract (pure: no I/O, no clock; randomness and times are passed in):
   per sender per round, up to `pull_target` (J plus spares for refusals and departures) in flight or done; ranked by
   senders not heard from in the last `recent_rounds` rounds first (diversity over rounds), then tasks not taken
   yet this round, then reward variance (highest first), then the receiver's own random tiebreak (`tiebreak`).
+- What a digest states of a group: `claimed_rewards(group)` (the sender's own; a receiver re-scores instead),
+  `reward_stats(rewards)` (signal: not all equal; the population variance), `task_label(group)`.
 - Pull requests. `pull_asks` groups the chosen digests into requests: one per sender and round of its digests (a
   request names one round), each of at most `max_pulls_per_request` ids (the wire's bound: a longer request is
   rejected whole), in the order chosen.
@@ -35,6 +37,8 @@ import math
 import struct
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+
+from protocol.messages import RolloutGroup
 
 DIGEST_BYTES = 72  # group id 16, task 2, variance 4, flags 1, content hash 32, framing ~17 (sender: the envelope)
 
@@ -93,6 +97,25 @@ class Digest:
     reward_variance: float
     signal: bool  # the group's rewards are not all equal: it carries an advantage signal
     content_hash: bytes  # sha256 of the group's wire bytes: a pulled group is checked before decoding
+
+
+def claimed_rewards(group: RolloutGroup) -> list[float]:
+    """The sender's own rewards (what its digest states; a receiver re-scores with its verifier instead)."""
+    return [c.claimed_reward for c in group.completions]
+
+
+def reward_stats(rewards: list[float]) -> tuple[bool, float]:
+    """(signal, population variance) of a group's rewards: signal when they are not all equal. In floats (fsum):
+    `statistics.pvariance` is exact in fractions and 15x slower; every digest sent and every group taken needs one,
+    and the two agree far within `fanin_ledger.VARIANCE_TOLERANCE` (a peer computing it either way is not scored)."""
+    if not rewards:
+        return False, 0.0
+    mean = math.fsum(rewards) / len(rewards)
+    return len(set(rewards)) > 1, math.fsum((r - mean) ** 2 for r in rewards) / len(rewards)
+
+
+def task_label(group: RolloutGroup) -> str:
+    return f"{group.task.dataset}:{group.task.index}"
 
 
 def shard_count(n_peers: int, params: FanInParams) -> int:

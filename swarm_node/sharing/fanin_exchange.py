@@ -4,19 +4,18 @@ Contract (the design is `sharing/fanin.py`, the bookkeeping `sharing/fanin_ledge
 - `await start()` serves the pull and push protocols (`sharing.pull_stream`, each within `serve_streams` streams
   at once, `serve_streams_per_peer` per peer: `sharing.stream_gate`) and joins this epoch's shard topics
   (`epoch_shards` from the node's own secret seed); every digest batch is validated by `validate_gossip`.
-- `publish(groups)` (sync) queues our groups (`queued`: how many wait for a round); `await flush()` opens a
-  round: our queued groups become the groups we serve for this round (`served_rounds.ServedRounds`: recent rounds
-  stay served, since peers step at their own pace), and their digests go out as one DigestBatch on one of our
-  shards (at most `limits.max_digests_per_message` groups a round: the rest wait for the next).
-- Digests heard on our shards are pull candidates of that round (those that arrive while its pull is under way,
-  after its last choice, of the next round: never chosen from, they are not dropped); `await pull()` picks pulls
-  with `choose_pulls` (signal only, capped per sender, up to `pull_target`), dials the chosen senders we are not
-  connected to at the addresses their batches carry (`sharing.sender_reach`, capped per round), asks each sender
-  once per round of its digests, in requests of at most `limits.max_pulls_per_request` ids (`fanin.pull_asks`;
-  one that cannot be reached frees its slots for others at once, and ranks as recently heard), checks every served
-  group against its digest's hash before decoding it and against its re-scored rewards (`rescore`), and queues the
-  groups that pass; lies are queued as drops with their fan-in reason (`hash_mismatch`, `digest_reward_mismatch`,
-  `unserved_digest`), as are requesters that pull unoffered groups or past their share.
+- `publish(groups)` (sync) queues our groups (`queued` of them wait); `await flush()` opens a round: up to
+  `limits.max_digests_per_message` queued groups become the groups we serve for this round (`ServedRounds`: recent
+  rounds stay served, peers step at their own pace), and their digests go out as one DigestBatch on one of our shards.
+- Digests heard on our shards are pull candidates of that round (those heard during its pull, after its last
+  choice, of the next); `await pull()` picks pulls with `choose_pulls` (signal only, capped per sender, up to
+  `pull_target`), dials the chosen senders we are not connected to at the addresses their batches carry
+  (`sharing.sender_reach`, capped per round), asks each sender once per round of its digests in requests of at most
+  `max_pulls_per_request` ids (`fanin.pull_asks`; one that cannot be reached frees its slots for others at once, and
+  ranks as recently heard), checks every served group against its digest's hash before decoding it and against its
+  re-scored rewards (`rescore`), and queues the groups that pass; lies are queued as drops with their fan-in reason
+  (`hash_mismatch`, `digest_reward_mismatch`, `unserved_digest`), as are requesters that pull unoffered groups or
+  past their share.
 - `drain()` (sync) returns and clears what arrived, like `TransportExchange`; `round_stats` counts this round's
   inbound messages, bytes and pulls, handed to `on_round` when `flush` closes the round (the node's /status).
 - Push fallback: `push_after_s` after our digests went out (a timer on the transport's loop, while peers still
@@ -40,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import math
 import random
 import threading
 import time
@@ -68,10 +66,13 @@ from swarm_node.sharing.fanin import (
     Digest,
     FanInParams,
     choose_pulls,
+    claimed_rewards,
     epoch_of,
     epoch_shards,
     pull_asks,
+    reward_stats,
     shard_count,
+    task_label,
     unpulled,
 )
 from swarm_node.sharing.fanin_ledger import (
@@ -94,25 +95,6 @@ from swarm_node.transport.base import Delivery, Transport, TransportError, Valid
 
 Rescore = Callable[[RolloutGroup], list[float]]
 PULL_PASSES = 3  # choose, pull, and choose again for the slots of senders that could not be reached
-
-
-def claimed_rewards(group: RolloutGroup) -> list[float]:
-    """The sender's own rewards (what its digest states; a receiver re-scores with its verifier instead)."""
-    return [c.claimed_reward for c in group.completions]
-
-
-def reward_stats(rewards: list[float]) -> tuple[bool, float]:
-    """(signal, population variance) of a group's rewards: signal when they are not all equal. In floats (fsum):
-    `statistics.pvariance` is exact in fractions and 15x slower; every digest sent and every group taken needs one,
-    and the two agree far within `fanin_ledger.VARIANCE_TOLERANCE` (a peer computing it either way is not scored)."""
-    if not rewards:
-        return False, 0.0
-    mean = math.fsum(rewards) / len(rewards)
-    return len(set(rewards)) > 1, math.fsum((r - mean) ** 2 for r in rewards) / len(rewards)
-
-
-def task_label(group: RolloutGroup) -> str:
-    return f"{group.task.dataset}:{group.task.index}"
 
 
 class FaninExchange:
@@ -267,16 +249,15 @@ class FaninExchange:
         out, self._outbox = self._outbox[:self.limits.max_digests_per_message], self._outbox[
             self.limits.max_digests_per_message:]
         now = self.clock()
-        self.served.open_round(self.round, out, now)
+        wire = self.served.open_round(self.round, out, now)
         self._published_at, self._pulled = {g.group_id.hex(): now for g in out}, set()
         if not out:
             return 0
         digests = []
         for g in out:
             signal, variance = reward_stats(claimed_rewards(g))
-            wire = self.served.wire(self.round, g.group_id)
-            assert wire is not None  # the round just opened holds it
-            digests.append(DigestWire(g.group_id, task_label(g), variance, signal, hashlib.sha256(wire).digest()))
+            digests.append(DigestWire(g.group_id, task_label(g), variance, signal,
+                                      hashlib.sha256(wire[g.group_id]).digest()))
         shard = self.shards[self.round % len(self.shards)]
         batch = DigestBatch(shard, self.round, digests, now, self.shard_sizer.announced, self.reach.own_addrs())
         await self.transport.publish(digest_topic(shard), encode(batch))
@@ -306,8 +287,7 @@ class FaninExchange:
         draw = random.Random(hashlib.sha256(self.seed + b"push" + self.round.to_bytes(8, "big")).digest())
         for key in due:
             group_id = bytes.fromhex(key)
-            wire = self.served.wire(self.round, group_id)
-            if wire is None:
+            if (wire := self.served.wire(self.round, group_id)) is None:
                 continue  # the round is no longer held
             push = PullResponse((PulledGroup(group_id, wire),), (), self.clock())
             try:
@@ -331,8 +311,7 @@ class FaninExchange:
         groups, refused = [], []
         for group_id in request.group_ids:
             outcome = self.served.request(requester, request.round, group_id)
-            wire = self.served.wire(request.round, group_id)
-            if outcome == SERVE and wire is not None:  # SERVE: held (ServedRounds.request)
+            if outcome == SERVE and (wire := self.served.wire(request.round, group_id)) is not None:  # held
                 groups.append(PulledGroup(group_id, wire))
                 self.round_stats.pulls_served += 1
                 self._pulled.add(group_id.hex())
@@ -359,8 +338,7 @@ class FaninExchange:
                                   recent, self.params, self.seed)
             if not chosen:
                 break
-            for d in chosen:
-                self._taken[d.group_id] = d
+            self._taken.update((d.group_id, d) for d in chosen)
             asks = pull_asks(chosen, {d.group_id: self._candidates[d.group_id][0] for d in chosen},
                              self.limits.max_pulls_per_request)
             unreached = await self.reach.reach(list(dict.fromkeys(sender for sender, _, _ in asks)))

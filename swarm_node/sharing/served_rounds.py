@@ -29,7 +29,8 @@ class ServedRounds:
         self._wire: dict[int, dict[bytes, bytes]] = {}  # round -> group id -> encode_group(group)
         self.book = ServeBook(params)
 
-    def open_round(self, round_index: int, groups: list[RolloutGroup], now: float) -> None:
+    def open_round(self, round_index: int, groups: list[RolloutGroup], now: float) -> dict[bytes, bytes]:
+        """Hold `groups` as round `round_index`; returns their encodings by group id (`wire`)."""
         p = self.params
         kept = {r: v for r, v in self._rounds.items() if r == self.current or now - v[0] < p.serve_for_s}
         newest = sorted(kept, reverse=True)[:p.serve_rounds - 1]
@@ -39,6 +40,7 @@ class ServedRounds:
         self._wire[round_index] = {g.group_id: encode_group(g) for g in groups}
         self.current = round_index
         self.book.new_round({gid.hex() for _, held in self._rounds.values() for gid in held}, set(self._rounds))
+        return self._wire[round_index]
 
     def groups(self, round_index: int) -> dict[bytes, RolloutGroup]:
         return self._rounds[round_index][1] if round_index in self._rounds else {}

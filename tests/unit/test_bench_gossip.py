@@ -8,9 +8,10 @@ import asyncio
 import dataclasses
 import time
 
-from bench.gossip import BOUNDED, FLOOD, FLOOD_THREAD, accept_policy, gossip_result, path_figures, rollout_group
+from bench.gossip import BOUNDED, FLOOD, FLOOD_THREAD, gossip_result, path_figures
 from bench.gossip_fanin import UNCAPPED, FaninNode, bench_params
 from bench.gossip_groups import Deliveries
+from bench.gossip_node import accept_policy, rollout_group
 from protocol.limits import Limits
 from protocol.messages import digest_topic
 from swarm_node.sharing.exchange import Received
