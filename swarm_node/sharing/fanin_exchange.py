@@ -244,7 +244,7 @@ class FaninExchange:
         self._candidates = {k: v for k, v in self._candidates.items() if k not in self._considered}
         self._taken, self._considered, self._unreachable = {}, set(), set()
         self.push_book.new_round()
-        self.reach.new_round()
+        self.reach.new_round(keep={d.sender for _, d in self._candidates.values()})
         await self._join_epoch()
         out, self._outbox = self._outbox[:self.limits.max_digests_per_message], self._outbox[
             self.limits.max_digests_per_message:]
