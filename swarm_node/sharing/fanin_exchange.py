@@ -228,15 +228,32 @@ class FaninExchange:
         return self.served.groups(round_index)
 
     async def flush(self) -> int:
-        """Pull what the digests heard since the last flush offer (`pull`), then open the next round: serve the
-        queued groups and publish their digests; returns the digest messages published (0 or 1)."""
-        if self._candidates:
-            await self.pull()
+        """Open the next round: serve up to `max_digests_per_message` queued groups and publish their digests; then
+        pull what the digests heard since the last flush offer (`pull`: ours are out meanwhile, so peers need not
+        wait for our pulls to fetch them) and close the last round; returns the digest messages published (0 or 1)."""
         if self._push_timer is not None:
             self._push_timer.cancel()
         await self._push_unpulled()
-        self.on_round(self.round_stats)
         self.round += 1
+        await self._join_epoch()
+        out, self._outbox = self._outbox[:self.limits.max_digests_per_message], self._outbox[
+            self.limits.max_digests_per_message:]
+        now = self.clock()
+        wire = self.served.open_round(self.round, out, now)
+        self._published_at, self._pulled = {g.group_id.hex(): now for g in out}, set()
+        if out:
+            digests = []
+            for g in out:
+                signal, variance = reward_stats(claimed_rewards(g))
+                digests.append(DigestWire(g.group_id, task_label(g), variance, signal,
+                                          hashlib.sha256(wire[g.group_id]).digest()))
+            shard = self.shards[self.round % len(self.shards)]
+            batch = DigestBatch(shard, self.round, digests, now, self.shard_sizer.announced, self.reach.own_addrs())
+            await self.transport.publish(digest_topic(shard), encode(batch))
+            self._push_timer = asyncio.get_running_loop().call_later(self.params.push_after_s, self._push_when_due)
+        if self._candidates:
+            await self.pull()
+        self.on_round(self.round_stats)
         self.round_stats = RoundStats(self.round)
         heard = set(d.sender for d in self._taken.values()) | self._unreachable
         self._recent = [heard, *self._recent][:self.params.recent_rounds]
@@ -245,24 +262,7 @@ class FaninExchange:
         self._taken, self._considered, self._unreachable = {}, set(), set()
         self.push_book.new_round()
         self.reach.new_round(keep={d.sender for _, d in self._candidates.values()})
-        await self._join_epoch()
-        out, self._outbox = self._outbox[:self.limits.max_digests_per_message], self._outbox[
-            self.limits.max_digests_per_message:]
-        now = self.clock()
-        wire = self.served.open_round(self.round, out, now)
-        self._published_at, self._pulled = {g.group_id.hex(): now for g in out}, set()
-        if not out:
-            return 0
-        digests = []
-        for g in out:
-            signal, variance = reward_stats(claimed_rewards(g))
-            digests.append(DigestWire(g.group_id, task_label(g), variance, signal,
-                                      hashlib.sha256(wire[g.group_id]).digest()))
-        shard = self.shards[self.round % len(self.shards)]
-        batch = DigestBatch(shard, self.round, digests, now, self.shard_sizer.announced, self.reach.own_addrs())
-        await self.transport.publish(digest_topic(shard), encode(batch))
-        self._push_timer = asyncio.get_running_loop().call_later(self.params.push_after_s, self._push_when_due)
-        return 1
+        return 1 if out else 0
 
     def _push_when_due(self) -> None:
         """`push_after_s` after our digests went out (while peers still hold them), push what nobody pulled; a flush

@@ -312,6 +312,36 @@ def test_digests_that_arrive_while_a_pull_is_under_way_are_candidates_of_the_nex
     assert asyncio.run(main()) == (["n0"], ["n2"])
 
 
+def test_flush_publishes_our_digests_before_it_pulls() -> None:
+    """n0's flush announces its new group first and then pulls n1's: n1 can fetch n0's group while n0's pull is
+    still under way (peers need not wait for our pulls)."""
+    async def main() -> tuple[list[str], list[str]]:
+        hub, transports, exchanges = await _started(PARAMS)
+        await transports["n0"].connect(memory_addr("n1"))
+        n0, n1 = exchanges["n0"], exchanges["n1"]
+        n1.publish([_group(1, 0, time.time())])
+        await n1.flush()
+        await hub.settle()
+        reach = n0.reach.reach
+        during: list[str] = []
+
+        async def n1_pulls_meanwhile(senders: list[str]) -> set[str]:
+            await hub.settle()
+            await n1.pull()
+            during.extend(_senders(n1.drain()))
+            return await reach(senders)
+
+        n0.reach.reach = n1_pulls_meanwhile  # type: ignore[method-assign]
+        n0.publish([_group(0, 0, time.time())])
+        await n0.flush()
+        out = during, _senders(n0.drain())
+        for t in transports.values():
+            await t.stop()
+        return out
+
+    assert asyncio.run(main()) == (["n0"], ["n1"])
+
+
 def test_flush_hands_the_finished_round_counters_to_on_round() -> None:
     async def next_round(exchanges: dict[str, FaninExchange]) -> object:
         finished: list[RoundStats] = []
