@@ -14,8 +14,8 @@ Contract:
   batch of at most `limits.max_digests_per_message`, the push fallback, which 50 ms rounds never reach).
 - `FaninNode(transport, make_group, round_s)`: the node's exchange over `transport` (validated with the bench's
   `limits` and `policy`); `await attach()` serves its protocols and joins its shard before the transport starts.
-  Its rounds (`flush`, which pulls what the digests heard since the last one offer, then announces our next
-  digests; then `drain`) start at the first `offer` and run every `round_s` (50 ms by default, back to back when a
+  Its rounds (`flush`, which announces our next digests, then pulls what the digests heard since the last one
+  offer; then `drain`) start at the first `offer` and run every `round_s` (50 ms by default, back to back when a
   round takes longer) until `close()`: a round every 50 ms bounds what waiting for a round adds to a group's
   latency at each end (announce, pull) as the flood path's 50 ms batch delay does, and at 64 digests a round a
   node can announce 1,280 groups/s, far above its share of the target; rounds back to back would spin on empty
