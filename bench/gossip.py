@@ -10,8 +10,8 @@ flood path's (`"flood"`, every group to every peer, join's path before issue 32)
   process, join's default) and the protocol's validation; the nodes form a full mesh. Every node offers its share
   of `groups` groups (8 completions x 64 tokens, ~5 KB each, 1 to 7 of them right: every group carries a signal),
   starting at a common time. Every count is of groups, not messages.
-  - bounded (bench/gossip_fanin.py): the node's real FaninExchange. Its rounds (flush: pull what the digests heard
-    offer, announce our queued groups as one DigestBatch of at most 64) run every `round_ms` (50); a group is
+  - bounded (bench/gossip_fanin.py): the node's real FaninExchange. Its rounds (flush: announce our queued groups as
+    one DigestBatch of at most 64, then pull what the digests heard offer) run every `round_ms` (50); a group is
     delivered when it comes out of the exchange's `drain()`. The per-round caps that bound a node's intake in
     join (J) are raised so that every receiver fetches every group it is offered: the bench measures the path's
     capacity (which caps, and why, and why 50 ms rounds: bench/gossip_fanin.py).
