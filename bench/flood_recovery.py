@@ -31,7 +31,7 @@ from typing import Any
 
 from bench import provenance
 from bench.child import emit, mesh_commands, serve
-from bench.gossip import make_validator, rollout_message
+from bench.gossip_node import make_validator, rollout_message
 from bench.load_guard import add_loaded_flag
 from bench.procs import JsonProc, event_is
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import provenance
-from bench.gossip import ISOLATIONS, RESULTS, load_average, next_event, start_swarm, train_for
+from bench.gossip import ISOLATIONS, RESULTS, load_average, next_event, start_swarm
+from bench.gossip_node import train_for
 from bench.load_guard import add_loaded_flag
 from bench.paired import paired_ratio_or_none, ratio_text, round_order
 

@@ -9,6 +9,8 @@ Contract:
   `swarm_node.sharing.batching.GroupBatcher`: every batch goes out as one RolloutBatch no later than
   `policy.max_delay_s` after its first group was made (a full batch at once). `policy.max_groups == 1` is today's
   path: one message per group. Returns the number of publish errors (a bench counts failures instead of stopping).
+- `Deliveries`: what a bench node counts of one round, in groups: per sender, each group's latency, the time of
+  the last delivery, and drops by reason; `clear()` starts the next round.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from protocol.codec import decode, encode
 from protocol.limits import Limits
@@ -57,3 +60,26 @@ async def publish_groups(publish: Callable[[bytes], Awaitable[None]], make_group
         await send(batcher.add(make_group(i), time.time()))
     await send(batcher.take_all())
     return errors
+
+
+@dataclass
+class Deliveries:
+    received: dict[str, int] = field(default_factory=dict)  # sender -> groups delivered
+    latencies: list[float] = field(default_factory=list)  # seconds, one per group
+    last_rx: float = 0.0
+    drops: dict[str, int] = field(default_factory=dict)  # reason -> messages or groups dropped
+
+    def add(self, sender: str, latencies: list[float], now: float) -> None:
+        """`len(latencies)` groups from `sender` delivered at `now`."""
+        self.received[sender] = self.received.get(sender, 0) + len(latencies)
+        self.latencies.extend(latencies)
+        self.last_rx = now
+
+    def drop(self, reason: str) -> None:
+        self.drops[reason] = self.drops.get(reason, 0) + 1
+
+    def clear(self) -> None:
+        self.received.clear()
+        self.latencies.clear()
+        self.drops.clear()
+        self.last_rx = 0.0

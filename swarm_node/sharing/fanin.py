@@ -14,6 +14,11 @@ Contract (pure: no I/O, no clock; randomness and times are passed in):
   per sender per round, up to `pull_target` (J plus spares for refusals and departures) in flight or done; ranked by
   senders not heard from in the last `recent_rounds` rounds first (diversity over rounds), then tasks not taken
   yet this round, then reward variance (highest first), then the receiver's own random tiebreak (`tiebreak`).
+- What a digest states of a group: `claimed_rewards(group)` (the sender's own; a receiver re-scores instead),
+  `reward_stats(rewards)` (signal: not all equal; the population variance), `task_label(group)`.
+- Pull requests. `pull_asks` groups the chosen digests into requests: one per sender and round of its digests (a
+  request names one round), each of at most `max_pulls_per_request` ids (the wire's bound: a longer request is
+  rejected whole), in the order chosen.
 - Push fallback. A group nobody pulled by `push_after_s` after its digest is pushed once, unsolicited, to one
   random neighbour of its shard (`unpulled`): every group reaches some peer in its round, and every sender's
   digests are checked against content (re-scored) somewhere, whether its groups are popular or not.
@@ -32,6 +37,8 @@ import math
 import struct
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+
+from protocol.messages import RolloutGroup
 
 DIGEST_BYTES = 72  # group id 16, task 2, variance 4, flags 1, content hash 32, framing ~17 (sender: the envelope)
 
@@ -92,6 +99,25 @@ class Digest:
     content_hash: bytes  # sha256 of the group's wire bytes: a pulled group is checked before decoding
 
 
+def claimed_rewards(group: RolloutGroup) -> list[float]:
+    """The sender's own rewards (what its digest states; a receiver re-scores with its verifier instead)."""
+    return [c.claimed_reward for c in group.completions]
+
+
+def reward_stats(rewards: list[float]) -> tuple[bool, float]:
+    """(signal, population variance) of a group's rewards: signal when they are not all equal. In floats (fsum):
+    `statistics.pvariance` is exact in fractions and 15x slower; every digest sent and every group taken needs one,
+    and the two agree far within `fanin_ledger.VARIANCE_TOLERANCE` (a peer computing it either way is not scored)."""
+    if not rewards:
+        return False, 0.0
+    mean = math.fsum(rewards) / len(rewards)
+    return len(set(rewards)) > 1, math.fsum((r - mean) ** 2 for r in rewards) / len(rewards)
+
+
+def task_label(group: RolloutGroup) -> str:
+    return f"{group.task.dataset}:{group.task.index}"
+
+
 def shard_count(n_peers: int, params: FanInParams) -> int:
     """M: about `shard_size` nodes per shard (each in k of them), at least one shard."""
     if n_peers < 1:
@@ -150,6 +176,19 @@ def choose_pulls(candidates: Iterable[Digest], taken: Collection[str], per_sende
             counts[digest.sender] = counts.get(digest.sender, 0) + 1
             seen_tasks.add(digest.task)
     return tuple(chosen.values())
+
+
+def pull_asks(chosen: Iterable[Digest], round_of: Mapping[str, int], max_ids: int
+              ) -> list[tuple[str, int, tuple[Digest, ...]]]:
+    """(sender, the sender's round, digests) per pull request: the `chosen` digests by sender and the round
+    `round_of[group_id]` that announced them, split into requests of at most `max_ids` (see the module contract)."""
+    if max_ids < 1:
+        raise ValueError(f"pull_asks needs max_ids >= 1, got {max_ids}")
+    by_key: dict[tuple[str, int], list[Digest]] = {}
+    for d in chosen:
+        by_key.setdefault((d.sender, round_of[d.group_id]), []).append(d)
+    return [(sender, r, tuple(ds[i:i + max_ids])) for (sender, r), ds in by_key.items()
+            for i in range(0, len(ds), max_ids)]
 
 
 def _ranked(digests: list[Digest], recent_senders: Collection[str], seed: bytes) -> list[Digest]:

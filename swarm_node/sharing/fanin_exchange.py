@@ -4,16 +4,18 @@ Contract (the design is `sharing/fanin.py`, the bookkeeping `sharing/fanin_ledge
 - `await start()` serves the pull and push protocols (`sharing.pull_stream`, each within `serve_streams` streams
   at once, `serve_streams_per_peer` per peer: `sharing.stream_gate`) and joins this epoch's shard topics
   (`epoch_shards` from the node's own secret seed); every digest batch is validated by `validate_gossip`.
-- `publish(groups)` (sync) queues our groups; `await flush()` opens a round: our queued groups become the
-  groups we serve for this round (`served_rounds.ServedRounds`: recent rounds stay served, since peers step at
-  their own pace), and their digests go out as one DigestBatch on one of our shards.
-- Digests heard on our shards are pull candidates of that round; `await pull()` picks pulls with `choose_pulls`
-  (signal only, capped per sender, up to `pull_target`), dials the chosen senders we are not connected to at the
-  addresses their batches carry (`sharing.sender_reach`, capped per round), asks each sender once (one that cannot
-  be reached frees its slots for others at once, and ranks as recently heard), checks every served group against
-  its digest's hash before decoding it and against its re-scored rewards (`rescore`), and queues the groups that
-  pass; lies are queued as drops with their fan-in reason (`hash_mismatch`, `digest_reward_mismatch`,
-  `unserved_digest`), as are requesters that pull unoffered groups or past their share.
+- `publish(groups)` (sync) queues our groups (`queued` of them wait); `await flush()` opens a round: up to
+  `limits.max_digests_per_message` queued groups become the groups we serve for this round (`ServedRounds`: recent
+  rounds stay served, peers step at their own pace), and their digests go out as one DigestBatch on one of our shards.
+- Digests heard on our shards are pull candidates of that round (those heard during its pull, after its last
+  choice, of the next); `await pull()` picks pulls with `choose_pulls` (signal only, capped per sender, up to
+  `pull_target`), dials the chosen senders we are not connected to at the addresses their batches carry
+  (`sharing.sender_reach`, capped per round), asks each sender once per round of its digests in requests of at most
+  `max_pulls_per_request` ids (`fanin.pull_asks`; one that cannot be reached frees its slots for others at once, and
+  ranks as recently heard), checks every served group against its digest's hash before decoding it and against its
+  re-scored rewards (`rescore`), and queues the groups that pass; lies are queued as drops with their fan-in reason
+  (`hash_mismatch`, `digest_reward_mismatch`, `unserved_digest`), as are requesters that pull unoffered groups or
+  past their share.
 - `drain()` (sync) returns and clears what arrived, like `TransportExchange`; `round_stats` counts this round's
   inbound messages, bytes and pulls, handed to `on_round` when `flush` closes the round (the node's /status).
 - Push fallback: `push_after_s` after our digests went out (a timer on the transport's loop, while peers still
@@ -38,12 +40,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-import statistics
 import threading
 import time
 from collections.abc import Callable
 
-from protocol.codec import decode, decode_pulled, encode, encode_group, group_content_hash
+from protocol.codec import decode, decode_pulled, encode
 from protocol.errors import Verdict, WireError, ignore
 from protocol.limits import Limits
 from protocol.messages import (
@@ -65,9 +66,13 @@ from swarm_node.sharing.fanin import (
     Digest,
     FanInParams,
     choose_pulls,
+    claimed_rewards,
     epoch_of,
     epoch_shards,
+    pull_asks,
+    reward_stats,
     shard_count,
+    task_label,
     unpulled,
 )
 from swarm_node.sharing.fanin_ledger import (
@@ -92,20 +97,6 @@ Rescore = Callable[[RolloutGroup], list[float]]
 PULL_PASSES = 3  # choose, pull, and choose again for the slots of senders that could not be reached
 
 
-def claimed_rewards(group: RolloutGroup) -> list[float]:
-    """The sender's own rewards (what its digest states; a receiver re-scores with its verifier instead)."""
-    return [c.claimed_reward for c in group.completions]
-
-
-def reward_stats(rewards: list[float]) -> tuple[bool, float]:
-    """(signal, population variance) of a group's rewards: signal when they are not all equal."""
-    return len(set(rewards)) > 1, statistics.pvariance(rewards) if rewards else 0.0
-
-
-def task_label(group: RolloutGroup) -> str:
-    return f"{group.task.dataset}:{group.task.index}"
-
-
 class FaninExchange:
     def __init__(self, transport: Transport, limits: Limits, policy: AcceptPolicy, params: FanInParams,
                  seed: bytes, n_peers: int, clock: Callable[[], float] = time.time,
@@ -122,6 +113,7 @@ class FaninExchange:
         self._outbox: list[RolloutGroup] = []
         self.served = ServedRounds(params)  # our groups of recent rounds (peers' rounds are not in step with ours)
         self._candidates: dict[str, tuple[int, Digest]] = {}  # group id hex -> (the sender's round, digest)
+        self._considered: set[str] = set()  # candidates a pull's choice saw this round (the rest came in after it)
         self._taken: dict[str, Digest] = {}  # pulled or asked this round
         self._recent: list[set[str]] = []  # senders taken from (or unreachable) in each of the last rounds
         self._unreachable: set[str] = set()  # senders whose pull failed this round: not asked again in it
@@ -226,43 +218,51 @@ class FaninExchange:
     def publish(self, groups: list[RolloutGroup]) -> None:
         self._outbox.extend(groups)
 
+    @property
+    def queued(self) -> int:
+        """Our groups published and not yet announced (a flush announces `limits.max_digests_per_message`)."""
+        return len(self._outbox)
+
     def serving(self, round_index: int) -> dict[bytes, RolloutGroup]:
         """The groups we serve for `round_index` (none once it is no longer held: `served_rounds`)."""
         return self.served.groups(round_index)
 
     async def flush(self) -> int:
-        """Pull what the digests heard since the last flush offer (`pull`), then open the next round: serve the
-        queued groups and publish their digests; returns the digest messages published (0 or 1)."""
-        if self._candidates:
-            await self.pull()
+        """Open the next round: serve up to `max_digests_per_message` queued groups and publish their digests; then
+        pull what the digests heard since the last flush offer (`pull`: ours are out meanwhile, so peers need not
+        wait for our pulls to fetch them) and close the last round; returns the digest messages published (0 or 1)."""
         if self._push_timer is not None:
             self._push_timer.cancel()
         await self._push_unpulled()
-        self.on_round(self.round_stats)
         self.round += 1
-        self.round_stats = RoundStats(self.round)
-        heard = set(d.sender for d in self._taken.values()) | self._unreachable
-        self._recent = [heard, *self._recent][:self.params.recent_rounds]
-        self._taken, self._candidates, self._unreachable = {}, {}, set()
-        self.push_book.new_round()
-        self.reach.new_round()
         await self._join_epoch()
         out, self._outbox = self._outbox[:self.limits.max_digests_per_message], self._outbox[
             self.limits.max_digests_per_message:]
         now = self.clock()
-        self.served.open_round(self.round, out, now)
+        wire = self.served.open_round(self.round, out, now)
         self._published_at, self._pulled = {g.group_id.hex(): now for g in out}, set()
-        if not out:
-            return 0
-        digests = []
-        for g in out:
-            signal, variance = reward_stats(claimed_rewards(g))
-            digests.append(DigestWire(g.group_id, task_label(g), variance, signal, group_content_hash(g)))
-        shard = self.shards[self.round % len(self.shards)]
-        batch = DigestBatch(shard, self.round, digests, now, self.shard_sizer.announced, self.reach.own_addrs())
-        await self.transport.publish(digest_topic(shard), encode(batch))
-        self._push_timer = asyncio.get_running_loop().call_later(self.params.push_after_s, self._push_when_due)
-        return 1
+        if out:
+            digests = []
+            for g in out:
+                signal, variance = reward_stats(claimed_rewards(g))
+                digests.append(DigestWire(g.group_id, task_label(g), variance, signal,
+                                          hashlib.sha256(wire[g.group_id]).digest()))
+            shard = self.shards[self.round % len(self.shards)]
+            batch = DigestBatch(shard, self.round, digests, now, self.shard_sizer.announced, self.reach.own_addrs())
+            await self.transport.publish(digest_topic(shard), encode(batch))
+            self._push_timer = asyncio.get_running_loop().call_later(self.params.push_after_s, self._push_when_due)
+        if self._candidates:
+            await self.pull()
+        self.on_round(self.round_stats)
+        self.round_stats = RoundStats(self.round)
+        heard = set(d.sender for d in self._taken.values()) | self._unreachable
+        self._recent = [heard, *self._recent][:self.params.recent_rounds]
+        # Digests that arrived while we pulled were never chosen from: they are candidates of the next round.
+        self._candidates = {k: v for k, v in self._candidates.items() if k not in self._considered}
+        self._taken, self._considered, self._unreachable = {}, set(), set()
+        self.push_book.new_round()
+        self.reach.new_round(keep={d.sender for _, d in self._candidates.values()})
+        return 1 if out else 0
 
     def _push_when_due(self) -> None:
         """`push_after_s` after our digests went out (while peers still hold them), push what nobody pulled; a flush
@@ -285,12 +285,11 @@ class FaninExchange:
         for key in due:  # taken before the first await: the timer's push and a flush's never send one twice
             del self._published_at[key]
         draw = random.Random(hashlib.sha256(self.seed + b"push" + self.round.to_bytes(8, "big")).digest())
-        served = self.serving(self.round)
         for key in due:
             group_id = bytes.fromhex(key)
-            if group_id not in served:
+            if (wire := self.served.wire(self.round, group_id)) is None:
                 continue  # the round is no longer held
-            push = PullResponse((PulledGroup(group_id, encode_group(served[group_id])),), (), self.clock())
+            push = PullResponse((PulledGroup(group_id, wire),), (), self.clock())
             try:
                 await send_push(self.transport, draw.choice(neighbours), push, self.limits, self.params.pull_timeout_s)
             except PullFailed:
@@ -312,8 +311,8 @@ class FaninExchange:
         groups, refused = [], []
         for group_id in request.group_ids:
             outcome = self.served.request(requester, request.round, group_id)
-            if outcome == SERVE:
-                groups.append(PulledGroup(group_id, encode_group(self.served.groups(request.round)[group_id])))
+            if outcome == SERVE and (wire := self.served.wire(request.round, group_id)) is not None:  # held
+                groups.append(PulledGroup(group_id, wire))
                 self.round_stats.pulls_served += 1
                 self._pulled.add(group_id.hex())
                 continue
@@ -333,26 +332,27 @@ class FaninExchange:
             for d in self._taken.values():
                 per_sender[d.sender] = per_sender.get(d.sender, 0) + 1
             recent = set().union(self._unreachable, *self._recent)
+            self._considered.update(self._candidates)
             candidates = [d for _, d in self._candidates.values() if d.sender not in self._unreachable]
             chosen = choose_pulls(candidates, self._taken, per_sender, {d.task for d in self._taken.values()},
                                   recent, self.params, self.seed)
             if not chosen:
                 break
-            asks: dict[tuple[str, int], list[Digest]] = {}  # one request per sender and round of its digests
-            for d in chosen:
-                self._taken[d.group_id] = d
-                asks.setdefault((d.sender, self._candidates[d.group_id][0]), []).append(d)
-            unreached = await self.reach.reach(list(dict.fromkeys(sender for sender, _ in asks)))
+            self._taken.update((d.group_id, d) for d in chosen)
+            asks = pull_asks(chosen, {d.group_id: self._candidates[d.group_id][0] for d in chosen},
+                             self.limits.max_pulls_per_request)
+            unreached = await self.reach.reach(list(dict.fromkeys(sender for sender, _, _ in asks)))
             results = await asyncio.gather(*(self._pull_from(sender, r, ds, sender in unreached)
-                                             for (sender, r), ds in asks.items()))
+                                             for sender, r, ds in asks))
             accepted += sum(n for n in results if n is not None)
-            failed = {sender for (sender, _), n in zip(asks, results, strict=True) if n is None}
+            failed = {sender for (sender, _, _), n in zip(asks, results, strict=True) if n is None}
             if not failed:
                 break
             self._unreachable |= failed
         return accepted
 
-    async def _pull_from(self, sender: str, sender_round: int, digests: list[Digest], unreached: bool) -> int | None:
+    async def _pull_from(self, sender: str, sender_round: int, digests: tuple[Digest, ...],
+                         unreached: bool) -> int | None:
         """The groups accepted from one pull request, or None when the sender could not be reached."""
         request = PullRequest(sender_round, tuple(bytes.fromhex(d.group_id) for d in digests), self.clock())
         try:

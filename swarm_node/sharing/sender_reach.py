@@ -9,7 +9,9 @@ to, and a pull then has no connection to open its stream on. Contract:
   `DialBook.plan` allows (not connected, an address we may dial, within the round's caps), all at once, each within
   `pull_timeout_s`; returns the senders whose dial failed (their IP is backed off). Senders not dialled are pulled
   as before: connected ones, or ones the transport can reach by itself.
-- `new_round()`: the caps' round turns over and the addresses heard are forgotten. `dials`/`dials_failed` count.
+- `new_round(keep)`: the caps' round turns over and the addresses heard are forgotten, but those of the senders in
+  `keep` (whose digests are still candidates: heard while the last round's pull was under way). `dials`/
+  `dials_failed` count.
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ class SenderReach:
     def heard(self, sender: str, addrs: tuple[str, ...]) -> None:
         self._addrs[sender] = addrs
 
-    def new_round(self) -> None:
+    def new_round(self, keep: Collection[str] = ()) -> None:
         self.book.new_round()
-        self._addrs = {}
+        self._addrs = {sender: self._addrs[sender] for sender in keep if sender in self._addrs}
 
     async def reach(self, senders: Collection[str]) -> set[str]:
         if not any(s in self._addrs for s in senders):

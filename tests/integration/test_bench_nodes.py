@@ -1,4 +1,5 @@
-"""The node processes of bench.gossip and bench.broadcast answer their orchestrators' commands (tiny workloads)."""
+"""The node processes of bench.gossip (both paths) and bench.broadcast answer their orchestrators' commands (tiny
+workloads)."""
 
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ async def mesh(procs: list[JsonProc]) -> list[dict]:  # type: ignore[type-arg]
     return ready
 
 
-async def test_gossip_nodes_deliver_every_group_of_two_rounds_and_quit_cleanly() -> None:
-    procs = [await spawn_gossip_node("process") for _ in range(2)]
+@pytest.mark.parametrize("path", ["flood", "bounded"])
+async def test_gossip_nodes_deliver_every_group_of_two_rounds_and_quit_cleanly(path: str) -> None:
+    procs = [await spawn_gossip_node("process", path) for _ in range(2)]
     try:
         await mesh(procs)
         for rate in (20.0, None):  # paced, then as fast as back-pressure allows: "done" and "stats" read once each

@@ -118,6 +118,15 @@ def test_gossip_and_fuzz_rows_add_the_paired_ratio_only_where_measured() -> None
                                                    "stream_mb_s": 0.9}}
     assert ROWS["gossip"].render({"gossip.json": paired}) == old + (
         " (against the host on a thread: groups/s 1.10x, p50 0.80x, medians of paired runs)")
+    # Both paths (issue 32): the bounded one at the top, the flood one with its batching and paired ratios.
+    figures = {**gossip, "p99_ms_at_500": 71.4, "delivered_frac_at_500": 1.0}
+    both = {**figures, "path": "bounded", "groups": 12000, "rate_high": 500.0, "round_ms": 50.0,
+            "flood": {**paired, "p99_ms_at_500": 90.0, "path": "flood", "batch": 16, "batch_delay_ms": 50.0}}
+    assert ROWS["gossip"].render({"gossip.json": both}) == (
+        "bounded fan-in (join's default): delivered 1.000 at 238 groups/s; p50 16 ms, p99 53 ms at 100 groups/s, "
+        "p99 71 ms at 500; 12,000 groups, stream 112 MB/s | flood: delivered 1.000 at 238 groups/s; p50 16 ms, "
+        "p99 53 ms at 100 groups/s, p99 90 ms at 500; 16 groups/message at most (against the host on a thread: "
+        "groups/s 1.10x, p50 0.80x, medians of paired runs)")
     fuzz = {"inputs": 200000, "crashes": 0, "inputs_per_s": 41234.0}
     assert ROWS["fuzz_wire"].render({"fuzz_wire.json": fuzz}) == "200,000 inputs, 0 crashes, 41,200 inputs/s"
     assert ROWS["fuzz_wire"].render({"fuzz_wire.json": {**fuzz, "paired_ratio_decode_over_unpackb": 0.25}}) == (

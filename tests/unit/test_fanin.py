@@ -10,6 +10,7 @@ from swarm_node.sharing.fanin import (
     choose_pulls,
     epoch_of,
     epoch_shards,
+    pull_asks,
     shard_count,
     tiebreak,
     unpulled,
@@ -80,6 +81,18 @@ def test_choose_pulls_breaks_ties_by_the_receivers_own_order() -> None:
     first = min((a, b), key=lambda d: tiebreak(b"seed-1", d.group_id))
     assert choose_pulls([a, b], set(), {}, set(), set(), params, b"seed-1") == (first,)
     assert tiebreak(b"seed-1", "g1") != tiebreak(b"seed-2", "g1")
+
+
+def test_pull_asks_send_one_request_per_sender_and_round_of_at_most_max_ids() -> None:
+    chosen = [digest(f"a{i}", "a") for i in range(5)] + [digest("b0", "b"), digest("a-old", "a")]
+    round_of = {**{f"a{i}": 7 for i in range(5)}, "b0": 3, "a-old": 6}
+    asks = pull_asks(chosen, round_of, 2)
+    assert [(sender, r, [d.group_id for d in ds]) for sender, r, ds in asks] == [
+        ("a", 7, ["a0", "a1"]), ("a", 7, ["a2", "a3"]), ("a", 7, ["a4"]), ("b", 3, ["b0"]), ("a", 6, ["a-old"])]
+    assert [len(ds) for _, _, ds in pull_asks(chosen, round_of, 16)] == [5, 1, 1]
+    assert pull_asks([], {}, 16) == []
+    with pytest.raises(ValueError, match="max_ids >= 1"):
+        pull_asks(chosen, round_of, 0)
 
 
 def test_unpulled_lists_groups_due_for_the_push_fallback() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -126,6 +127,14 @@ def _neighbours(name: str) -> list[str]:
     return sorted(n for n in NAMES if n != name and SHARD_OF[n] == SHARD_OF[name])
 
 
+def test_reward_stats_give_the_signal_and_the_population_variance() -> None:
+    assert reward_stats([0.0, 1.0]) == (True, 0.25)
+    assert reward_stats([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]) == (True, 0.234375)
+    assert reward_stats([0.5, 0.5, 0.5]) == (False, 0.0)
+    assert reward_stats([]) == (False, 0.0)
+    assert abs(reward_stats([0.1, 0.7, 0.3])[1] - statistics.pvariance([0.1, 0.7, 0.3])) < 1e-15
+
+
 def test_each_node_gets_its_j_groups_one_per_shard_neighbour_and_hears_only_its_shard() -> None:
     out = _swarm()
     assert out.shards == {name: (SHARD_OF[name],) for name in NAMES}
@@ -163,9 +172,9 @@ def test_an_unreachable_sender_frees_its_slot_for_another_at_once_and_ranks_as_h
 
 def test_a_server_whose_bytes_differ_from_its_digest_is_scored_and_nothing_of_it_is_taken() -> None:
     def swap_n1_content(exchanges: dict[str, FaninExchange]) -> None:
-        liar = exchanges["n1"]
-        served = liar.serving(liar.round)
-        served.update({gid: _group(1, gid[1], g.created_at + 1.0) for gid, g in served.items()})
+        liar = exchanges["n1"]  # serves other bytes than its digests announced (a group served is its encoding)
+        lies = {gid: encode_group(_group(1, gid[1], g.created_at + 1.0)) for gid, g in liar.serving(liar.round).items()}
+        liar.served.wire = lambda _round, gid: lies.get(gid)  # type: ignore[method-assign]
 
     out = _swarm(after_flush=swap_n1_content)
     for name in ("n0", "n2", "n3"):
@@ -234,6 +243,103 @@ def test_recent_rounds_stay_served_and_an_expired_one_is_refused_unscored() -> N
     # Scored: the second group of round 1's batch, the id round 2 never announced, the id round 3 never announced
     # and the round n0 has not reached.
     assert _drops(out.received["n0"]) == [("n4", "over_pull")] + [("n4", "unoffered_pull")] * 3
+
+
+def test_many_groups_of_one_sender_round_are_pulled_in_requests_of_at_most_max_pulls_per_request() -> None:
+    """With caps raised past the wire's ids per request (a bench taking every group offered), the 20 groups of one
+    sender's round go out as 3 requests of 8, 8 and 4 ids (one request of 20 would be rejected whole)."""
+    limits = dataclasses.replace(LIMITS, max_pulls_per_request=8)
+    params = dataclasses.replace(PARAMS, pull_target=40, max_pulls_per_sender=40, serve_per_round=40,
+                                 serve_per_requester=40, serve_streams_per_peer=3)
+
+    async def main() -> tuple[int, list[Received], RoundStats, RoundStats]:
+        hub = MemoryHub()
+        transports = {name: MemoryTransport(hub, name) for name in ("n0", "n1")}
+        n0, n1 = (FaninExchange(transports[name], limits, accept_policy_for(SOURCE), params, SEEDS[i], 8)
+                  for i, name in enumerate(("n0", "n1")))
+        for transport, exchange in zip(transports.values(), (n0, n1), strict=True):
+            await transport.start()
+            await exchange.start()
+        await transports["n0"].connect(memory_addr("n1"))
+        n0.publish([_group(0, k, time.time()) for k in range(20)])
+        assert n0.queued == 20
+        await n0.flush()
+        assert n0.queued == 0
+        await hub.settle()
+        accepted = await n1.pull()
+        out = accepted, n1.drain(), n1.round_stats, n0.round_stats
+        for transport in transports.values():
+            await transport.stop()
+        return out
+
+    accepted, got, pulled, served = asyncio.run(main())
+    assert accepted == 20
+    assert sorted(r.group.group_id for r in got if r.group is not None) == [bytes([0, k]) * 8 for k in range(20)]
+    assert _drops(got) == []
+    # One digest batch and 3 pull responses in; 20 groups pulled, all served.
+    assert (pulled.inbound_messages, pulled.pulls_sent, served.pulls_served) == (4, 20, 20)
+
+
+def test_digests_that_arrive_while_a_pull_is_under_way_are_candidates_of_the_next_round() -> None:
+    """n2's digest reaches n1 after n1's pull chose (n0's group) and before it finished: n1's next round pulls it
+    (a flush used to clear every candidate, so a group announced during a receiver's pull was never fetched)."""
+    async def main() -> tuple[list[str], list[str]]:
+        hub, transports, exchanges = await _started(PARAMS)
+        for a, b in (("n0", "n1"), ("n0", "n2"), ("n1", "n2")):
+            await transports[a].connect(memory_addr(b))
+        n0, n1, n2 = exchanges["n0"], exchanges["n1"], exchanges["n2"]
+        n0.publish([_group(0, 0, time.time())])
+        await n0.flush()
+        await hub.settle()
+        reach = n1.reach.reach
+
+        async def n2_announces_meanwhile(senders: list[str]) -> set[str]:
+            n2.publish([_group(2, 0, time.time())])
+            await n2.flush()
+            await hub.settle()
+            return await reach(senders)
+
+        n1.reach.reach = n2_announces_meanwhile  # type: ignore[method-assign]
+        await n1.flush()  # pulls n0's group; n2's digest arrives during the pull
+        first = _senders(n1.drain())
+        n1.reach.reach = reach  # type: ignore[method-assign]
+        await n1.flush()
+        out = first, _senders(n1.drain())
+        for t in transports.values():
+            await t.stop()
+        return out
+
+    assert asyncio.run(main()) == (["n0"], ["n2"])
+
+
+def test_flush_publishes_our_digests_before_it_pulls() -> None:
+    """n0's flush announces its new group first and then pulls n1's: n1 can fetch n0's group while n0's pull is
+    still under way (peers need not wait for our pulls)."""
+    async def main() -> tuple[list[str], list[str]]:
+        hub, transports, exchanges = await _started(PARAMS)
+        await transports["n0"].connect(memory_addr("n1"))
+        n0, n1 = exchanges["n0"], exchanges["n1"]
+        n1.publish([_group(1, 0, time.time())])
+        await n1.flush()
+        await hub.settle()
+        reach = n0.reach.reach
+        during: list[str] = []
+
+        async def n1_pulls_meanwhile(senders: list[str]) -> set[str]:
+            await hub.settle()
+            await n1.pull()
+            during.extend(_senders(n1.drain()))
+            return await reach(senders)
+
+        n0.reach.reach = n1_pulls_meanwhile  # type: ignore[method-assign]
+        n0.publish([_group(0, 0, time.time())])
+        await n0.flush()
+        out = during, _senders(n0.drain())
+        for t in transports.values():
+            await t.stop()
+        return out
+
+    assert asyncio.run(main()) == (["n0"], ["n1"])
 
 
 def test_flush_hands_the_finished_round_counters_to_on_round() -> None:

@@ -54,3 +54,9 @@ async def test_reach_dials_unconnected_senders_once_and_backs_off_a_failed_ip() 
     reach.new_round()
     assert await reach.reach(["d"]) == set()
     assert (reach.dials, reach.dials_failed) == (3, 2)
+    # ... but those of a sender whose digests stay candidates (heard during the last pull) are kept.
+    reach.heard("e", ("/ip4/127.0.0.5/tcp/4001",))
+    reach.heard("f", ("/ip4/127.0.0.6/tcp/4001",))
+    reach.new_round(keep={"e", "x"})
+    assert await reach.reach(["e", "f"]) == {"e"}  # e's address is kept and dialled (nobody there), f's forgotten
+    assert nodes["a"].dialled[3:] == ["/ip4/127.0.0.5/tcp/4001/p2p/e"]

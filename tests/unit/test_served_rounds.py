@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from protocol.codec import encode_group
 from protocol.messages import CompletionWire, RolloutGroup, TaskRefWire
 from swarm_node.sharing.fanin import FanInParams
 from swarm_node.sharing.fanin_ledger import BUSY, NOT_HELD, OVER_PULL, SERVE, UNOFFERED
@@ -34,6 +35,9 @@ def test_rounds_stay_served_while_young_and_at_most_serve_rounds_of_them() -> No
             served.request("q", 4, _gid(9)), served.request("q", 6, _gid(4))] == [NOT_HELD, SERVE, OVER_PULL,
                                                                                   UNOFFERED, UNOFFERED]
     assert served.groups(4) == {_gid(4): _group(4)} and served.groups(3) == {}
+    # What a pull carries: each held group's canonical encoding, made when its round opened; none once dropped.
+    assert served.wire(4, _gid(4)) == encode_group(_group(4))
+    assert (served.wire(3, _gid(3)), served.wire(4, _gid(9)), served.wire(6, _gid(4))) == (None, None, None)
 
 
 def test_a_late_pull_of_the_previous_round_leaves_the_requesters_share_of_the_new_one() -> None:
