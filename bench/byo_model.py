@@ -363,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
             result["sizing"] = sizing_part()
         else:
             result["shapes"][part] = shape_part(part)
-        result.setdefault("measured", {})[part] = {"date": provenance.utc_now(),
+        # Parts are measured in different runs: each keeps its own commit (the file's provenance is the last run's).
+        result.setdefault("measured", {})[part] = {"date": provenance.utc_now(), "commit": provenance.head_commit(),
                                                    "wall_s": round(time.monotonic() - started, 1)}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(provenance.stamp(result, run, runs=1), indent=1) + "\n")

@@ -60,11 +60,16 @@ def stamp_lines(lines: list[dict[str, Any]], run: Run, runs: int | None) -> list
     return [{"provenance": provenance(run, runs)}, *(r for r in lines if "provenance" not in r)]
 
 
+def head_commit(root: Path = REPO) -> str | None:
+    """The checkout's commit (None outside a git checkout)."""
+    return _git(root, "rev-parse", "HEAD")
+
+
 def provenance(run: Run, runs: int | None, root: Path = REPO, child_sources: Iterable[str] = ()) -> dict[str, Any]:
     recipe = recipe_key()
     sources = sorted({*imported_sources(root), *child_sources})
     return {
-        "commit": _git(root, "rev-parse", "HEAD"),
+        "commit": head_commit(root),
         "dirty": dirty(root),
         "sources_fingerprint": sources_fingerprint(root, sources, recipe),
         "sources": sources,
