@@ -88,7 +88,13 @@ def own_budget(path: Path) -> int | None:
 PLAIN_TOKENIZER_CLASSES = {"PreTrainedTokenizerFast", "TokenizersBackend"}
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # a fast, a SentencePiece or a BPE vocabulary
+
+
 def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    if not any((path / name).exists() for name in TOKENIZER_FILES):
+        raise UserError(f"model path {str(path)!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): copy the "
+                        "model's tokenizer files next to its config.json")
     config_file = path / "tokenizer_config.json"
     declared = json.loads(config_file.read_text()).get("tokenizer_class") if config_file.exists() else None
     if declared in PLAIN_TOKENIZER_CLASSES:
@@ -128,6 +134,16 @@ def model_config(path: str | Path) -> PretrainedConfig:
         raise UserError(f"cannot load a causal LM from {str(path)!r}: {str(exc).splitlines()[0]}") from exc
 
 
+def check_eos_ids(path: Path, generation_eos: int | list[int] | None, vocab: int) -> None:
+    """Every EOS id of generation_config.json names a token of the tokenizer (one past it is never sampled, so a
+    completion could never end): else one UserError line naming the file."""
+    ids = [generation_eos] if isinstance(generation_eos, int) else list(generation_eos or [])
+    outside = [i for i in ids if not 0 <= int(i) < vocab]
+    if outside:
+        raise UserError(f"{path / 'generation_config.json'}: eos_token_id {outside} outside the tokenizer's "
+                        f"vocabulary of {vocab} tokens")
+
+
 def load_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a local HF causal-LM directory (fp32 on CPU); any problem is one UserError line."""
     path = Path(path)
@@ -140,6 +156,7 @@ def load_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBa
         raise UserError(f"cannot load a causal LM from {str(path)!r}: {str(exc).splitlines()[0]}") from exc
     if tokenizer.eos_token_id is None:
         raise UserError(f"the tokenizer in {str(path)!r} has no EOS token")
+    check_eos_ids(path, getattr(model.generation_config, "eos_token_id", None), len(tokenizer))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.eval()

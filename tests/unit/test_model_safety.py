@@ -1,8 +1,9 @@
-"""What a node refuses to load (pickle weights, remote code), and re-tokenizing a peer's text without special
-tokens (a receiver whose tokenizer adds a BOS, as Llama-3's does)."""
+"""What a node refuses to load (pickle weights, remote code, no tokenizer, EOS ids past the vocabulary), and
+re-tokenizing a peer's text without special tokens (a receiver whose tokenizer adds a BOS, as Llama-3's does)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -33,6 +34,33 @@ def test_a_directory_of_pickle_weights_is_one_line_saying_how_to_convert(tiny_mo
                                             r"safetensors only .*save_pretrained") as info:
             load(pickled)
         assert "\n" not in str(info.value)
+
+
+def test_a_directory_without_a_tokenizer_is_one_line_naming_the_files_it_lacks(tiny_model_dir: Path,
+                                                                               tmp_path: Path) -> None:
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_model_dir, bare)
+    for f in bare.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            f.unlink()
+    with pytest.raises(UserError) as info:
+        load_model(bare)
+    assert str(info.value) == (f"model path {str(bare)!r} has no tokenizer (none of tokenizer.json, tokenizer.model, "
+                               "vocab.json): copy the model's tokenizer files next to its config.json")
+
+
+def test_an_eos_id_past_the_tokenizer_is_one_line_naming_generation_config(tiny_model_dir: Path,
+                                                                           tmp_path: Path) -> None:
+    model_dir = tmp_path / "eos"
+    shutil.copytree(tiny_model_dir, model_dir)
+    vocab = len(build_char_tokenizer())
+    generation = model_dir / "generation_config.json"
+    config = json.loads(generation.read_text()) if generation.exists() else {}
+    generation.write_text(json.dumps({**config, "eos_token_id": [vocab - 1, vocab, 10**6]}))
+    with pytest.raises(UserError) as info:
+        load_model(model_dir)
+    assert str(info.value) == (f"{generation}: eos_token_id [{vocab}, 1000000] outside the tokenizer's vocabulary of "
+                               f"{vocab} tokens")
 
 
 def test_a_model_that_needs_its_own_code_is_refused_without_running_it(tiny_model_dir: Path,
