@@ -105,7 +105,12 @@ def encode_group(group: RolloutGroup) -> bytes:
 
 def group_content_hash(group: RolloutGroup) -> bytes:
     """A digest's content hash: SHA-256 of `encode_group` (the same id replay protection keeps per group)."""
-    return hashlib.sha256(encode_group(group)).digest()
+    return encoded_content_hash(encode_group(group))
+
+
+def encoded_content_hash(encoded: bytes) -> bytes:
+    """`group_content_hash` of a group already encoded with `encode_group` (a server holds its groups encoded)."""
+    return hashlib.sha256(encoded).digest()
 
 
 # ---------------------------------------------------------------------------------------------------- decode
@@ -249,7 +254,7 @@ def decode_pulled(pulled: PulledGroup, content_hash: bytes, limits: Limits, now:
     data = pulled.data
     if len(data) > limits.max_message_bytes:
         raise reject("message_too_large", f"{len(data)} bytes > {limits.max_message_bytes}")
-    if hashlib.sha256(data).digest() != content_hash:
+    if encoded_content_hash(data) != content_hash:
         raise reject("hash_mismatch", f"group {pulled.group_id.hex()}: content differs from its digest")
     group = decode_group(_unpack(data, limits), limits)
     if group.group_id != pulled.group_id:

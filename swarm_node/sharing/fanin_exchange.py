@@ -44,7 +44,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from protocol.codec import decode, decode_pulled, encode
+from protocol.codec import decode, decode_pulled, encode, encoded_content_hash
 from protocol.errors import Verdict, WireError, ignore
 from protocol.limits import Limits
 from protocol.messages import (
@@ -246,7 +246,7 @@ class FaninExchange:
             for g in out:
                 signal, variance = reward_stats(claimed_rewards(g))
                 digests.append(DigestWire(g.group_id, task_label(g), variance, signal,
-                                          hashlib.sha256(wire[g.group_id]).digest()))
+                                          encoded_content_hash(wire[g.group_id])))
             shard = self.shards[self.round % len(self.shards)]
             batch = DigestBatch(shard, self.round, digests, now, self.shard_sizer.announced, self.reach.own_addrs())
             await self.transport.publish(digest_topic(shard), encode(batch))
