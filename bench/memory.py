@@ -206,7 +206,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--budgets", default="950,1100,1400,1800", help="budgets in MiB, comma-separated (at least 3)")
     ap.add_argument("--steps", type=int, default=6, help="solo steps per budget run")
-    ap.add_argument("--sampler", default="auto", help="sampler of every run (auto | vllm | hf)")
+    ap.add_argument("--sampler", default="auto", help="sampler of every run (auto | vllm | native | hf)")
     ap.add_argument("--skip-budgets", action="store_true", help="only the soak (keeps the budgets part on file)")
     ap.add_argument("--soak-hours", type=float, default=0.0, help="total soak length (0: no soak)")
     ap.add_argument("--segment-hours", type=float, default=24.0, help="stop this invocation after this long")

@@ -20,7 +20,7 @@ ROLLOUT_MODES = ("sync", "april", "dynamic")  # train/partial.py: a step's rollo
 # carried over; dynamic: more groups until I have signal, train/dynamic_sampling.py)
 CODECS = ("full", "dense-bf16", "topk")  # policy_sync/codecs.py: policy delta encodings
 WEIGHT_FORMS = ("full", "base", "adapter")  # model/lora.py: the tensors a sampler loads from a LoRA-trained model
-SAMPLER_KINDS = ("auto", "vllm", "hf")  # sampler/factory.py
+SAMPLER_KINDS = ("auto", "vllm", "native", "hf")  # sampler/factory.py
 ROLES = ("peer", "learner", "worker")  # roles/: what `swarm-node join --role` runs
 REWARD_MODES = ("exact", "score")  # tasks/source.py: reasoning-gym's score turned into the training reward
 REWARD_TERMS = ("format_bonus", "length_penalty")  # tasks/rewards.py: what a well-formed completion's reward adds

@@ -4,7 +4,7 @@
 Every kind has the sampling settings (`SamplerConfig`: temperature, top_p, max_new_tokens; each left unset is the
 model's own: node/build.with_model_defaults); the vLLM engine's
 sizes belong to `VLLMSamplerConfig` ("vllm"), and to "auto", which starts vLLM when it can. Setting a vLLM key
-with `kind = "hf"` is one ConfigError line (config/schema.py).
+with `kind = "hf"` or `"native"` is one ConfigError line (config/schema.py).
 """
 
 from __future__ import annotations
@@ -68,6 +68,14 @@ class HFSamplerConfig(SamplerConfig):
     kind: str = "hf"
 
 
+@SAMPLER_CONFIGS.register("native")
+@dataclass(frozen=True)
+class NativeSamplerConfig(SamplerConfig):
+    """The native decoding loop (sampler/native.py): the transformers sampler's settings, nothing more."""
+
+    kind: str = "native"
+
+
 @SAMPLER_CONFIGS.register("vllm")
 @dataclass(frozen=True)
 class VLLMSamplerConfig(SamplerConfig):
@@ -91,6 +99,7 @@ class VLLMSamplerConfig(SamplerConfig):
 @SAMPLER_CONFIGS.register("auto")
 @dataclass(frozen=True)
 class AutoSamplerConfig(VLLMSamplerConfig):
-    """vLLM when it imports and starts, else transformers: it takes vLLM's settings, used when vLLM runs."""
+    """vLLM when it imports and starts, else the native sampler for a model it runs, else transformers: it takes
+    vLLM's settings, used when vLLM runs."""
 
     kind: str = "auto"

@@ -1,7 +1,8 @@
-"""Choose and build a sampler by name (registry `SAMPLERS`): `auto` (vLLM when it imports and starts, else
-transformers), `vllm`, `hf`.
+"""Choose and build a sampler by name (registry `SAMPLERS`): `auto` (vLLM when it imports and starts, else the
+native decoding loop for a model it runs, else transformers), `vllm`, `native`, `hf`.
 
-Under `auto` a vLLM failure is one notice line and the HF fallback; under `vllm` it is an error.
+Under `auto` a vLLM failure is one notice line and the fallback; under `vllm` it is an error, and so is `native` for
+a model that the native decoder does not run (sampler/kv_decoder.unsupported says why).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from swarm_node import variants
 from swarm_node.errors import UserError
 from swarm_node.sampler.base import Sampler, SamplerSettings
 from swarm_node.sampler.hf import HFSampler
+from swarm_node.sampler.native import NativeSampler, unsupported
 
 LogFn = Callable[[str], None]
 
@@ -48,6 +50,20 @@ def _hf(req: SamplerRequest) -> Sampler:
     return HFSampler(req.model, req.tokenizer, req.version, log=req.log, dtype=req.settings.dtype)
 
 
+@SAMPLERS.register("native")
+def _native(req: SamplerRequest) -> Sampler:
+    if (why := unsupported(req.model)) is not None:
+        raise UserError(f"sampler native does not run this model ({why}); use sampler.kind = \"hf\"")
+    return NativeSampler(req.model, req.tokenizer, req.version, log=req.log, dtype=req.settings.dtype)
+
+
+def fallback_sampler(req: SamplerRequest, reason: str) -> Sampler:
+    """`auto` without vLLM: the native loop where it runs the model, else transformers (one line says which)."""
+    native = unsupported(req.model) is None
+    req.log(f"sampler: {reason}; using the {'native' if native else 'transformers'} sampler")
+    return _native(req) if native else _hf(req)
+
+
 @SAMPLERS.register("vllm")
 def _vllm(req: SamplerRequest) -> Sampler:
     return _start_vllm(req, fallback=False)
@@ -66,15 +82,13 @@ def _start_vllm(req: SamplerRequest, fallback: bool) -> Sampler:
     except (ImportError, RuntimeError, OSError) as exc:
         if not fallback:
             raise UserError(f"--sampler vllm: vLLM is not importable ({_first_line(exc)})") from exc
-        req.log(f"sampler: vLLM not available ({_first_line(exc)}); using the transformers sampler")
-        return _hf(req)
+        return fallback_sampler(req, f"vLLM not available ({_first_line(exc)})")
     try:
         sampler = VLLMSampler(req.model_dir, req.tokenizer, req.settings, req.version)
     except Exception as exc:  # noqa: BLE001 - any engine start failure means "fall back" under auto
         if not fallback:
             raise UserError(f"--sampler vllm: the vLLM engine failed to start: {_first_line(exc)}") from exc
-        req.log(f"sampler: vLLM failed to start ({_first_line(exc)}); using the transformers sampler")
-        return _hf(req)
+        return fallback_sampler(req, f"vLLM failed to start ({_first_line(exc)})")
     req.log(f"sampler: {sampler.summary()}")
     return sampler
 

@@ -37,7 +37,7 @@ def error_line(proc: subprocess.CompletedProcess[str]) -> str:
     (["--task", "no_such_task"], "unknown task 'no_such_task'"),
     (["--task", "chain_sum", "--task-option", "wrong_option=3"], "bad options for task 'chain_sum'"),
     (["--task-option", "max_digits=2"], "task.options needs task.name (the dataset the options are for)"),
-    (["--sampler", "gpu"], "sampler.kind 'gpu' unknown; choose one of auto, vllm, hf"),
+    (["--sampler", "gpu"], "sampler.kind 'gpu' unknown; choose one of auto, vllm, native, hf"),
 ])
 def test_bad_inputs_are_one_line(tmp_path: Path, args: list[str], expected: str) -> None:
     assert expected in error_line(run_cli("solo", *SMALL, "--run-dir", str(tmp_path / "r"), *args))

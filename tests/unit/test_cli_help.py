@@ -21,7 +21,8 @@ def test_help_renders(command: str, option: str) -> None:
 
 
 @pytest.mark.parametrize(("command", "option", "default"), [
-    ("solo", "--steps", "[200]"), ("solo", "--sampler", "auto | vllm | hf [auto]"), ("solo", "--lr", "[5e-05]"),
+    ("solo", "--steps", "[200]"), ("solo", "--sampler", "auto | vllm | native | hf [auto]"),
+    ("solo", "--lr", "[5e-05]"),
     ("join", "--external-correction", "none | is | ftis | decoupled [is]"), ("join", "--upnp", "[on]"),
     ("join", "--listen", "[/ip4/0.0.0.0/tcp/0]"), ("join", "--role", "[peer]"),
     ("solo", "--max-new-tokens", "[0]"), ("join", "--max-new-tokens", "[0]"), ("solo", "--max-model-len", "[0]"),

@@ -32,7 +32,7 @@ def test_precedence(tmp_path: Path) -> None:
     ("[trian]\nlr = 1\n", "unknown key 'trian' in c.toml"),
     ("[run]\nsteps = \"many\"\n", "run.steps in c.toml must be int"),
     ("[run]\nsteps = 0\n", "run.steps must be > 0"),
-    ("[sampler]\nkind = \"gpu\"\n", "sampler.kind 'gpu' unknown; choose one of auto, vllm, hf"),
+    ("[sampler]\nkind = \"gpu\"\n", "sampler.kind 'gpu' unknown; choose one of auto, vllm, native, hf"),
     ("[train]\nlr = nan\n", "train.lr in c.toml must be finite"),
     ("[train]\nadvantage = \"magic\"\n", "train.advantage 'magic' unknown"),
     ("[run]\nresume = 1\n", "run.resume in c.toml must be true or false"),
