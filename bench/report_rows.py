@@ -37,15 +37,20 @@ def solo_learning(r: Results) -> str:
 
 
 @row("sampler", "python -m bench.sampler",
-     "tokens/s of our vLLM sampler vs raw `LLM.generate` vs transformers, weight-sync latency", "sampler.json")
+     "tokens/s of our vLLM sampler vs raw `LLM.generate` vs the native and transformers samplers, weight-sync "
+     "latency", "sampler.json")
 def sampler(r: Results) -> str:
     m = r["sampler.json"]["models"][-1]
     if "paired_ratio_ours_over_raw" in m:
         raw, hf, how = m["paired_ratio_ours_over_raw"], m["paired_ratio_ours_over_hf"], "median of paired runs"
     else:
         raw, hf, how = m["ours_tok_s"] / m["raw_vllm_tok_s"], m["ours_tok_s"] / m["hf_tok_s"], "ratios of medians"
-    return (f"{m['params'] / 1e6:.1f}M model: {m['ours_tok_s']:,.0f} tok/s = {raw:.2f}x raw vLLM, {hf:.1f}x "
+    line = (f"{m['params'] / 1e6:.1f}M model: {m['ours_tok_s']:,.0f} tok/s = {raw:.2f}x raw vLLM, {hf:.1f}x "
             f"transformers ({how}); sync {m['weight_sync_ms']:.0f} ms")
+    if (d := r["sampler.json"].get("reasoning_default")) is not None:
+        line += (f"; the reasoning default (no vLLM kernel): native {d['native_tok_s']:,.0f} tok/s = "
+                 f"{d['paired_ratio_native_over_hf']:.1f}x transformers")
+    return line
 
 
 @row("step_rate", "python -m bench.step_rate",

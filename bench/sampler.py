@@ -1,15 +1,19 @@
-"""Sampler throughput and weight-sync latency: our vLLM sampler vs raw `LLM.generate` vs the transformers sampler.
+"""Sampler throughput and weight-sync latency: our vLLM sampler vs raw `LLM.generate` vs the native and the
+transformers samplers.
 
 In one run, on the same prompts (64 default-task prompts x 8 samples, up to 64 new tokens, temperature 1, top-p 1,
-stop at EOS) and for two models, the default one and a larger random one (~23M parameters): tokens/s of
+stop at EOS) and for two models, the char-answer-line-v1 one and a larger random one (~23M parameters): tokens/s of
   ours     VLLMSampler.generate (processed log-probs, conversion to Completions, text),
   raw      LLM.generate on the same engine with the same sampling settings and no log-probs,
-  hf       HFSampler.generate (transformers `generate` with scores: the fallback sampler),
-each the median of `--runs` rounds; the three are interleaved within each round, so the paired ratios
-`paired_ratio_ours_over_raw` and `paired_ratio_ours_over_hf` are the medians of the per-round ratios (each
-round's values in `models[i].runs[j]`); and the median latency of VLLMSampler.load_weights (reload + prefix-cache
-reset). Tokens are those actually generated (EOS ends a completion early), divided by wall time.
-Writes bench/results/sampler.json and prints one summary line.
+  native   NativeSampler.generate (its own decoding loop: auto's fallback for Qwen2/Llama models),
+  hf       HFSampler.generate (transformers `generate` with scores: the reference),
+each the median of `--runs` rounds; the four are interleaved within each round, so the paired ratios
+`paired_ratio_ours_over_raw`, `paired_ratio_ours_over_hf` and `paired_ratio_native_over_hf` are the medians of the
+per-round ratios (each round's values in `models[i].runs[j]`); and the median latency of VLLMSampler.load_weights
+(reload + prefix-cache reset). Tokens are those actually generated (EOS ends a completion early), divided by wall
+time. `reasoning_default`: the embedded default (bpe-think-answer-v2, head size 16: no vLLM CPU kernel) as a node
+samples it, 32 prompts of its mix x 8 at its own temperature, top-p and budget (0.7, 0.8, 192), native against
+transformers, interleaved the same way. Writes bench/results/sampler.json and prints one summary line.
 
     python -m bench.sampler [--runs 3] [--prompts 64] [--samples 8] [--max-new-tokens 64] [--loaded]
 
@@ -45,12 +49,17 @@ from bench.load_guard import add_loaded_flag
 from bench.paired import paired_ratio
 from swarm_node import tasks
 from swarm_node.model.char_recipe import CharRecipe, random_qwen2
-from swarm_node.model.default_model import load_model, model_dir
+from swarm_node.model.default_model import ensure_default_model, load_model, model_dir, own_budget
+from swarm_node.model.prompting import build_prompter
+from swarm_node.model.recipe_mixes import REASONING_MIX
+from swarm_node.model.recipes import DEFAULT_RECIPE
 from swarm_node.model.tokenizer import build_char_tokenizer
 from swarm_node.sampler.base import SamplerSettings, SamplingParams
 from swarm_node.sampler.hf import HFSampler
+from swarm_node.sampler.native import NativeSampler
 
 RESULTS = Path(__file__).parent / "results"
+REASONING_PROMPTS, REASONING_SAMPLES = 32, 8  # one step of the default node: run.prompts_per_step x G
 LARGE_RECIPE = CharRecipe(hidden_size=512, layers=8, heads=8, kv_heads=2, intermediate_size=1408, max_positions=256)
 WEIGHT_SYNC_REPEATS = 5
 
@@ -83,11 +92,29 @@ def timed(fn: Callable[[], int]) -> float:
 
 
 def run_values(rates: dict[str, list[float]]) -> list[dict[str, float]]:
-    """Each round's tokens/s of ours, raw vLLM and transformers, and its two ratios."""
-    ours, raw, hf = rates["ours"], rates["raw"], rates["hf"]
-    return [{"ours_tok_s": round(o, 1), "raw_vllm_tok_s": round(r, 1), "hf_tok_s": round(h, 1),
-             "ratio_ours_over_raw": round(o / r, 4), "ratio_ours_over_hf": round(o / h, 4)}
-            for o, r, h in zip(ours, raw, hf, strict=True)]
+    """Each round's tokens/s of ours, raw vLLM, native and transformers, and its ratios."""
+    ours, raw, native, hf = rates["ours"], rates["raw"], rates["native"], rates["hf"]
+    return [{"ours_tok_s": round(o, 1), "raw_vllm_tok_s": round(r, 1), "native_tok_s": round(n, 1),
+             "hf_tok_s": round(h, 1), "ratio_ours_over_raw": round(o / r, 4), "ratio_ours_over_hf": round(o / h, 4),
+             "ratio_native_over_hf": round(n / h, 4)}
+            for o, r, n, h in zip(ours, raw, native, hf, strict=True)]
+
+
+def interleaved(name: str, order: list[tuple[str, Callable[[], int]]], runs: int) -> dict[str, list[float]]:
+    """tokens/s of each arm, `runs` rounds; who goes first rotates (load drifts during a run)."""
+    rates: dict[str, list[float]] = {key: [] for key, _ in order}
+    with torch.no_grad():
+        for i in range(runs):
+            shift = i % len(order)
+            for key, fn in order[shift:] + order[:shift]:
+                rates[key].append(timed(fn))
+            print(f"  {name} run {i + 1}/{runs}: " + ", ".join(f"{k} {v[-1]:,.0f} tok/s" for k, v in rates.items()),
+                  flush=True)
+    return rates
+
+
+def tokens_of(sampler: HFSampler, prompts: list[list[int]], samples: int, params: SamplingParams) -> Callable[[], int]:
+    return lambda: sum(len(c.token_ids) for g in sampler.generate(prompts, samples, params) for c in g)
 
 
 def bench_model(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path,
@@ -95,7 +122,7 @@ def bench_model(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenize
     started = time.perf_counter()
     ours = VLLMSampler(path, tokenizer, SamplerSettings(), version=0)
     engine_start_s = time.perf_counter() - started
-    hf = HFSampler(model, tokenizer, version=0)
+    hf, native = HFSampler(model, tokenizer, version=0), NativeSampler(model, tokenizer, version=0)
     raw_params = vllm.SamplingParams(n=samples, temperature=params.temperature, top_p=params.top_p, top_k=0,
                                      max_tokens=params.max_new_tokens, stop_token_ids=[tokenizer.eos_token_id],
                                      detokenize=False)
@@ -112,17 +139,9 @@ def bench_model(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenize
         outs = ours.llm.generate(raw_prompts, raw_params, use_tqdm=False)
         return sum(len(c.token_ids) for o in outs for c in o.outputs)
 
-    def run_hf() -> int:
-        return sum(len(c.token_ids) for g in hf.generate(prompts, samples, params) for c in g)
-
-    rates: dict[str, list[float]] = {"ours": [], "raw": [], "hf": []}
-    order = [("ours", run_ours), ("raw", run_raw), ("hf", run_hf)]
-    with torch.no_grad():
-        for i in range(runs):
-            for key, fn in order[i % 2:] + order[:i % 2]:  # alternate who goes first: load drifts during a run
-                rates[key].append(timed(fn))
-            print(f"  {name} run {i + 1}/{runs}: " + ", ".join(f"{k} {v[-1]:,.0f} tok/s" for k, v in rates.items()),
-                  flush=True)
+    rates = interleaved(name, [("ours", run_ours), ("raw", run_raw),
+                               ("native", tokens_of(native, prompts, samples, params)),
+                               ("hf", tokens_of(hf, prompts, samples, params))], runs)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     sync_ms = []
     for version in range(1, WEIGHT_SYNC_REPEATS + 1):
@@ -133,12 +152,37 @@ def bench_model(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenize
     return {"name": name, "params": sum(p.numel() for p in model.parameters()),
             "ours_tok_s": round(statistics.median(rates["ours"]), 1),
             "raw_vllm_tok_s": round(statistics.median(rates["raw"]), 1),
+            "native_tok_s": round(statistics.median(rates["native"]), 1),
             "hf_tok_s": round(statistics.median(rates["hf"]), 1),
             "paired_ratio_ours_over_raw": round(paired_ratio(rates["ours"], rates["raw"]), 4),
             "paired_ratio_ours_over_hf": round(paired_ratio(rates["ours"], rates["hf"]), 4),
+            "paired_ratio_native_over_hf": round(paired_ratio(rates["native"], rates["hf"]), 4),
             "runs": run_values(rates),
             "weight_sync_ms": round(statistics.median(sync_ms), 2),
             "engine_start_s": round(engine_start_s, 2)}
+
+
+def bench_reasoning_default(runs: int) -> dict[str, Any]:
+    """The embedded default as a node samples it: native against transformers (vLLM cannot run head size 16)."""
+    path = ensure_default_model()
+    model, tokenizer = load_model(path)
+    budget = own_budget(path) or 192
+    generation = model.generation_config
+    params = SamplingParams(temperature=generation.temperature, top_p=generation.top_p, max_new_tokens=budget)
+    source = tasks.TaskSource(mix=REASONING_MIX)
+    prompter = build_prompter("", tokenizer, budget)
+    prompts = [prompter.ids(tasks.instance(ref)) for ref in source.draw(random.Random(0), REASONING_PROMPTS)]
+    native, hf = NativeSampler(model, tokenizer), HFSampler(model, tokenizer)
+    rates = interleaved("reasoning default", [("native", tokens_of(native, prompts, REASONING_SAMPLES, params)),
+                                              ("hf", tokens_of(hf, prompts, REASONING_SAMPLES, params))], runs)
+    return {"name": DEFAULT_RECIPE, "params": sum(p.numel() for p in model.parameters()),
+            "prompts": REASONING_PROMPTS, "samples": REASONING_SAMPLES, "temperature": params.temperature,
+            "top_p": params.top_p, "max_new_tokens": budget,
+            "native_tok_s": round(statistics.median(rates["native"]), 1),
+            "hf_tok_s": round(statistics.median(rates["hf"]), 1),
+            "paired_ratio_native_over_hf": round(paired_ratio(rates["native"], rates["hf"]), 4),
+            "runs": [{"native_tok_s": round(n, 1), "hf_tok_s": round(h, 1), "ratio_native_over_hf": round(n / h, 4)}
+                     for n, h in zip(rates["native"], rates["hf"], strict=True)]}
 
 
 def main() -> None:
@@ -161,7 +205,9 @@ def main() -> None:
             prompts = [tokenizer.encode(t) for t in texts]
             results.append(bench_model(name, model, tokenizer, path, prompts, args.samples, params, args.runs))
             print(f"  {json.dumps(results[-1])}", flush=True)
-    out = {"runs": args.runs, "models": results,
+    reasoning = bench_reasoning_default(args.runs)
+    print(f"  {json.dumps(reasoning)}", flush=True)
+    out = {"runs": args.runs, "models": results, "reasoning_default": reasoning,
            "setup": {"prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
                      "temperature": params.temperature, "top_p": params.top_p, "threads": usable_cores(),
                      "vllm": vllm.__version__, "dtype": "float32"}}
@@ -173,7 +219,9 @@ def main() -> None:
           f"{large['paired_ratio_ours_over_hf']:.2f}x transformers (paired); "
           f"weight sync {large['weight_sync_ms']:.0f} ms; "
           + "; ".join(f"{r['name']} ours {r['ours_tok_s']:,.0f} / raw {r['raw_vllm_tok_s']:,.0f} / "
-                      f"hf {r['hf_tok_s']:,.0f} tok/s, sync {r['weight_sync_ms']:.1f} ms" for r in results[:-1]))
+                      f"hf {r['hf_tok_s']:,.0f} tok/s, sync {r['weight_sync_ms']:.1f} ms" for r in results[:-1])
+          + f"; reasoning default native {reasoning['native_tok_s']:,.0f} / hf {reasoning['hf_tok_s']:,.0f} tok/s "
+            f"= {reasoning['paired_ratio_native_over_hf']:.2f}x (paired)")
 
 
 if __name__ == "__main__":
