@@ -26,6 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 # fp32 logits that exist at once: 256 positions of Qwen2.5's padded 151,936-token vocabulary (~148 MiB)
 LOGPROB_CHUNK_ELEMENTS = 256 * 151_936
+NUCLEUS_CANDIDATES = 64  # tokens sorted first when finding a top-p nucleus (nucleus())
 
 
 def logprob_chunk(vocab_rows: int) -> int:
@@ -46,14 +47,28 @@ def processed_log_softmax(logits: torch.Tensor, temperature: float, top_p: float
     if temperature > 0:
         logits = logits / temperature
     if top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(dim=-1)
-        # Keep the smallest prefix whose mass reaches top_p: a token is dropped when the mass before it >= top_p.
-        mass_before = probs.cumsum(dim=-1) - probs
-        drop_sorted = mass_before >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
+        logits = logits.masked_fill(~nucleus(logits, top_p), float("-inf"))
     return logits.log_softmax(dim=-1)
+
+
+@torch.no_grad()  # a mask: nothing to differentiate
+def nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """[..., V] bool: the smallest prefix of each row's tokens, by descending logit, whose mass reaches top_p (a
+    token is dropped when the mass before it >= top_p). The nucleus of a peaked distribution holds a few tokens, so
+    the top `NUCLEUS_CANDIDATES` are sorted first; only rows whose nucleus is not among them sort the whole row."""
+    candidates = min(NUCLEUS_CANDIDATES, logits.shape[-1])
+    top_logits, order = logits.topk(candidates, dim=-1)  # sorted, descending
+    probs = (top_logits - logits.logsumexp(dim=-1, keepdim=True)).exp()
+    keep = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+    keep.scatter_(-1, order, probs.cumsum(dim=-1) - probs < top_p)
+    wide = probs.sum(dim=-1) < top_p  # rows whose nucleus reaches past the candidates
+    if wide.any():
+        rows = logits[wide]
+        sorted_logits, full_order = rows.sort(dim=-1, descending=True)
+        full_probs = sorted_logits.softmax(dim=-1)
+        keep[wide] = torch.zeros_like(rows, dtype=torch.bool).scatter(
+            -1, full_order, full_probs.cumsum(dim=-1) - full_probs < top_p)
+    return keep
 
 
 def entropy_from_log_probs(log_probs: torch.Tensor) -> torch.Tensor:

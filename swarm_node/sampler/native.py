@@ -6,8 +6,9 @@ how a pass is generated. A pass prefills each distinct prompt once, gives it n r
 row a step from a preallocated cache; a row leaves the batch at its first EOS (the batch is compacted once a
 `COMPACT_FRACTION` of its rows has finished), so the step's cost follows the rows still generating, not the
 longest one. A token is drawn from `rl.logprobs.processed_log_softmax` of the row's logits (temperature, top-p, the
-padded vocabulary masked), so its recorded log-prob is by construction the trainer's definition; greedy decoding
-takes the arg-max. Under greedy decoding its tokens equal the transformers sampler's; under sampling both draw
+padded vocabulary masked), so its recorded log-prob is by construction the trainer's definition (`draw`: one
+uniform number a row against the cumulative distribution, cheaper than `torch.multinomial`); greedy decoding takes
+the arg-max. Under greedy decoding its tokens equal the transformers sampler's; under sampling both draw
 from the same distribution with different random streams (a seed makes either reproducible, not both equal).
 """
 
@@ -23,6 +24,14 @@ from swarm_node.sampler.kv_decoder import KVDecoder, unsupported
 __all__ = ["NativeSampler", "unsupported"]
 
 COMPACT_FRACTION = 0.125  # finished rows in the batch that make a compaction worth its copy
+
+
+def draw(log_probs: torch.Tensor) -> torch.Tensor:
+    """One token a row [B, V] -> [B], token i with probability exp(log_probs[i]): the first index whose cumulative
+    probability exceeds u ~ U[0, total) (float64: u < total always, so a token of probability 0 is never drawn)."""
+    cdf = log_probs.double().exp().cumsum(-1)
+    u = torch.rand(log_probs.shape[0], 1, dtype=torch.float64, device=log_probs.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True)[:, 0]
 
 
 class NativeSampler(HFSampler):
@@ -64,7 +73,7 @@ class NativeSampler(HFSampler):
             if params.temperature <= 0:
                 chosen = log_probs.argmax(-1)
             else:
-                chosen = torch.multinomial(log_probs.exp(), 1)[:, 0]
+                chosen = draw(log_probs)
             chosen_logprobs = log_probs.gather(-1, chosen[:, None])[:, 0].float().cpu()
             ended = torch.isin(chosen, eos).cpu()
             chosen = chosen.cpu()

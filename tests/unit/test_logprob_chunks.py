@@ -11,9 +11,11 @@ import torch
 from swarm_node.config import SamplerConfig, TrainConfig
 from swarm_node.model.default_model import load_model
 from swarm_node.rl.logprobs import (
+    NUCLEUS_CANDIDATES,
     chunked_token_log_probs,
     entropy_from_log_probs,
     logprob_chunk,
+    nucleus,
     processed_log_softmax,
 )
 from swarm_node.train.batching import collate
@@ -113,3 +115,26 @@ def test_trainer_log_probs_and_gradients_match_the_model_logits(tiny_model_dir: 
     assert grads1.keys() == grads0.keys()
     for name, grad in grads0.items():
         assert torch.allclose(grads1[name], grad, rtol=0, atol=1e-10), name
+
+
+def _nucleus_by_full_sort(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The definition: sort the whole row, keep a token while the mass before it is below top_p."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    return torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order, probs.cumsum(dim=-1) - probs < top_p)
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.8, 0.95])
+def test_nucleus_from_the_top_candidates_equals_the_full_sort(top_p: float) -> None:
+    """Peaked rows (nucleus among the first candidates) and flat rows (nucleus past them: the whole row is sorted)
+    in one batch, and the padded vocabulary's -inf rows, give the mask of the full sort."""
+    gen = torch.Generator().manual_seed(0)
+    peaked = 12.0 * torch.randn(300, 500, generator=gen)
+    flat = 0.05 * torch.randn(100, 500, generator=gen)
+    logits = torch.cat([peaked, flat])[torch.randperm(400, generator=gen)]
+    logits[:, 450:] = float("-inf")
+    kept = nucleus(logits, top_p)
+    assert torch.equal(kept, _nucleus_by_full_sort(logits, top_p))
+    sizes = kept.sum(-1)
+    assert sizes.min() < NUCLEUS_CANDIDATES < sizes.max()  # both paths ran
+    assert not kept[:, 450:].any()
