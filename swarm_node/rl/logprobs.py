@@ -54,20 +54,29 @@ def processed_log_softmax(logits: torch.Tensor, temperature: float, top_p: float
 @torch.no_grad()  # a mask: nothing to differentiate
 def nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """[..., V] bool: the smallest prefix of each row's tokens, by descending logit, whose mass reaches top_p (a
-    token is dropped when the mass before it >= top_p). The nucleus of a peaked distribution holds a few tokens, so
-    the top `NUCLEUS_CANDIDATES` are sorted first; only rows whose nucleus is not among them sort the whole row."""
-    candidates = min(NUCLEUS_CANDIDATES, logits.shape[-1])
+    token is dropped when the mass before it >= top_p). Sorting a row is what costs (CPU sorts are slow), and the
+    nucleus of a peaked distribution holds a few tokens: a row whose most likely token alone reaches top_p keeps
+    it alone; the others sort their `NUCLEUS_CANDIDATES` most likely tokens, and only a row whose nucleus reaches
+    past those sorts the whole row."""
+    log_norm = logits.logsumexp(dim=-1, keepdim=True)
+    top_logit, top_index = logits.max(dim=-1, keepdim=True)
+    keep = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device).scatter_(-1, top_index, True)
+    wider = (top_logit - log_norm)[..., 0].exp() < top_p
+    if wider.any():
+        keep[wider] = _sorted_prefix(logits[wider], log_norm[wider], top_p, NUCLEUS_CANDIDATES)
+    return keep
+
+
+def _sorted_prefix(logits: torch.Tensor, log_norm: torch.Tensor, top_p: float, candidates: int) -> torch.Tensor:
+    """nucleus() of rows [N, V] from their `candidates` most likely tokens; the whole row where that is short."""
+    candidates = min(candidates, logits.shape[-1])
     top_logits, order = logits.topk(candidates, dim=-1)  # sorted, descending
-    probs = (top_logits - logits.logsumexp(dim=-1, keepdim=True)).exp()
+    probs = (top_logits - log_norm).exp()
     keep = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
     keep.scatter_(-1, order, probs.cumsum(dim=-1) - probs < top_p)
-    wide = probs.sum(dim=-1) < top_p  # rows whose nucleus reaches past the candidates
-    if wide.any():
-        rows = logits[wide]
-        sorted_logits, full_order = rows.sort(dim=-1, descending=True)
-        full_probs = sorted_logits.softmax(dim=-1)
-        keep[wide] = torch.zeros_like(rows, dtype=torch.bool).scatter(
-            -1, full_order, full_probs.cumsum(dim=-1) - full_probs < top_p)
+    short = probs.sum(dim=-1) < top_p  # rows whose nucleus reaches past the candidates
+    if short.any() and candidates < logits.shape[-1]:
+        keep[short] = _sorted_prefix(logits[short], log_norm[short], top_p, logits.shape[-1])
     return keep
 
 
