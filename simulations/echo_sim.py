@@ -77,7 +77,7 @@ def dissemination_s(nbytes: int, workers: int, cfg: EchoSimConfig) -> list[float
 def _node(cfg: EchoSimConfig, run_dir: Path, index: int, local_groups: int) -> Assembly:
     overrides = {"run.prompts_per_step": cfg.prompts_per_step, "run.group_size": cfg.group_size,
                  "run.seed": cfg.seed * 1000 + index, "run.run_dir": str(run_dir), "run.steps": cfg.steps,
-                 "run.eval_problems": 0, "run.checkpoint_every": cfg.steps + 1, "sampler.kind": "hf",
+                 "run.eval_problems": 0, "run.checkpoint_every": cfg.steps + 1, "sampler.kind": "native",
                  "train.max_staleness": cfg.max_staleness, "train.threads": 1, "status.port": -1,
                  "share.local_groups": local_groups, "model.path": cfg.model_path, "echo.encoding": cfg.encoding,
                  **cfg.overrides}
