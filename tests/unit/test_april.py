@@ -1,5 +1,5 @@
 """APRIL's partial rollouts: per-span versions, the per-span staleness bound, per-token stale flags in the trainer's
-rows, resuming in the transformers sampler, the failed-resume discard, and an over-provisioned step."""
+rows, resuming in the transformers and native samplers, the failed-resume discard, and an over-provisioned step."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from swarm_node.model.default_model import load_model
 from swarm_node.node.core import Node, NodeEvents
 from swarm_node.sampler.base import ResumeError, Sampler, SamplingParams, extend_completion
 from swarm_node.sampler.hf import HFSampler
+from swarm_node.sampler.native import NativeSampler
 from swarm_node.tasks import TaskInstance
 from swarm_node.train.batching import collate
 from swarm_node.train.partial import ROLLOUT_MODES, AprilRollouts, PendingGroup, RolloutRequest, expire
@@ -116,9 +117,11 @@ def test_the_stale_correction_applies_to_the_stale_tokens_alone(tiny_model_dir: 
     assert loss(TrainSample(prompt, completion, behaviour, 1.0, True, stale_tokens=(True,) * n)) == whole_stale
 
 
-def test_hf_sampler_resumes_token_identically_to_an_uninterrupted_greedy_generation(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("kind", [HFSampler, NativeSampler])
+def test_a_sampler_resumes_token_identically_to_an_uninterrupted_greedy_generation(tiny_model_dir: Path,
+                                                                                   kind: type[HFSampler]) -> None:
     model, tok = load_model(tiny_model_dir)
-    sampler = HFSampler(model, tok, version=3)
+    sampler = kind(model, tok, version=3)
     prompts = [tok.encode("12 + 7 =\nAnswer: "), tok.encode("4 * 5 =")]  # different lengths: left padding
     whole = [g[0] for g in sampler.generate(prompts, 1, SamplingParams(temperature=0.0, max_new_tokens=24))]
     assert all(len(c.token_ids) == 24 for c in whole)  # the random tiny model does not stop early
@@ -134,9 +137,11 @@ def test_hf_sampler_resumes_token_identically_to_an_uninterrupted_greedy_generat
         assert part.spans == ((0, 3), (16, 4)) and part.version == 4
 
 
-def test_a_partial_completion_the_weights_cannot_hold_fails_to_resume(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("kind", [HFSampler, NativeSampler])
+def test_a_partial_completion_the_weights_cannot_hold_fails_to_resume(tiny_model_dir: Path,
+                                                                      kind: type[HFSampler]) -> None:
     model, tok = load_model(tiny_model_dir)
-    sampler = HFSampler(model, tok)
+    sampler = kind(model, tok)
     alien = Completion((int(model.config.vocab_size) + 5,), "", (-1.0,), 0)
     with pytest.raises(ResumeError):
         sampler.resume([tok.encode("1 + 1 =")], [alien], SamplingParams(max_new_tokens=4))
