@@ -13,6 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config
 from swarm_node.config import SamplerConfig, TrainConfig
 from swarm_node.errors import UserError
 from swarm_node.model.default_model import load_model
+from swarm_node.model.lora import attach_lora, lora_modules
 from swarm_node.rl.logprobs import processed_log_softmax
 from swarm_node.sampler.base import SamplerSettings, SamplingParams
 from swarm_node.sampler.factory import SamplerRequest, fallback_sampler, make_sampler
@@ -81,6 +82,24 @@ def test_greedy_parity_on_a_llama_shape_with_grouped_heads(tiny_model_dir: Path)
     model = LlamaForCausalLM(config).eval()
     hf, native = _greedy_pairs(model, tok, n=3, max_new=20)
     assert [[c.token_ids for c in g] for g in native] == [[c.token_ids for c in g] for g in hf]
+
+
+def test_greedy_parity_with_lora_adapters(tiny_model_dir: Path) -> None:
+    """A node training LoRA samples its adapted projections: the native loop calls the wrapped modules."""
+    model, tok = load_model(tiny_model_dir)
+    _noisy(model)
+    attach_lora(model, rank=4, alpha=8.0)
+    with torch.no_grad():
+        for adapter in lora_modules(model).values():
+            adapter.lora_B.weight.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(1))
+    hf, native = _greedy_pairs(model, tok, n=2, max_new=16)
+    assert [[c.token_ids for c in g] for g in native] == [[c.token_ids for c in g] for g in hf]
+    plain, _ = load_model(tiny_model_dir)
+    _noisy(plain)
+    greedy = SamplingParams(0.0, max_new_tokens=16)
+    adapted = NativeSampler(model, tok).generate(_prompts(tok), 1, greedy)
+    unadapted = NativeSampler(plain, tok).generate(_prompts(tok), 1, greedy)
+    assert [g[0].token_ids for g in unadapted] != [g[0].token_ids for g in adapted]  # the adapters count
 
 
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
