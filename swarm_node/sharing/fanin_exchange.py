@@ -15,7 +15,7 @@ Contract (the design is `sharing/fanin.py`, the bookkeeping `sharing/fanin_ledge
   ranks as recently heard), checks every served group against its digest's hash before decoding it and against its
   re-scored rewards (`rescore`; `sharing.pulled_admit`), and queues the groups that pass; lies are queued as drops
   with their fan-in reason (`hash_mismatch`, `digest_reward_mismatch`, `unserved_digest`), as are requesters that
-  pull unoffered groups or past their share.
+  pull unoffered groups or past their share. Pulls to one sender share one stream (`sharing.pull_session`).
 - `drain()` (sync) returns and clears what arrived, like `TransportExchange`; `round_stats` counts this round's
   inbound messages, bytes and pulls, handed to `on_round` when `flush` closes the round (the node's /status).
 - Push fallback: `push_after_s` after our digests went out (a timer on the transport's loop, while peers still
@@ -77,17 +77,15 @@ from swarm_node.sharing.fanin_ledger import (
     BUSY,
     NOT_HELD,
     NOT_SERVED,
-    OVER_PULL,
     SERVE,
     UNOFFERED,
-    UNSOLICITED,
     PushBook,
 )
-from swarm_node.sharing.pull_stream import PullFailed, request_pull, send_push, serve_pulls, serve_pushes
+from swarm_node.sharing.pull_session import PullSessions, serve_fanin_streams
+from swarm_node.sharing.pull_stream import PullFailed, send_push
 from swarm_node.sharing.pulled_admit import admit_pulled
 from swarm_node.sharing.sender_reach import SenderReach
 from swarm_node.sharing.served_rounds import ServedRounds
-from swarm_node.sharing.stream_gate import StreamGate
 from swarm_node.sharing.swarm_size import ShardCount
 from swarm_node.transport.base import Delivery, Transport, TransportError, ValidationResult
 
@@ -128,6 +126,7 @@ class FaninExchange:
         self.round_stats = RoundStats()
         self.on_round: Callable[[RoundStats], None] = ignore_round
         self.ignore_signer: Callable[[str], bool] = lambda _signer: False
+        self.sessions = PullSessions(transport, limits, params.pull_timeout_s)  # a stream per sender, kept
 
     @property
     def peer_id(self) -> str:
@@ -139,11 +138,7 @@ class FaninExchange:
         return sorted(self._shard_peers - {self.peer_id})
 
     async def start(self) -> None:
-        p = self.params
-        await serve_pulls(self.transport, self._answer, self.limits, p.pull_timeout_s, self._drop,
-                          StreamGate(p.serve_streams, p.serve_streams_per_peer, OVER_PULL))
-        await serve_pushes(self.transport, self._on_push, self.limits, p.pull_timeout_s, self._drop,
-                           StreamGate(p.serve_streams, p.serve_streams_per_peer, UNSOLICITED))
+        await serve_fanin_streams(self.transport, self._answer, self._on_push, self.limits, self.params, self._drop)
         await self._join_epoch()
 
     async def _join_epoch(self) -> None:
@@ -357,7 +352,7 @@ class FaninExchange:
             if unreached:  # our dial to it failed
                 raise PullFailed("transport", f"could not dial {sender}")
             self.round_stats.pulls_sent += len(digests)
-            response = await request_pull(self.transport, sender, request, self.limits, self.params.pull_timeout_s)
+            response = await self.sessions.request(sender, request)
         except PullFailed:
             for d in digests:  # lost: the slots are free again
                 self._taken.pop(d.group_id, None)
