@@ -65,6 +65,7 @@ class _Session:
         self.waiting: deque[asyncio.Future[bytes]] = deque()
         self.failed = False  # or closed: not to be used again
         self._idle: asyncio.TimerHandle | None = None
+        self.closing: asyncio.Future[None] | None = None
         self.reader = asyncio.ensure_future(self._read())
 
     async def _read(self) -> None:
@@ -85,7 +86,7 @@ class _Session:
         """Nothing asked for `idle_s`: half-close, so that the server frees the stream's slot (it then closes)."""
         if not self.waiting and not self.failed:
             self.failed = True
-            asyncio.ensure_future(self._half_close())
+            self.closing = asyncio.ensure_future(self._half_close())  # kept: the loop holds tasks weakly
 
     async def _half_close(self) -> None:
         try:
