@@ -141,7 +141,7 @@ def count_libp2p_wire(counters: WireCounters) -> None:
     import libp2p.io.trio as trio_io  # the host's library: loaded here only, for the thread isolation
     import libp2p.pubsub.pubsub as pubsub
 
-    from swarm_node.sharing import pull_stream
+    from swarm_node.sharing import pull_session, pull_stream
     from swarm_node.transport.libp2p import router
 
     router_init = router.SharingGossipSub.__init__
@@ -173,9 +173,16 @@ def count_libp2p_wire(counters: WireCounters) -> None:
         counters.frame_bytes += len(data) + pull_stream.LENGTH_BYTES
         return data
 
-    from swarm_node.sharing import fanin_exchange
+    request_read = pull_session._next_request  # a pull stream's server reads its requests so (None: the end)
 
-    pull = fanin_exchange.request_pull
+    async def next_request(*args: Any, **kwargs: Any) -> bytes | None:
+        data = await request_read(*args, **kwargs)
+        if data is not None:
+            counters.frames += 1
+            counters.frame_bytes += len(data) + pull_stream.LENGTH_BYTES
+        return data
+
+    pull = pull_session.PullSessions.request
 
     async def request_pull(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -190,10 +197,12 @@ def count_libp2p_wire(counters: WireCounters) -> None:
         counters.groups_refused += len(response.refused)
         return response
 
-    fanin_exchange.request_pull = request_pull  # type: ignore[assignment]
+    pull_session.PullSessions.request = request_pull  # type: ignore[method-assign]
     trio_io.TrioTCPStream.read = read  # type: ignore[method-assign]
     pubsub.read_varint_prefixed_bytes_limited = read_rpc
     pull_stream.read_frame = read_frame  # type: ignore[assignment]
+    pull_session.read_frame = read_frame  # type: ignore[assignment]
+    pull_session._next_request = next_request  # type: ignore[assignment]
 
 
 class StandIn:

@@ -124,3 +124,4 @@ class FaninNode:
         if self._rounds is not None:
             self._rounds.cancel()
             await asyncio.gather(self._rounds, return_exceptions=True)
+        await self.exchange.sessions.close()

@@ -25,6 +25,8 @@ TOPIC_CONTROL = f"swarm-node/control/{SCHEMA_VERSION}"
 TOPIC_DIGESTS_PREFIX = f"swarm-node/digests/{SCHEMA_VERSION}/"
 # Pull requests and responses travel over a direct request/response protocol, never on gossip.
 PULL_PROTOCOL = f"/swarm-node/pull/{SCHEMA_VERSION}"
+# The same requests and responses, several over one long-lived stream per peer, answered in order.
+PULL_STREAM_PROTOCOL = f"/swarm-node/pull-stream/{SCHEMA_VERSION}"
 # The push fallback: a sender's group nobody pulled goes to one shard neighbour, unasked, as a `pulled` envelope.
 PUSH_PROTOCOL = f"/swarm-node/push/{SCHEMA_VERSION}"
 DEFAULT_PROMPT_FORMAT = "answer-line"  # the embedded model's prompt format

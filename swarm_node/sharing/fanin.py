@@ -64,7 +64,7 @@ class FanInParams:
     max_swarm_estimate: int = 1_000_000  # what the node may believe the swarm's size to be, at most
     learn_from_peers: int = 3  # a node that joins takes the median of this many distinct senders' M at least
     serve_streams: int = 16  # pull (and, apart, push) streams a node serves at once; more are reset unread
-    serve_streams_per_peer: int = 2  # ... of them from one peer (an honest one opens one per round)
+    serve_streams_per_peer: int = 2  # ... of them from one peer (an honest one holds one: `pull_session`)
     dials_per_round: int = 6  # new connections a node dials per round to reach digest senders (`sender_dial`):
     # pull_target, so that every pull of a round may first dial its sender, as the scale simulator assumes
     dial_backoff_rounds: int = 3  # an IP whose dial failed is not dialled again for this many rounds

@@ -13,9 +13,9 @@ Contract (the design is `sharing/fanin.py`, the bookkeeping `sharing/fanin_ledge
   (`sharing.sender_reach`, capped per round), asks each sender once per round of its digests in requests of at most
   `max_pulls_per_request` ids (`fanin.pull_asks`; one that cannot be reached frees its slots for others at once, and
   ranks as recently heard), checks every served group against its digest's hash before decoding it and against its
-  re-scored rewards (`rescore`), and queues the groups that pass; lies are queued as drops with their fan-in reason
-  (`hash_mismatch`, `digest_reward_mismatch`, `unserved_digest`), as are requesters that pull unoffered groups or
-  past their share.
+  re-scored rewards (`rescore`; `sharing.pulled_admit`), and queues the groups that pass; lies are queued as drops
+  with their fan-in reason (`hash_mismatch`, `digest_reward_mismatch`, `unserved_digest`), as are requesters that
+  pull unoffered groups or past their share. Pulls to one sender share one stream (`sharing.pull_session`).
 - `drain()` (sync) returns and clears what arrived, like `TransportExchange`; `round_stats` counts this round's
   inbound messages, bytes and pulls, handed to `on_round` when `flush` closes the round (the node's /status).
 - Push fallback: `push_after_s` after our digests went out (a timer on the transport's loop, while peers still
@@ -44,22 +44,20 @@ import threading
 import time
 from collections.abc import Callable
 
-from protocol.codec import decode, decode_pulled, encode, encoded_content_hash
-from protocol.errors import Verdict, WireError, ignore
+from protocol.codec import decode, encode, encoded_content_hash
+from protocol.errors import Verdict
 from protocol.limits import Limits
 from protocol.messages import (
-    TOPIC_ROLLOUTS,
     DigestBatch,
     DigestWire,
     PulledGroup,
     PullRefusal,
     PullRequest,
     PullResponse,
-    RolloutBatch,
     RolloutGroup,
     digest_topic,
 )
-from protocol.validation import AcceptPolicy, ReplayGuard, check_message, validate_gossip
+from protocol.validation import AcceptPolicy, ReplayGuard, validate_gossip
 from swarm_node.sharing.accepted import AcceptedMessages
 from swarm_node.sharing.exchange import Received, RoundStats, ignore_round
 from swarm_node.sharing.fanin import (
@@ -79,17 +77,15 @@ from swarm_node.sharing.fanin_ledger import (
     BUSY,
     NOT_HELD,
     NOT_SERVED,
-    OVER_PULL,
     SERVE,
     UNOFFERED,
-    UNSOLICITED,
     PushBook,
-    check_pulled,
 )
-from swarm_node.sharing.pull_stream import PullFailed, request_pull, send_push, serve_pulls, serve_pushes
+from swarm_node.sharing.pull_session import PullSessions, serve_fanin_streams
+from swarm_node.sharing.pull_stream import PullFailed, send_push
+from swarm_node.sharing.pulled_admit import admit_pulled
 from swarm_node.sharing.sender_reach import SenderReach
 from swarm_node.sharing.served_rounds import ServedRounds
-from swarm_node.sharing.stream_gate import StreamGate
 from swarm_node.sharing.swarm_size import ShardCount
 from swarm_node.transport.base import Delivery, Transport, TransportError, ValidationResult
 
@@ -130,6 +126,7 @@ class FaninExchange:
         self.round_stats = RoundStats()
         self.on_round: Callable[[RoundStats], None] = ignore_round
         self.ignore_signer: Callable[[str], bool] = lambda _signer: False
+        self.sessions = PullSessions(transport, limits, params.pull_timeout_s)  # a stream per sender, kept
 
     @property
     def peer_id(self) -> str:
@@ -141,11 +138,7 @@ class FaninExchange:
         return sorted(self._shard_peers - {self.peer_id})
 
     async def start(self) -> None:
-        p = self.params
-        await serve_pulls(self.transport, self._answer, self.limits, p.pull_timeout_s, self._drop,
-                          StreamGate(p.serve_streams, p.serve_streams_per_peer, OVER_PULL))
-        await serve_pushes(self.transport, self._on_push, self.limits, p.pull_timeout_s, self._drop,
-                           StreamGate(p.serve_streams, p.serve_streams_per_peer, UNSOLICITED))
+        await serve_fanin_streams(self.transport, self._answer, self._on_push, self.limits, self.params, self._drop)
         await self._join_epoch()
 
     async def _join_epoch(self) -> None:
@@ -359,7 +352,7 @@ class FaninExchange:
             if unreached:  # our dial to it failed
                 raise PullFailed("transport", f"could not dial {sender}")
             self.round_stats.pulls_sent += len(digests)
-            response = await request_pull(self.transport, sender, request, self.limits, self.params.pull_timeout_s)
+            response = await self.sessions.request(sender, request)
         except PullFailed:
             for d in digests:  # lost: the slots are free again
                 self._taken.pop(d.group_id, None)
@@ -373,21 +366,11 @@ class FaninExchange:
         return sum(self._accept(sender, pulled, by_id[pulled.group_id.hex()]) for pulled in response.groups)
 
     def _accept(self, sender: str, pulled: PulledGroup, digest: Digest) -> bool:
-        """Queue a pulled or pushed group that passes every check against its digest, else drop it scored."""
-        now = self.clock()
-        try:
-            group = decode_pulled(pulled, digest.content_hash, self.limits, now)
-            # The checks a flooded group gets (attribution, our task, tokenizer), then replay by content hash.
-            check_message(RolloutBatch((group,)), TOPIC_ROLLOUTS, sender, self.limits, self.policy, now)
-            if self.replay.is_replay(digest.content_hash, group.created_at, now):
-                raise ignore("replay", "group already accepted")
-        except WireError as err:
-            self._drop(sender, err.reason)
-            return False
-        self.replay.remember(digest.content_hash, group.created_at, now)
-        signal, variance = reward_stats(self.rescore(group))
-        reason = check_pulled(digest, digest.content_hash, signal, variance)
-        if reason:
+        """Queue a pulled or pushed group that passes every check against its digest (`admit_pulled`), else drop
+        it scored."""
+        group, reason = admit_pulled(sender, pulled, digest, self.limits, self.policy, self.replay, self.rescore,
+                                     self.clock())
+        if group is None:
             self._drop(sender, reason)
             return False
         with self._lock:

@@ -5,7 +5,8 @@ one envelope of L bytes. The client writes one `pull` frame and half-closes; the
 frame and closes.
 - `request_pull(transport, peer, request, limits, timeout_s)` returns the server's PullResponse, or raises
   `PullFailed` (a transport error, no complete answer within `timeout_s`, a frame out of bounds, a message that
-  is not a PullResponse, or one that does not answer exactly the ids asked): the caller counts the pull as lost.
+  is not a PullResponse, or one that does not answer exactly the ids asked: `checked_answer`, which
+  `sharing.pull_session`'s pulls over one long-lived stream share): the caller counts the pull as lost.
 - `serve_pulls(transport, answer, limits, timeout_s, on_error, gate)` serves the protocol: per stream it reads one
   frame (bounded in size), decodes a PullRequest and writes the frame of `answer(requester, request)`, all within
   one deadline of `timeout_s`; a malformed request resets the stream and reports `on_error(requester, reason)`
@@ -90,6 +91,11 @@ async def request_pull(transport: Transport, peer: str, request: PullRequest, li
         raise PullFailed(VANISHED, str(exc)) from exc
     except WireError as exc:
         raise PullFailed(exc.reason, exc.detail) from exc
+    return checked_answer(request, response)
+
+
+def checked_answer(request: PullRequest, response: object) -> PullResponse:
+    """`response` if it is a PullResponse answering exactly the ids of `request`, else PullFailed "bad_schema"."""
     if not isinstance(response, PullResponse):
         raise PullFailed("bad_schema", f"{type(response).__name__} in answer to a pull")
     answered = sorted([g.group_id for g in response.groups] + [r.group_id for r in response.refused])

@@ -3,7 +3,7 @@
 Contract (pure bookkeeping, no I/O): `StreamGate(total, per_peer, over_reason)`; `enter(peer)` admits one more
 incoming stream and returns "" (the caller must `leave(peer)` when the stream is done), or refuses it with the
 kind to report: BUSY when `total` streams are already being served (our own cap: not the peer's fault), or
-`over_reason` when this peer already holds `per_peer` of them (an honest peer opens one stream per round). A
+`over_reason` when this peer already holds `per_peer` of them (an honest peer holds one pull stream at a time). A
 refused stream is reset at once, unread, so a peer opening streams in a loop costs one reset each, and what the
 served ones hold is bounded by `total` times one frame (`limits.max_message_bytes`) for one deadline each.
 """

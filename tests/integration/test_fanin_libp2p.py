@@ -1,9 +1,9 @@
 """Bounded fan-in over real libp2p hosts (child processes) on 127.0.0.1: three FaninExchanges on one shard.
 
 a and b publish one signal-bearing group each, c two without signal. After one round of digests each node pulls
-what its digests offer (one group per sender, signal only) over /swarm-node/pull/4; c's groups, pulled by nobody,
-are pushed over /swarm-node/push/4 to one neighbour each once push_after_s has passed. A stream that announces a
-frame over the size limit is reset unread and reported.
+what its digests offer (one group per sender, signal only) over /swarm-node/pull-stream/4 (one stream per sender,
+kept); c's groups, pulled by nobody, are pushed over /swarm-node/push/4 to one neighbour each once push_after_s has
+passed. A stream that announces a frame over the size limit is reset unread and reported, on both pull protocols.
 """
 
 from __future__ import annotations
@@ -17,7 +17,14 @@ from collections.abc import AsyncIterator
 import pytest
 
 from protocol.limits import Limits
-from protocol.messages import PULL_PROTOCOL, CompletionWire, RolloutGroup, TaskRefWire, digest_topic
+from protocol.messages import (
+    PULL_PROTOCOL,
+    PULL_STREAM_PROTOCOL,
+    CompletionWire,
+    RolloutGroup,
+    TaskRefWire,
+    digest_topic,
+)
 from swarm_node import tasks
 from swarm_node.identity import generate
 from swarm_node.model.tokenizer import build_char_tokenizer, tokenizer_hash
@@ -153,16 +160,17 @@ async def test_pulls_push_and_an_oversized_frame_over_libp2p() -> None:
 
         # A requester announcing a frame past max_message_bytes: reset before a byte of the body is read, unanswered
         # (py-libp2p's yamux may hand the reset to the requester as a plain end of stream).
-        stream = await ta.open_stream(tb.peer_id, PULL_PROTOCOL)
-        await stream.write(struct.pack(">I", LIMITS.max_message_bytes + 1))
-        assert await _answer_bytes(stream) == b""
+        for n, protocol in enumerate((PULL_PROTOCOL, PULL_STREAM_PROTOCOL), start=1):
+            stream = await ta.open_stream(tb.peer_id, protocol)
+            await stream.write(struct.pack(">I", LIMITS.max_message_bytes + 1))
+            assert await _answer_bytes(stream) == b""
 
-        async def reported() -> bool:
-            return bool(ex["b"].round_stats.by_reason)
+            async def reported(n: int = n) -> bool:
+                return ex["b"].round_stats.by_reason.get("message_too_large", 0) == n
 
-        await until(reported, "b to report the oversized frame")
-        assert ex["b"].round_stats.by_reason == {"message_too_large": 1}
-        assert _drops(ex["b"].drain(), names) == [("a", "message_too_large")]
+            await until(reported, f"b to report the oversized frame on {protocol}")
+        assert ex["b"].round_stats.by_reason == {"message_too_large": 2}
+        assert _drops(ex["b"].drain(), names) == [("a", "message_too_large")] * 2
 
 
 async def _answer_bytes(stream: Stream) -> bytes:
