@@ -3,6 +3,7 @@ node checkpoints never do; restore leaves a cell the run dir already holds alone
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 from bench.cell_archive import main
@@ -29,8 +30,9 @@ def test_save_keeps_finished_cells_only_and_restore_does_not_overwrite(tmp_path:
     assert capsys.readouterr().out.splitlines() == [f"save: 2 finished cells {runs} -> {archive}",
                                                     "  4-4/seed1", "  8-0/seed0"]
     assert sorted(str(p.relative_to(archive)) for p in archive.rglob("*") if p.is_file()) == [
-        "4-4/seed1/metrics.csv", "4-4/seed1/result.json", "8-0/seed0/metrics.csv", "8-0/seed0/result.json"]
-    assert (archive / "8-0/seed0/metrics.csv").read_text() == "round,node\n0,8-0/seed0\n"
+        "4-4/seed1/metrics.csv.gz", "4-4/seed1/result.json.gz", "8-0/seed0/metrics.csv.gz",
+        "8-0/seed0/result.json.gz"]
+    assert gzip.decompress((archive / "8-0/seed0/metrics.csv.gz").read_bytes()) == b"round,node\n0,8-0/seed0\n"
 
     fresh = tmp_path / "fresh"
     _cell(fresh, "8-0/seed0", '{"fingerprint": "newer"}')
@@ -39,3 +41,4 @@ def test_save_keeps_finished_cells_only_and_restore_does_not_overwrite(tmp_path:
                                                     "  4-4/seed1"]
     assert (fresh / "8-0/seed0/result.json").read_text() == '{"fingerprint": "newer"}'
     assert (fresh / "4-4/seed1/result.json").read_text() == '{"fingerprint": "b"}'
+    assert (fresh / "4-4/seed1/metrics.csv").read_text() == "round,node\n0,4-4/seed1\n"
