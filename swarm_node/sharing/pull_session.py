@@ -10,7 +10,8 @@ Contract (WIRE.md "Pulls"; frames as `sharing.pull_stream`'s: a 4-byte big-endia
   answers matched in order. Any failure resets that stream and fails every request waiting on it (its order is
   lost); the next request opens a fresh one. A stream with nothing asked for `timeout_s * IDLE_FRACTION` is
   half-closed (it holds a slot of the server's gate; the server drops idle ones after `timeout_s`). A peer that does
-  not serve the protocol (the stream cannot be opened) is asked over the one-shot protocol instead (`request_pull`).
+  not serve the protocol (the stream cannot be opened) is asked over the one-shot protocol instead (`request_pull`),
+  and for `ONE_SHOT_RETRY_S` after that without trying a stream again (each try costs a failed negotiation).
   `await close()` closes every stream.
 - `serve_pull_sessions(transport, answer, limits, timeout_s, on_error, gate)`: the server side. A stream takes one
   of `gate`'s slots for its life (the same `StreamGate` as the one-shot pulls: the same caps over both); the server
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -55,6 +57,9 @@ from swarm_node.transport.base import Stream, Transport, TransportError
 # A stream nothing was asked on for this fraction of the deadline is half-closed, so that it holds a slot of the
 # server's gate only while pulls come (join's rounds are seconds apart; bench.gossip's 50 ms rounds keep it open).
 IDLE_FRACTION = 0.25
+# A peer whose stream could not be opened (an older peer, or one that was unreachable) is pulled one stream per
+# request for this long before a stream is tried again.
+ONE_SHOT_RETRY_S = 60.0
 
 
 class _Session:
@@ -138,6 +143,8 @@ class PullSessions:
         self.transport, self.limits, self.timeout_s = transport, limits, timeout_s
         self._sessions: dict[str, _Session] = {}
         self._opening: dict[str, asyncio.Future[_Session | None]] = {}
+        self._one_shot_until: dict[str, float] = {}  # peer -> when a stream is tried again
+        self.clock = time.monotonic
 
     async def request(self, peer: str, request: PullRequest) -> PullResponse:
         try:
@@ -169,6 +176,9 @@ class PullSessions:
         session = self._sessions.get(peer)
         if session is not None and not session.failed:
             return session
+        if self._one_shot_until.get(peer, 0.0) > self.clock():
+            return None
+        self._one_shot_until.pop(peer, None)
         if peer in self._opening:
             return await asyncio.shield(self._opening[peer])
         opening: asyncio.Future[_Session | None] = asyncio.get_running_loop().create_future()
@@ -178,8 +188,8 @@ class PullSessions:
             stream = await self.transport.open_stream(peer, PULL_STREAM_PROTOCOL)
             session = self._sessions[peer] = _Session(stream, self.limits, self.timeout_s * IDLE_FRACTION)
             session.reader.add_done_callback(lambda _: self._forget(peer, session))
-        except TransportError:
-            pass  # not served there (or gone: the one-shot pull then says so)
+        except TransportError:  # not served there (or gone: the one-shot pull then says so)
+            self._one_shot_until[peer] = self.clock() + ONE_SHOT_RETRY_S
         finally:
             del self._opening[peer]
             opening.set_result(session)  # a cancelled opening tells those waiting to use one-shot pulls

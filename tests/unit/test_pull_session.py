@@ -21,7 +21,7 @@ from protocol.messages import (
     PullResponse,
 )
 from swarm_node.sharing.fanin_ledger import OVER_PULL
-from swarm_node.sharing.pull_session import PullSessions, serve_pull_sessions
+from swarm_node.sharing.pull_session import ONE_SHOT_RETRY_S, PullSessions, serve_pull_sessions
 from swarm_node.sharing.pull_stream import PullFailed, frame, serve_pulls
 from swarm_node.sharing.stream_gate import StreamGate
 from swarm_node.transport.base import Stream, StreamReset
@@ -85,16 +85,24 @@ def test_requests_to_one_peer_share_one_stream_and_each_gets_its_own_answer() ->
 
 
 def test_a_peer_that_serves_only_one_shot_pulls_is_pulled_one_stream_per_request() -> None:
+    """After a failed stream opening the peer is pulled one-shot, a stream tried again only ONE_SHOT_RETRY_S later."""
     async def main() -> tuple[list[Any], list[str]]:
         server, client, opened = await _pair()
         await serve_pulls(server, _serve_even, LIMITS, 2.0, lambda p, r: None, StreamGate(4, 2, OVER_PULL))
         sessions = PullSessions(client, LIMITS, 2.0)
+        now = [100.0]
+        sessions.clock = lambda: now[0]
         answers = [_served(await sessions.request("server", _request(i))) for i in (1, 2)]
+        now[0] += ONE_SHOT_RETRY_S - 0.1
+        answers.append(_served(await sessions.request("server", _request(3))))
+        now[0] += 0.2
+        answers.append(_served(await sessions.request("server", _request(4))))
         return answers, opened
 
     answers, opened = asyncio.run(main())
-    assert answers == [([], [1]), ([2], [])]
-    assert opened == [PULL_STREAM_PROTOCOL, PULL_PROTOCOL] * 2
+    assert answers == [([], [1]), ([2], []), ([], [3]), ([4], [])]
+    assert opened == [PULL_STREAM_PROTOCOL, PULL_PROTOCOL, PULL_PROTOCOL, PULL_PROTOCOL,
+                      PULL_STREAM_PROTOCOL, PULL_PROTOCOL]
 
 
 def test_an_idle_stream_is_dropped_by_the_server_and_half_closed_by_the_client_freeing_its_slot() -> None:
