@@ -46,6 +46,7 @@ from swarm_node.sharing.pull_stream import (
     PullFailed,
     checked_answer,
     frame,
+    gated,
     read_frame,
     request_pull,
     serve_pulls,
@@ -227,30 +228,17 @@ async def _next_request(stream: Stream, limits: Limits) -> bytes | None:
 async def serve_pull_sessions(transport: Transport, answer: Callable[[str, PullRequest], PullResponse],
                               limits: Limits, timeout_s: float, on_error: Callable[[str, str], None],
                               gate: StreamGate) -> None:
-    async def handle(stream: Stream) -> None:
+    async def exchange(stream: Stream) -> None:
         peer = stream.remote_peer
-        refused = gate.enter(peer)
-        if refused:
-            on_error(peer, refused)
-            await stream.reset()
-            return
-        try:
-            while (data := await asyncio.wait_for(_next_request(stream, limits), timeout_s)) is not None:
-                request = decode(data, limits)
-                if not isinstance(request, PullRequest):
-                    raise PullFailed("bad_schema", f"{type(request).__name__} on the pull stream protocol")
-                await asyncio.wait_for(stream.write(frame(encode(answer(peer, request)))), timeout_s)
-            await stream.close()
-        except (PullFailed, WireError) as exc:
-            if exc.reason != VANISHED:  # a peer that reset its own stream did nothing to report
-                on_error(peer, exc.reason)
-            await stream.reset()
-        except (TimeoutError, TransportError):
-            await stream.reset()  # idle, stalled or vanished: its slot goes to others
-        finally:
-            gate.leave(peer)
+        # a deadline per request, not for the stream's life: idle, stalled or vanished, its slot goes to others
+        while (data := await asyncio.wait_for(_next_request(stream, limits), timeout_s)) is not None:
+            request = decode(data, limits)
+            if not isinstance(request, PullRequest):
+                raise PullFailed("bad_schema", f"{type(request).__name__} on the pull stream protocol")
+            await asyncio.wait_for(stream.write(frame(encode(answer(peer, request)))), timeout_s)
+        await stream.close()
 
-    await transport.serve_stream(PULL_STREAM_PROTOCOL, handle)
+    await transport.serve_stream(PULL_STREAM_PROTOCOL, gated(exchange, gate, None, on_error))
 
 
 async def serve_fanin_streams(transport: Transport, answer: Callable[[str, PullRequest], PullResponse],

@@ -116,10 +116,11 @@ async def serve_pulls(transport: Transport, answer: Callable[[str, PullRequest],
     await transport.serve_stream(PULL_PROTOCOL, gated(exchange, gate, timeout_s, on_error))
 
 
-def gated(exchange: Callable[[Stream], Awaitable[None]], gate: StreamGate, timeout_s: float,
+def gated(exchange: Callable[[Stream], Awaitable[None]], gate: StreamGate, timeout_s: float | None,
           on_error: Callable[[str, str], None]) -> Callable[[Stream], Awaitable[None]]:
     """A stream handler that runs `exchange(stream)` within the gate's caps and one deadline of `timeout_s` for
-    the whole exchange; a refused, malformed, stalled or vanished stream is reset (the first two reported)."""
+    the whole exchange (None: the exchange keeps its own deadlines); a refused, malformed, stalled or vanished
+    stream is reset (the first two reported)."""
     async def handle(stream: Stream) -> None:
         peer = stream.remote_peer
         refused = gate.enter(peer)
