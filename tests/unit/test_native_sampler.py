@@ -73,6 +73,18 @@ def test_greedy_tokens_equal_the_transformers_samplers(tiny_model_dir: Path) -> 
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (bench.gpu_check runs it)")
+def test_greedy_parity_on_cuda(tiny_model_dir: Path) -> None:
+    """On a GPU the decoder's cache, masks and draws live on the device: the same tokens as the transformers
+    sampler there (fp32), and the completions come back as CPU lists."""
+    model, tok = load_model(tiny_model_dir)
+    _noisy(model)
+    hf, native = _greedy_pairs(model.to("cuda"), tok, n=2, max_new=24)
+    assert [[c.token_ids for c in g] for g in native] == [[c.token_ids for c in g] for g in hf]
+    sampled = NativeSampler(model, tok).generate(_prompts(tok), 4, SamplingParams(1.0, max_new_tokens=12, seed=3))
+    assert all(isinstance(x, float) for g in sampled for c in g for x in c.logprobs)
+
+
 def test_greedy_parity_on_a_llama_shape_with_grouped_heads(tiny_model_dir: Path) -> None:
     _, tok = load_model(tiny_model_dir)
     torch.manual_seed(0)
