@@ -1,5 +1,10 @@
 """Choose and build a sampler by name (registry `SAMPLERS`): `auto` (vLLM when it imports and starts, else the
-native decoding loop for a model it runs, else transformers), `vllm`, `native`, `hf`.
+native decoding loop for a model it runs on a CPU, else transformers), `vllm`, `native`, `hf`.
+
+Why the native loop on a CPU only: there it is ~5x faster than `generate()` on the embedded default (its time goes
+to `generate()`'s per-step bookkeeping); on a GPU both are bound by kernel launches, and the native loop ran at
+0.88x the transformers sampler's tokens/s (Qwen2.5-0.5B shape, bf16, 8 rows, a lent H200:
+bench/results/gpu_check.json `generation`).
 
 Under `auto` a vLLM failure is one notice line and the fallback; under `vllm` it is an error, and so is `native` for
 a model that the native decoder does not run (sampler/kv_decoder.unsupported says why).
@@ -20,6 +25,7 @@ from swarm_node.sampler.hf import HFSampler
 from swarm_node.sampler.native import NativeSampler, unsupported
 
 LogFn = Callable[[str], None]
+SAMPLER_WORDS = {"hf": "transformers"}  # how a line names a kind
 
 
 @dataclass(frozen=True)
@@ -57,11 +63,17 @@ def _native(req: SamplerRequest) -> Sampler:
     return NativeSampler(req.model, req.tokenizer, req.version, log=req.log, dtype=req.settings.dtype)
 
 
+def fallback_kind(model: PreTrainedModel) -> str:
+    """`auto`'s sampler without vLLM: `native` for a model it runs on a CPU, else `hf` (module docstring)."""
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    return "native" if on_cpu and unsupported(model) is None else "hf"
+
+
 def fallback_sampler(req: SamplerRequest, reason: str) -> Sampler:
-    """`auto` without vLLM: the native loop where it runs the model, else transformers (one line says which)."""
-    native = unsupported(req.model) is None
-    req.log(f"sampler: {reason}; using the {'native' if native else 'transformers'} sampler")
-    return _native(req) if native else _hf(req)
+    """`auto` without vLLM: `fallback_kind`'s sampler, named in one line."""
+    kind = fallback_kind(req.model)
+    req.log(f"sampler: {reason}; using the {SAMPLER_WORDS.get(kind, kind)} sampler")
+    return SAMPLERS[kind](req)
 
 
 @SAMPLERS.register("vllm")

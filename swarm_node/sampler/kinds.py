@@ -3,7 +3,7 @@ names `variants.SAMPLER_KINDS`): no caller branches on a kind's name.
 
 Contract: `SAMPLER_PLANS[kind](cfg)` returns a `SamplerPlan`: the kind that will run ("auto" is vLLM when it is
 installed, else transformers: the factory tries vLLM first and falls back, to the native loop where it runs the
-model, whose plan is transformers' own), whether it generates in passes of a rows limit (transformers, native;
+model on a CPU, whose plan is transformers' own), whether it generates in passes of a rows limit (transformers, native;
 `Sampler.limit_rows`) or is an engine that allocates a context and a KV cache up front
 (vLLM: in blocks of `KV_BLOCK_TOKENS`, beside `sizing.VLLM_RUNTIME_BYTES` of its own), and what of those the user
 fixed (`max_model_len`, `kv_cache_gb`); what they left at 0 the node's sizing derives from one step

@@ -16,7 +16,7 @@ from swarm_node.model.default_model import load_model
 from swarm_node.model.lora import attach_lora, lora_modules
 from swarm_node.rl.logprobs import processed_log_softmax
 from swarm_node.sampler.base import SamplerSettings, SamplingParams
-from swarm_node.sampler.factory import SamplerRequest, fallback_sampler, make_sampler
+from swarm_node.sampler.factory import SamplerRequest, fallback_kind, fallback_sampler, make_sampler
 from swarm_node.sampler.hf import HFSampler
 from swarm_node.sampler.kv_decoder import unsupported
 from swarm_node.sampler.native import NativeSampler
@@ -179,3 +179,6 @@ def test_a_model_it_does_not_run_is_refused_by_name_and_auto_falls_back(tiny_mod
     model.config.model_type = "qwen2"
     assert type(fallback_sampler(request, "vLLM not available (y)")) is NativeSampler
     assert lines[-1] == "sampler: vLLM not available (y); using the native sampler"
+    assert fallback_kind(model) == "native"
+    model.to("meta")  # any device but the CPU: the native loop does not pay there (factory docstring)
+    assert fallback_kind(model) == "hf"
