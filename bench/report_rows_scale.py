@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench import report_rows  # noqa: F401  (its rows register first: README order is registration order)
-from bench.report_registry import Results, row, slash
+from bench.report_registry import Results, pts, row, slash
 
 SIZES = ("10", "100", "1000", "10000")
 
@@ -54,3 +54,33 @@ def sapo_regimes(r: Results) -> str:
             f"{cand['no_signal_frac_solo']:.3f} without signal (`hard`), mean local reward {cand['reward_mean']:.3f}, "
             f"held-out {cand['final_eval_acc']:.3f}; grid projection from its "
             + pilot["lines"][-1].removeprefix("grid projection: "))
+
+
+GRID_CELLS = ("8/0", "4/4", "2/6", "4/0", "2/0", "solo_ds", "4/4-nofilter")
+
+
+@row("sapo_regimes_grid", "python -m bench.sapo_regimes --regimes hard --rounds 200",
+     "the sharing regime map (issue 30 item 5): 4 nodes x 200 rounds in the `hard` regime, SAPO's I/J grid (8/0, "
+     "4/4, 2/6, zero-advantage filter on external groups), the controls 4/0 and 2/0, `solo_ds` (dynamic sampling, "
+     "at most 4x 8/0's groups) and 4/4 with the filter off: cumulative reward (per node, the sum over rounds of its "
+     "own completions' mean reward; mean ± std over seeds), held-out accuracy on 4,000 test questions and its paired "
+     "difference against 8/0 in points [95% interval, seeds and questions resampled]", "sapo_regimes.json")
+def sapo_regimes_grid(r: Results) -> str:
+    d = r["sapo_regimes.json"]
+    texts = []
+    for name, regime in d["regimes"].items():
+        base = regime["cells"]["8/0"]["cum_reward_mean"]
+        cells = []
+        for cell in GRID_CELLS:
+            c = regime["cells"].get(cell)
+            if not c or c["cum_reward_mean"] is None:
+                continue
+            paired = c["heldout_vs_8_0_paired"]
+            gain = "" if cell == "8/0" else f" ({100 * (c['cum_reward_mean'] / base - 1):+.1f}%)"
+            vs = "" if cell == "8/0" else (f", {pts(paired['diff'])} [{pts(paired['ci95'][0])}, "
+                                           f"{pts(paired['ci95'][1])}] points vs 8/0")
+            cells.append(f"{cell} {c['cum_reward_mean']:.1f} ± {c['cum_reward_std']:.1f}{gain}, held-out "
+                         f"{c['heldout_acc_mean']:.3f}{vs} ({len(c['per_seed'])} seeds)")
+        texts.append(f"{name} (no signal {regime['no_signal_frac_solo']:.2f} in the pilot): " + "; ".join(cells))
+    status = "" if d.get("complete") else " (grid incomplete)"
+    return "; ".join(texts) + status
