@@ -2,7 +2,7 @@
 
 `python -m bench.gossip` writes bench/results/gossip.json:
   {"path": "bounded", "nodes", "groups", "delivered_frac", "groups_per_s", "p50_ms", "p99_ms", "stream_mb_s",
-   "p99_ms_at_500", "delivered_frac_at_500", "rate_high", "round_ms",
+   "p99_ms_at_500", "delivered_frac_at_500", "stages_at_500", "rate_high", "round_ms",
    "flood": {"path": "flood", the same figures, "batch", "batch_delay_ms", "paired_ratio_vs_thread", "runs"}}
 The top-level figures are the bounded fan-in path's (`share.fanin = "bounded"`, what `join` uses by default); the
 flood path's (`"flood"`, every group to every peer, join's path before issue 32) go under "flood", for the record.
@@ -23,7 +23,9 @@ flood path's (`"flood"`, every group to every peer, join's path before issue 32)
   wait); groups_per_s = groups / (last delivery - start); delivered_frac = deliveries / (groups x (nodes - 1)).
 - p50_ms, p99_ms (paced round): publish-to-delivery latency over all deliveries while the nodes together offer
   `--rate` groups/s (100) for `--paced-s` seconds, i.e. the latency at that load rather than queueing at saturation;
-  p99_ms_at_500 and delivered_frac_at_500: the same at `--rate-high` (500) groups/s.
+  p99_ms_at_500 and delivered_frac_at_500: the same at `--rate-high` (500) groups/s; stages_at_500 (bounded path):
+  where that round's latency goes, p50 and p99 of each stage (`gossip_fanin.latency_stages`: waiting for the
+  sender's round, digest to the receiver's pulling round, that round).
 - stream_mb_s: a 20 MiB blob node 1 -> node 2 over a stream protocol, until the receiver's ack (MB = 1e6 bytes),
   measured in each path's swarm (the transport's streams, not the path).
 - Baseline, flood path only: the same workload with isolation="thread" (the network host on a trio thread inside
@@ -52,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import provenance
-from bench.gossip_fanin import ROUND_S
+from bench.gossip_fanin import ROUND_S, latency_stages
 from bench.gossip_node import BLOB_BYTES, PATHS, worker
 from bench.load_guard import add_loaded_flag
 from bench.paired import paired_ratios, paired_runs, ratio_text, round_order
@@ -125,6 +127,7 @@ async def gossip_round(procs: list[JsonProc], groups: int, rate: float | None, b
         "groups_per_s": per_node * n / (last - t0) if last > t0 else 0.0,
         "p50_ms": 1000 * latencies[len(latencies) // 2] if latencies else float("nan"),
         "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else float("nan"),
+        **{f"stage_{k}": v for k, v in latency_stages(stats).items()},  # bounded path only
     }
 
 
@@ -175,7 +178,9 @@ def path_figures(path: str, median: dict[str, dict[str, float]]) -> dict[str, An
     return {"path": path, "groups": int(capacity["groups"]), "delivered_frac": round(capacity["delivered_frac"], 4),
             "groups_per_s": round(capacity["groups_per_s"], 1), "p50_ms": round(paced["p50_ms"], 1),
             "p99_ms": round(paced["p99_ms"], 1), "stream_mb_s": round(capacity["stream_mb_s"], 1),
-            "p99_ms_at_500": round(high["p99_ms"], 1), "delivered_frac_at_500": round(high["delivered_frac"], 4)}
+            "p99_ms_at_500": round(high["p99_ms"], 1), "delivered_frac_at_500": round(high["delivered_frac"], 4),
+            **({"stages_at_500": {k.removeprefix("stage_"): v for k, v in high.items() if k.startswith("stage_")}}
+               if any(k.startswith("stage_") for k in high) else {})}
 
 
 def gossip_result(args: argparse.Namespace, runs: dict[tuple[str, str], list[dict[str, dict[str, float]]]]

@@ -20,7 +20,13 @@ Contract:
   latency at each end (announce, pull) as the flood path's 50 ms batch delay does, and at 64 digests a round a
   node can announce 1,280 groups/s, far above its share of the target; rounds back to back would spin on empty
   rounds and take the CPU the 4 nodes share. `deliveries` counts the groups as they come out of `drain()` (what a
-  node trains on), each with its publish-to-drain latency, and drops by reason.
+  node trains on), each with its publish-to-drain latency, and drops by reason; `stats()` also gives `announced`
+  (our group ids -> when their digests went out, from the exchange) and `marks` (each delivery: id, created,
+  start of the round that drained it, drained).
+- `latency_stages(stats)` (pure): every delivery's latency split in three, in ms, p50 and p99 of each: `announce`
+  (publish -> its sender's digest out: waiting for the sender's round), `to_round` (digest out -> start of the
+  receiver's round that pulled it: gossip and waiting for that round; negative when the digest came in while that
+  round was under way) and `round` (that round's start -> drained: the round's announce, pulls and checks).
 - `await offer(count, t0, rate)` publishes `count` groups made by `make_group(i)`: the i-th at `t0 + i / rate`, or
   with `rate` None as fast as the path takes them (the next while at most one round's digests wait: a flush
   announces `max_digests_per_message`, the rest wait for the next round, so the round is the path's back-pressure);
@@ -58,6 +64,31 @@ def bench_params(round_s: float = ROUND_S) -> FanInParams:
                        serve_rounds=max(defaults.serve_rounds, math.ceil(defaults.serve_for_s / round_s)))
 
 
+STAGES = ("announce", "to_round", "round")
+
+
+def _percentile_ms(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
+
+
+def latency_stages(stats: list[dict[str, Any]]) -> dict[str, float]:
+    """See the module contract; deliveries whose announce no sender reported (pushed ones) are left out."""
+    announced = {gid: t for s in stats for gid, t in s.get("announced", {}).items()}
+    parts: dict[str, list[float]] = {name: [] for name in STAGES}
+    for s in stats:
+        for gid, created, round_start, drained in s.get("marks", []):
+            if gid in announced:
+                out = announced[gid]
+                for name, value in zip(STAGES, (out - created, round_start - out, drained - round_start),
+                                       strict=True):
+                    parts[name].append(value)
+    if not parts["round"]:
+        return {}
+    return {f"{name}_{label}_ms": _percentile_ms(values, q) for name, values in parts.items()
+            for label, q in (("p50", 0.5), ("p99", 0.99))}
+
+
 class FaninNode:
     def __init__(self, transport: Transport, limits: Limits, policy: AcceptPolicy,
                  make_group: Callable[[int], RolloutGroup], round_s: float = ROUND_S) -> None:
@@ -68,6 +99,8 @@ class FaninNode:
                                       n_peers=params.shard_size)
         self.topic = digest_topic(0)
         self.deliveries = Deliveries()
+        self.announced: dict[str, float] = {}  # our groups (id hex) -> when their digests went out
+        self.marks: list[tuple[str, float, float, float]] = []  # delivered: (id hex, created, round start, drained)
         self._rounds: asyncio.Task[None] | None = None
         self._round_done = asyncio.Event()
 
@@ -76,6 +109,8 @@ class FaninNode:
 
     async def offer(self, count: int, t0: float, rate: float | None) -> int:
         """Publish errors (none: publishing only queues); see the module contract."""
+        self.announced.clear()  # each offer is measured on its own (as `Deliveries.clear` does)
+        self.marks.clear()
         if self._rounds is None:
             self._rounds = asyncio.ensure_future(self._run_rounds())
         cap = self.limits.max_digests_per_message
@@ -102,23 +137,27 @@ class FaninNode:
         while True:
             started = time.time()
             await self.exchange.flush()
-            self.deliver(self.exchange.drain(), time.time())
+            self.announced.update(self.exchange.announced_at)
+            self.deliver(self.exchange.drain(), time.time(), started)
             self._round_done.set()
             self._round_done = asyncio.Event()
             await asyncio.sleep(max(0.0, started + self.round_s - time.time()))
 
-    def deliver(self, drained: list[Received], now: float) -> None:
-        """Count what `drain()` returned at `now`: groups by sender with their latency, drops by reason."""
+    def deliver(self, drained: list[Received], now: float, round_start: float) -> None:
+        """Count what `drain()` returned at `now` after the round begun at `round_start`: groups by sender with their
+        latency, drops by reason."""
         for r in drained:
             if r.group is None:
                 self.deliveries.drop(r.reason)
             else:
                 self.deliveries.add(r.sender, [now - r.group.created_at], now)
+                self.marks.append((r.group.group_id.hex(), r.group.created_at, round_start, now))
 
     def stats(self) -> dict[str, Any]:
         if self._rounds is not None and self._rounds.done():
             self._rounds.result()
-        return {"drops": self.deliveries.drops, "round": self.exchange.round}
+        return {"drops": self.deliveries.drops, "round": self.exchange.round, "announced": self.announced,
+                "marks": self.marks}
 
     async def close(self) -> None:
         if self._rounds is not None:

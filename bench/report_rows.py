@@ -15,7 +15,8 @@ __all__ = ["ROWS", "Results", "Row"]
 
 @row("solo_learning", "python -m bench.solo_learning --steps 500",
      "held-out greedy accuracy before/after solo GRPO from the embedded default model on the default mix, 3 seeds one "
-     "after another (2 threads; the default model built first into an empty cache, timed): means over seeds on distinct test questions (4,000 by default, 1,000 per specialty), "
+     "after another (2 threads; the default model built first into an empty cache, timed): means over seeds on "
+     "distinct test questions (4,000 by default, 1,000 per specialty), "
      "the gain's 95% interval resampling seeds, then questions; the issue asks for +10 points with the interval above "
      "0 and every specialty improving, at most 30 minutes a seed", "solo_learning.json")
 def solo_learning(r: Results) -> str:

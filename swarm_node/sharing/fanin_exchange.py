@@ -220,6 +220,11 @@ class FaninExchange:
         """The groups we serve for `round_index` (none once it is no longer held: `served_rounds`)."""
         return self.served.groups(round_index)
 
+    @property
+    def announced_at(self) -> dict[str, float]:
+        """This round's groups (id hex) whose digests went out and not yet pushed, with when (bench.gossip's stages)."""
+        return dict(self._published_at)
+
     async def flush(self) -> int:
         """Open the next round: serve up to `max_digests_per_message` queued groups and publish their digests; then
         pull what the digests heard since the last flush offer (`pull`: ours are out meanwhile, so peers need not

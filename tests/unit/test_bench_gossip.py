@@ -9,7 +9,7 @@ import dataclasses
 import time
 
 from bench.gossip import BOUNDED, FLOOD, FLOOD_THREAD, gossip_result, path_figures
-from bench.gossip_fanin import UNCAPPED, FaninNode, bench_params
+from bench.gossip_fanin import UNCAPPED, FaninNode, bench_params, latency_stages
 from bench.gossip_groups import Deliveries
 from bench.gossip_node import accept_policy, rollout_group
 from protocol.limits import Limits
@@ -96,9 +96,23 @@ def test_a_bounded_node_counts_what_drain_returns_in_groups_with_their_latency()
                      lambda i: rollout_group("me", i))
     group = dataclasses.replace(rollout_group("a", 0), created_at=99.5)
     node.deliver([Received("a", 100.0, group), Received("b", 100.0, None, "replay"), Received("a", 100.0, group)],
-                 100.25)
+                 100.25, 100.0)
     assert (node.deliveries.received, node.deliveries.latencies, node.deliveries.last_rx, node.deliveries.drops) == (
         {"a": 2}, [0.75, 0.75], 100.25, {"replay": 1})
+    assert node.marks == [(group.group_id.hex(), 99.5, 100.0, 100.25)] * 2
+
+
+def test_latency_stages_split_each_delivery_at_the_senders_announce_and_the_receivers_round() -> None:
+    """Two deliveries of g1 (announced 0.010 s after its creation at 10.0) and one of g2 (0.030 after 20.0): stage
+    values in ms, announce 10, 10, 30; to_round 20, -5, 40; round 50, 70, 100 (p50 = the middle, p99 = the top of
+    three); g3 was never announced (a pushed group): left out."""
+    sender = {"announced": {"g1": 10.010, "g2": 20.030}, "marks": []}
+    receivers = [{"marks": [("g1", 10.0, 10.030, 10.080), ("g2", 20.0, 20.070, 20.170), ("g3", 5.0, 5.1, 5.2)]},
+                 {"marks": [("g1", 10.0, 10.005, 10.075)]}]
+    assert latency_stages([sender, *receivers]) == {
+        "announce_p50_ms": 10.0, "announce_p99_ms": 30.0, "to_round_p50_ms": 20.0, "to_round_p99_ms": 40.0,
+        "round_p50_ms": 70.0, "round_p99_ms": 100.0}
+    assert latency_stages([{"announced": {}, "marks": []}]) == {}  # the flood path: no stages
 
 
 def test_two_bounded_nodes_deliver_every_group_offered_as_fast_as_the_rounds_take_them() -> None:
@@ -123,6 +137,10 @@ def test_two_bounded_nodes_deliver_every_group_offered_as_fast_as_the_rounds_tak
                 break
             await asyncio.sleep(0.01)
         out = dict(nodes["b"].deliveries.received), len(nodes["b"].deliveries.latencies), nodes["a"].exchange.queued
+        stats = [nodes[name].stats() for name in ("a", "b")]
+        assert len(stats[0]["announced"]) == 70 and len(stats[1]["marks"]) == 70
+        stages = latency_stages(stats)
+        assert stages["announce_p50_ms"] >= 0 and stages["round_p50_ms"] >= 0
         for name in ("a", "b"):
             await nodes[name].close()
             await transports[name].stop()
