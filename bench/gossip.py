@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import provenance
-from bench.gossip_fanin import ROUND_S, latency_stages
+from bench.gossip_fanin import ROUND_S, latency_stages, percentile
 from bench.gossip_node import BLOB_BYTES, PATHS, worker
 from bench.load_guard import add_loaded_flag
 from bench.paired import paired_ratios, paired_runs, ratio_text, round_order
@@ -119,14 +119,14 @@ async def gossip_round(procs: list[JsonProc], groups: int, rate: float | None, b
             drops[reason] = drops.get(reason, 0) + n
     if drops:  # what the receivers refused (bounded path): for the log, not a figure
         print(f"gossip round of {groups} groups: drops {drops}", file=sys.stderr, flush=True)
-    latencies = sorted(x for s in stats for x in s["latencies"])
+    latencies = [x for s in stats for x in s["latencies"]]
     last = max(s["last_rx"] for s in stats)
     return {
         "groups": per_node * n,
         "delivered_frac": delivered / (per_node * n * (n - 1)),
         "groups_per_s": per_node * n / (last - t0) if last > t0 else 0.0,
-        "p50_ms": 1000 * latencies[len(latencies) // 2] if latencies else float("nan"),
-        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else float("nan"),
+        "p50_ms": 1000 * percentile(latencies, 0.5),
+        "p99_ms": 1000 * percentile(latencies, 0.99),
         **{f"stage_{k}": v for k, v in latency_stages(stats).items()},  # bounded path only
     }
 
@@ -175,12 +175,12 @@ def paired_part(process: list[dict[str, dict[str, float]]], thread: list[dict[st
 def path_figures(path: str, median: dict[str, dict[str, float]]) -> dict[str, Any]:
     """One path's gossip.json fields from the medians of its rounds (capacity, paced, paced_high)."""
     capacity, paced, high = median["capacity"], median["paced"], median["paced_high"]
+    stages = {k.removeprefix("stage_"): v for k, v in high.items() if k.startswith("stage_")}  # bounded path only
     return {"path": path, "groups": int(capacity["groups"]), "delivered_frac": round(capacity["delivered_frac"], 4),
             "groups_per_s": round(capacity["groups_per_s"], 1), "p50_ms": round(paced["p50_ms"], 1),
             "p99_ms": round(paced["p99_ms"], 1), "stream_mb_s": round(capacity["stream_mb_s"], 1),
             "p99_ms_at_500": round(high["p99_ms"], 1), "delivered_frac_at_500": round(high["delivered_frac"], 4),
-            **({"stages_at_500": {k.removeprefix("stage_"): v for k, v in high.items() if k.startswith("stage_")}}
-               if any(k.startswith("stage_") for k in high) else {})}
+            **({"stages_at_500": stages} if stages else {})}
 
 
 def gossip_result(args: argparse.Namespace, runs: dict[tuple[str, str], list[dict[str, dict[str, float]]]]

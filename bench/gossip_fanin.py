@@ -67,9 +67,14 @@ def bench_params(round_s: float = ROUND_S) -> FanInParams:
 STAGES = ("announce", "to_round", "round")
 
 
-def _percentile_ms(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
+    """The value at rank int(q * n) of the sorted values (the last for q near 1); NaN when there are none."""
     ordered = sorted(values)
-    return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def _percentile_ms(values: list[float], q: float) -> float:
+    return round(1000 * percentile(values, q), 1)
 
 
 def latency_stages(stats: list[dict[str, Any]]) -> dict[str, float]:
