@@ -325,6 +325,9 @@ class Node:
         train_s = time.monotonic() - train_started
         if result.skipped_minibatches:
             self.stats.count("errors", "nonfinite_loss", result.skipped_minibatches)
+            # said, not only counted: a run whose minibatches are all skipped trains nothing while its reward moves
+            self.events.log(f"step {self._step + 1}: {result.skipped_minibatches} of {result.minibatches} minibatches "
+                            "skipped (non-finite loss or gradient): they did not train")
         if result.minibatches > result.skipped_minibatches:
             self._version += 1
             if self._source is None or self._source.direct_weights:

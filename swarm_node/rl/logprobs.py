@@ -15,6 +15,11 @@ vocabulary's positions all fit in one chunk, which is computed once and kept (re
 backward of the default model's steps was 50% slower with every 256 positions checkpointed, bench/step_rate).
 The token log-probs and entropies are those of `processed_log_softmax` on the whole logits, and so are the
 gradients (tests/unit/test_logprob_chunks.py).
+
+`trainable_log_probs(token_lp, mask)` is what a loss multiplies by masks: a target the processed distribution
+excludes (outside the top-p nucleus, past the tokenizer) has log-prob -inf, and 0 * -inf is NaN, so a loss over a
+padded row, or over a completion token the trainer's nucleus excludes (a peer's token, a stale row's token, a token
+at the nucleus' edge), was NaN and its whole minibatch skipped. There such a target is `EXCLUDED_LOG_PROB`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ from torch.utils.checkpoint import checkpoint
 
 # fp32 logits that exist at once: 256 positions of Qwen2.5's padded 151,936-token vocabulary (~148 MiB)
 LOGPROB_CHUNK_ELEMENTS = 256 * 151_936
+# An excluded target's log-prob: its probability is ~0 (e^-80 ~ 2e-35) and it gets no gradient, like -inf; and
+# exp(0 - EXCLUDED_LOG_PROB) stays finite in fp32 (its max is e^88.7), so a KL or ratio against a log-prob in
+# [EXCLUDED_LOG_PROB, 0] stays finite too.
+EXCLUDED_LOG_PROB = -80.0
 NUCLEUS_CANDIDATES = 64  # tokens sorted first when finding a top-p nucleus (nucleus())
 
 
@@ -108,3 +117,11 @@ def chunked_token_log_probs(hidden: torch.Tensor, head: Callable[[torch.Tensor],
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return empty, empty
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def trainable_log_probs(token_lp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """token_lp [N, T] with each -inf (an excluded target) at `EXCLUDED_LOG_PROB` and 0 where `mask` is 0 (prompt
+    and padding positions, where the behaviour log-probs are 0 too): finite wherever token_lp is not NaN. The
+    gradient of a kept value is unchanged; a replaced one gets none."""
+    finite = torch.where(torch.isneginf(token_lp), torch.full_like(token_lp, EXCLUDED_LOG_PROB), token_lp)
+    return torch.where(mask.bool(), finite, torch.zeros_like(token_lp))

@@ -11,7 +11,9 @@ that needs the whole minibatch (m2po, vcpo) gets its proximal log-probs from a f
 when the minibatch is more than one micro-batch. Its per-step statistics are `StepStats.correction` (mean over the
 minibatches that report them). A sample's `token_weights` (fixed per-token weights, 0 drops a token; set by an
 external correction) multiply its per-token loss terms, after any IS weight; a dropped token still counts in the
-token mean's denominator.
+token mean's denominator. Log-probs are finite (rl/logprobs.trainable_log_probs): a target the processed distribution
+excludes is EXCLUDED_LOG_PROB, and a completion token whose behaviour log-prob is that (a peer's token outside our
+nucleus) is dropped so.
 Without these optional fields the computation is exactly the one without them.
 A minibatch whose loss or gradient is non-finite is skipped (counted) and never reaches the parameters.
 Memory is bounded by construction: each minibatch runs forward/backward in micro-batches (`microbatch_plan`) of at
@@ -43,7 +45,7 @@ import torch
 from transformers import PreTrainedModel
 
 from swarm_node.config import SamplerConfig, TrainConfig
-from swarm_node.rl.logprobs import chunked_token_log_probs, logprob_chunk
+from swarm_node.rl.logprobs import EXCLUDED_LOG_PROB, chunked_token_log_probs, logprob_chunk, trainable_log_probs
 from swarm_node.rl.loss import LOSSES, LossConfig, LossInputs, kl_k3, masked_mean, truncated_is_weights
 from swarm_node.rl.stale import STALE_CORRECTIONS, StaleBatch, StaleParams, StaleWeights
 from swarm_node.train.batching import (
@@ -115,8 +117,9 @@ class Trainer:
             group["lr"] = self.cfg.lr * scale * correction_scale
 
     def token_log_probs(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Processed log-probs [N, L-1] of each target token, and the entropy [N, L-1] at each position, on the
-        model's device (the batch may be on the CPU). The output head runs `logprob_chunk` positions at a time
+        """Processed log-probs [N, L-1] of each target token (finite: rl/logprobs.trainable_log_probs, 0 outside
+        the completions), and the entropy [N, L-1] at each position, on the model's device (the batch may be on the
+        CPU). The output head runs `logprob_chunk` positions at a time
         (rl/logprobs.chunked_token_log_probs): the full-vocabulary logits of a whole micro-batch never exist."""
         batch = self.on_device(batch)
         with self._autocast():
@@ -131,7 +134,7 @@ class Trainer:
 
         token_lp, entropy = chunked_token_log_probs(hidden.reshape(-1, width), logits, batch.targets.reshape(-1),
                                                     self.temperature, self.top_p, self.vocab, self.logprob_chunk)
-        return token_lp.view(rows, positions), entropy.view(rows, positions)
+        return trainable_log_probs(token_lp.view(rows, positions), batch.mask), entropy.view(rows, positions)
 
     def _autocast(self) -> contextlib.AbstractContextManager[object]:
         if self.autocast is None:
@@ -256,6 +259,13 @@ class Trainer:
         if batch.token_weights is not None:
             tw = batch.token_weights.to(logp.dtype)
             is_weights = tw if is_weights is None else is_weights * tw
+        excluded = (batch.behaviour <= EXCLUDED_LOG_PROB) & batch.mask.bool()
+        if bool(excluded.any()):
+            # A token its behaviour policy excluded (a peer's token outside our nucleus when policy_logprobs scored
+            # it) has no ratio to train by: once an update brings it into the nucleus, pi / mu is ~e^80 and the
+            # gradient overflows. It trains with weight 0 and stays in the token mean's denominator.
+            keep = (~excluded).to(logp.dtype)
+            is_weights = keep if is_weights is None else is_weights * keep
         ref_logp = None
         if self.ref_model is not None:
             with torch.no_grad():

@@ -17,6 +17,7 @@ from swarm_node.rl.logprobs import (
     logprob_chunk,
     nucleus,
     processed_log_softmax,
+    trainable_log_probs,
 )
 from swarm_node.train.batching import collate
 from swarm_node.train.trainer import Trainer
@@ -90,7 +91,8 @@ def test_only_several_chunks_are_recomputed_in_backward(chunk: int, head_calls: 
 
 def test_trainer_log_probs_and_gradients_match_the_model_logits(tiny_model_dir: Path) -> None:
     """The trainer's chunked path (decoder, then the head 5 positions at a time) against the model's own logits
-    for whole rows, in float64; with a padded vocabulary (the tokenizer shorter than the embedding)."""
+    for whole rows, in float64; with a padded vocabulary (the tokenizer shorter than the embedding). Both made
+    trainable (excluded targets finite, positions outside the completions 0), as the trainer returns them."""
     model, tokenizer = load_model(tiny_model_dir)
     model = model.double()
     vocab = len(tokenizer) - 3  # pretend the last 3 embedding rows are padding
@@ -107,6 +109,7 @@ def test_trainer_log_probs_and_gradients_match_the_model_logits(tiny_model_dir: 
         else:
             logits = model(input_ids=batch.input_ids, attention_mask=batch.attention).logits[:, :-1]
             lp, ent = _whole(logits, batch.targets, 0.8, 0.9, vocab)
+            lp = trainable_log_probs(lp, batch.mask)  # the trainer's: 0 outside the completions
         (lp * upstream * batch.mask).sum().backward()
         results.append((lp.detach(), ent, {n: p.grad.clone() for n, p in model.named_parameters()}))
     (lp0, ent0, grads0), (lp1, ent1, grads1) = results

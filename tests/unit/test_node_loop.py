@@ -67,6 +67,32 @@ def test_a_source_of_one_skipped_step_and_drafts(tiny_model_dir: Path, tmp_path:
     assert (tmp_path / "run" / "checkpoints").is_dir()  # the last step checkpoints
 
 
+def test_skipped_minibatches_are_said_counted_and_leave_the_version(tiny_model_dir: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step whose minibatches were all skipped (non-finite loss or gradient) trains nothing: the log says so, the
+    error is counted, and the policy version stays."""
+    from swarm_node.train.trainer import StepStats
+
+    cfg = load_config(None, {"model.path": str(tiny_model_dir), "sampler.kind": "hf", "run.steps": 2,
+                             "run.prompts_per_step": 2, "run.group_size": 4, "run.eval_problems": 0,
+                             "run.checkpoint_every": 100, "run.run_dir": str(tmp_path / "run"), "train.threads": 1,
+                             "status.port": -1, "task.reward": "score"})
+    lines: list[str] = []
+    node = Node(cfg, events=NodeEvents(log=lines.append))
+    node.setup()
+    monkeypatch.setattr(node.trainer, "train_step", lambda samples: StepStats(minibatches=2, skipped_minibatches=2))
+    try:
+        node.run()
+    finally:
+        node.close()
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["policy_version"], r["skipped_minibatches"]) for r in rows] == [(0, 2), (0, 2)]
+    said = [line for line in lines if "minibatches skipped" in line]
+    assert said == [f"step {k}: 2 of 2 minibatches skipped (non-finite loss or gradient): they did not train"
+                    for k in (1, 2)]
+    assert node.stats.errors["nonfinite_loss"] == 4
+
+
 def run_node(model_dir: Path, run_dir: Path, steps: int, resume: bool,
              extra: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], object]:
     cfg = load_config(None, {"model.path": str(model_dir), "sampler.kind": "hf", "run.steps": steps,

@@ -1,10 +1,12 @@
 """Corrections of our own stale rollouts (rl/stale.py) against hand-computed values, and as the trainer applies them:
 `tis` bit for bit the trainer's computation before the registry, `none` the plain ratio against the behaviour policy,
-m2po's masked fraction and vcpo's ESS-scaled learning rate in the step's statistics, and the whole-minibatch
-statistics unchanged when the minibatch is split into micro-batches."""
+m2po's masked fraction and vcpo's ESS-scaled learning rate in the step's statistics, the whole-minibatch
+statistics unchanged when the minibatch is split into micro-batches, and every correction training (not skipping) a
+padded minibatch whose completions hold targets the trainer's top-p nucleus excludes."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from pathlib import Path
@@ -17,6 +19,7 @@ from swarm_node.config.train import M2PO_BOUND, M2POStaleConfig, StaleCorrection
 from swarm_node.errors import ConfigError
 from swarm_node.model.default_model import load_model
 from swarm_node.rl import stale
+from swarm_node.rl.logprobs import EXCLUDED_LOG_PROB, chunked_token_log_probs, trainable_log_probs
 from swarm_node.rl.loss import LossInputs, truncated_is_weights
 from swarm_node.rl.stale import (
     STALE_CORRECTIONS,
@@ -135,12 +138,12 @@ def test_config_selects_a_correction_and_its_knobs() -> None:
 
 # ---- in the trainer ----
 
-def _trainer(tiny_model_dir: Path, kind: str, **train: object) -> Trainer:
+def _trainer(tiny_model_dir: Path, kind: str, sampling: SamplerConfig | None = None, **train: object) -> Trainer:
     model, tok = load_model(tiny_model_dir)
     cfg = load_config(overrides={"train.stale_correction.kind": kind}).train
     for key, value in train.items():
         cfg = cfg.__class__(**{**cfg.__dict__, key: value})
-    return Trainer(model, cfg, SamplerConfig(), tok.pad_token_id, seed=3)
+    return Trainer(model, cfg, sampling or SamplerConfig(), tok.pad_token_id, seed=3)
 
 
 def _current(trainer: Trainer, prompt: list[int], completion: list[int]) -> list[float]:
@@ -278,3 +281,65 @@ def test_external_rows_with_their_own_cap_are_not_stale_rows(tiny_model_dir: Pat
     stats = trainer.train_step(capped)
     assert stats.minibatches == 1 and stats.correction == {}
     assert trainer.optimizer.param_groups[0]["lr"] == 1e-3
+
+
+def test_trainable_log_probs_by_hand() -> None:
+    lp = t([-float("inf"), -1.5, -float("inf")], [-0.25, -float("inf"), -3.0])
+    mask = t([1, 1, 0], [1, 1, 1])
+    want = t([EXCLUDED_LOG_PROB, -1.5, 0.0], [-0.25, EXCLUDED_LOG_PROB, -3.0])
+    assert torch.equal(trainable_log_probs(lp, mask), want)
+    # a kept value keeps its gradient, a replaced one (and one outside the mask) gets none
+    x = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    y = torch.where(torch.tensor([[True, False]]), x, torch.tensor(-float("inf")))
+    trainable_log_probs(y, t([1, 1])).sum().backward()
+    assert torch.equal(x.grad, t([1.0, 0.0]))
+    # the k3 estimator against a behaviour log-prob in [EXCLUDED_LOG_PROB, 0] stays finite in fp32
+    assert math.isfinite(float((0.0 - torch.tensor(EXCLUDED_LOG_PROB)).exp()))
+
+
+@pytest.mark.parametrize("kind", ["none", "tis", "m2po", "vcpo"])
+def test_every_correction_trains_a_padded_minibatch_with_targets_outside_the_nucleus(tiny_model_dir: Path,
+                                                                                     kind: str) -> None:
+    """top_p 0.3 (the default model's is 0.8): the tiny model's nucleus excludes some completion targets, and rows of
+    different lengths are padded. Before trainable_log_probs, -inf log-probs met masks (0 * -inf = NaN) and every
+    minibatch with a stale row, or with a peer's token outside the nucleus, was skipped: nothing trained."""
+    trainer = _trainer(tiny_model_dir, kind, SamplerConfig(temperature=1.0, top_p=0.3), lr=1e-3, minibatches=1,
+                       warmup_steps=0)
+    # behaviour log-probs as a sampler's (or a peer's) are: finite, though the trainer's nucleus excludes the token
+    rows = [dataclasses.replace(s, behaviour_logprobs=[max(b, -5.0) for b in s.behaviour_logprobs])
+            for s in _mixed_rows(trainer)]
+    batch = collate(rows, trainer.pad_id)
+    with torch.no_grad():  # the precondition: excluded targets inside the completions, and padding
+        hidden = trainer.model.get_decoder()(input_ids=batch.input_ids,
+                                             attention_mask=batch.attention).last_hidden_state[:, :-1]
+        raw, _ = chunked_token_log_probs(hidden.reshape(-1, hidden.shape[-1]), trainer.model.get_output_embeddings(),
+                                         batch.targets.reshape(-1), 1.0, 0.3)
+    raw = raw.view(batch.mask.shape)
+    assert bool(torch.isneginf(raw[batch.mask.bool()]).any()) and bool((batch.mask == 0).any())
+    before = [p.detach().clone() for p in trainer.params]
+    stats = trainer.train_step(rows)
+    assert (stats.minibatches, stats.skipped_minibatches) == (1, 0)
+    assert all(math.isfinite(v) for v in (stats.loss, stats.kl, stats.grad_norm)) and stats.grad_norm > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.params, strict=True))
+
+
+def test_a_token_its_behaviour_policy_excluded_trains_with_weight_zero(tiny_model_dir: Path) -> None:
+    """A peer's token scored outside our nucleus has behaviour log-prob EXCLUDED_LOG_PROB; once the policy includes
+    it, pi / mu is ~e^80. It trains as a dropped token (weight 0, in the denominator): the loss and gradient equal
+    those of the same row with that token's weight 0 and a finite behaviour."""
+    trainer = _trainer(tiny_model_dir, "tis")
+    prompt, completion = [3, 4, 5], [11, 12, 13, 1]
+    current = _current(trainer, prompt, completion)
+    excluded = TrainSample(prompt, completion, [current[0], EXCLUDED_LOG_PROB, *current[2:]], -1.0)
+    dropped = TrainSample(prompt, completion, current, -1.0, token_weights=[1.0, 0.0, 1.0, 1.0])
+    other = TrainSample([6, 7], [10, 1], _current(trainer, [6, 7], [10, 1]), 1.0)
+    results = []
+    for row in (excluded, dropped):
+        trainer.optimizer.zero_grad(set_to_none=True)
+        loss = trainer._micro_loss(collate([row, other], trainer.pad_id)).loss
+        loss.backward()
+        results.append((loss.detach(), _grads(trainer)))
+    (loss_excluded, grads_excluded), (loss_dropped, grads_dropped) = results
+    assert torch.isfinite(loss_excluded) and torch.equal(loss_excluded, loss_dropped)
+    for a, b in zip(grads_excluded, grads_dropped, strict=True):
+        assert torch.isfinite(a).all() and torch.equal(a, b)
