@@ -3,7 +3,9 @@
 Each row has the command, what it measures (prose) and its result files (relative to bench/results/); its
 renderer formats the "last result" cell from those files' JSON, so every measured figure in the README comes from a
 file. Words around the figures are the README's; a figure no file holds is not printed as a measurement. The rows
-themselves are in bench/report_rows.py and bench/report_rows_scale.py (registered in that order).
+themselves are in bench/report_rows.py and bench/report_rows_scale.py (registered in that order). A row registered
+`until_measured` is left out of the table while any of its files is missing (a measurement not run yet); any other
+row's missing file is an error.
 """
 
 from __future__ import annotations
@@ -22,14 +24,16 @@ class Row:
     measures: str
     files: tuple[str, ...]
     render: Render
+    until_measured: bool = False
 
 
 ROWS: dict[str, Row] = {}
 
 
-def row(name: str, command: str, measures: str, *files: str) -> Callable[[Render], Render]:
+def row(name: str, command: str, measures: str, *files: str,
+        until_measured: bool = False) -> Callable[[Render], Render]:
     def register(render: Render) -> Render:
-        ROWS[name] = Row(command, measures, files, render)
+        ROWS[name] = Row(command, measures, files, render, until_measured)
         return render
     return register
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from bench import report_rows  # noqa: F401  (its rows register first: README order is registration order)
 from bench.report_registry import Results, pts, row, slash
+from bench.rollout_methods_plot import ARMS, ordered
 
 SIZES = ("10", "100", "1000", "10000")
 
@@ -84,3 +85,82 @@ def sapo_regimes_grid(r: Results) -> str:
         texts.append(f"{name} (no signal {regime['no_signal_frac_solo']:.2f} in the pilot): " + "; ".join(cells))
     status = "" if d.get("complete") else " (grid incomplete)"
     return "; ".join(texts) + status
+
+
+def num(value: float | None, fmt: str = ".3f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def interval_pts(ci: list[float]) -> str:
+    return f"[{pts(ci[0])}, {pts(ci[1])}]"
+
+
+def seeds(done: list[int]) -> str:
+    return f"{len(done)} seed" + "s" * (len(done) != 1)
+
+
+def staleness_entry(name: str, c: dict[str, Any]) -> str:
+    return f"{name} {c['heldout_acc_mean']:.3f} ± {c['heldout_acc_std']:.3f} ({seeds(c['seeds_done'])})"
+
+
+def staleness_text(part: dict[str, Any]) -> str:
+    lags = []
+    for lag in sorted(part, key=int):  # JSON keys are strings: "16" sorts before "4"
+        done = {name: c for name, c in part[lag].items() if c.get("heldout_acc_mean") is not None}
+        shown = []
+        corrections = [name for name in done if name != "none"]
+        if corrections:
+            best = max(corrections, key=lambda name: done[name]["heldout_acc_mean"])
+            shown.append("best " + staleness_entry(best, done[best]))
+        if "none" in done:
+            shown.append(staleness_entry("none", done["none"]))
+        if shown:
+            lags.append(f"S = {lag}: " + ", ".join(shown))
+    return "; ".join(lags)
+
+
+def selection_text(part: dict[str, Any]) -> str:
+    arms = []
+    for arm in ordered(list(part), ARMS):  # uniform first: every other arm is paired with it
+        c = part[arm]
+        ci = f" [{c['heldout_ci95'][0]:.3f}, {c['heldout_ci95'][1]:.3f}]" if c.get("heldout_ci95") else ""
+        paired = c.get("heldout_vs_uniform_paired")
+        vs = f", {pts(paired['diff'])} {interval_pts(paired['ci95'])} points vs uniform" if paired else ""
+        arms.append(f"{arm} signal {num(c.get('signal_frac'))}, held-out {num(c.get('heldout_acc'))}{ci}{vs} "
+                    f"({seeds(c.get('seeds_done', []))})")
+    return "; ".join(arms)
+
+
+def april_text(part: dict[str, Any]) -> str:
+    equal = part.get("heldout_at_equal_wall_time") or {}
+    ci = equal.get("paired_diff_ci95")
+    paired = f", april - sync {interval_pts(ci)} points" if ci else ""
+    return (f"throughput april / sync x{num(part.get('throughput_ratio_vs_sync'), '.2f')}, long tail "
+            f"x{num(part.get('throughput_ratio_long_tail'), '.2f')}; held-out at equal wall time sync "
+            f"{num(equal.get('sync'))}, april {num(equal.get('april'))}{paired}")
+
+
+ROLLOUT_PARTS = {"staleness": staleness_text, "selection": selection_text, "april": april_text}
+
+
+@row("rollout_methods", "python -m bench.rollout_methods",
+     "rollout methods by the final policy's held-out accuracy (issue 31, `docs/ROLLOUT_METHODS.md`): **staleness**, "
+     "one node trained with its batches sampled S policy versions back (S = 1 / 4 / 16 / 64) under each correction "
+     "of stale rollouts (`none`, `tis`, `m2po`, `vcpo`), mean ± std over seeds; target: at S = 16 the best "
+     "correction within the seed spread of S = 1 where `none` falls below it; **selection**, difficulty-targeted "
+     "prompts (`adaptive`, `adaptive_dars`, `adaptive_swarm`: 4 SAPO nodes learning pass rates from their peers' "
+     "groups) against `uniform` at equal generated tokens: the fraction of groups with signal, held-out accuracy "
+     "[95% interval] and its paired difference against `uniform` in points [95% interval, seeds and questions "
+     "resampled]; **april**, partial rollouts against the synchronous step: throughput (tokens that reach training "
+     "per second of generation) of april over sync on the base and a long-tail setting, held-out accuracy at equal "
+     "wall time with the paired interval of april - sync; targets: at least 1.15x on the long tail, the interval's "
+     "lower end at least -2 points", "rollout_methods.json", until_measured=True)
+def rollout_methods(r: Results) -> str:
+    d = r["rollout_methods.json"]
+    texts = []
+    for part, text in ROLLOUT_PARTS.items():
+        if part not in d:
+            continue
+        incomplete = " (incomplete)" if (d.get(f"{part}_setup") or {}).get("complete") is False else ""
+        texts.append(f"**{part}**{incomplete} {text(d[part])}")
+    return "; ".join(texts) if texts else "no part measured yet"

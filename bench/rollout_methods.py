@@ -11,7 +11,8 @@ seed<seed>/result.json with its fingerprint (the cell's config, S, the default m
 simulations/code_version.py): a finished cell with the same fingerprint is reused, any other is run again from its
 start (a cell is the unit of resumption). Writes bench/results/rollout_methods.json (or --out), keeping the file's
 other parts and the lags not given this time: "staleness": {"<S>": {"<correction>": {"heldout_acc_mean",
-"heldout_acc_std", "per_seed", "seeds_done"}}}, and prints one line.
+"heldout_acc_std", "per_seed", "seeds_done"}}}, and prints one line. Every run then draws each part the file holds
+to rollout_methods_<part>.png beside it (bench/rollout_methods_plot.py, the README's plots).
 
     python -m bench.rollout_methods --part staleness [--lags 1 4 16 64] [--corrections none tis m2po vcpo]
                                     [--seeds 0 1 2] [--steps 256] [--run-dir runs/rollout_methods]
@@ -31,7 +32,7 @@ the uniform cell's tokens); its numbers are the means over nodes, its held-out o
 nodes (the nodes share the task seed, so the questions are uniform's).
 
     python -m bench.rollout_methods --part selection [--arms uniform adaptive adaptive_dars adaptive_swarm]
-                                    [--tokens 200000] [--seeds 0 1 2] [--swarm-external 4] [--set task.mix=... ...]
+                                    [--tokens 1150000] [--seeds 0 1 2] [--swarm-external 4] [--set task.mix=... ...]
 
     python -m bench.rollout_methods --part april [--wall-s 1800] [--max-steps 100000] [--seeds 0]
                                     [--long-tail-set sampler.max_new_tokens=1024 ...] [--set ...] [--loaded]
@@ -58,6 +59,7 @@ from typing import Any
 
 from bench import april_arms, provenance
 from bench.load_guard import add_loaded_flag
+from bench.rollout_methods_plot import plot_all
 from bench.solo_learning import parse_set
 from simulations.cells import cell_dir as sim_cell_dir
 from simulations.code_version import code_version
@@ -80,7 +82,9 @@ LONG_TAIL = ("sampler.max_new_tokens=1024",)  # april: a budget where the 95th p
 LAGS = (1, 4, 16, 64)
 STEPS = 256  # 4 x the largest default lag
 RESULT_FILE = "result.json"
-TOKENS = 200_000  # generated completion tokens per selection cell
+# Generated completion tokens per selection cell: what an 8/0 node of the regimes grid generates in its 200 rounds
+# (1.14 M, bench/results/sapo_regimes.json), so the selection arms learn over as long a run as the grid's nodes.
+TOKENS = 1_150_000
 # The selection arms: config overrides over the regime's. "uniform" is the baseline the others pair with.
 SELECTION_ARMS: dict[str, dict[str, Any]] = {
     "uniform": {"task.selection": "uniform"},
@@ -344,6 +348,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(provenance.stamp(result, run, runs=len(args.seeds)), indent=1) + "\n")
     print("rollout_methods: " + SUMMARY_LINES[args.part](result[args.part]))
+    plot_all(result, args.out.parent)  # every part, not only this run's: the plots follow the file
 
 
 def selection_line(part: dict[str, Any]) -> str:

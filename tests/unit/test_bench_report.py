@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import provenance
-from bench.report import END, HEADER, START, main, render_section, splice, stale
+from bench.report import END, HEADER, RESULTS, START, main, render_section, splice, stale
 from bench.report_rows import ROWS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,7 +60,9 @@ def test_a_historical_result_is_marked_and_named_by_the_commit_of_its_numbers(tm
 
 def test_every_registered_row_renders_from_the_committed_results() -> None:
     section = render_section()
-    assert len(section.splitlines()) == 2 + len(ROWS)
+    # a row registered until_measured is left out while its result file does not exist yet
+    shown = [r for r in ROWS.values() if not r.until_measured or all((RESULTS / f).exists() for f in r.files)]
+    assert len(section.splitlines()) == 2 + len(shown)
     assert "`nat.json`" in section and "43 groups exchanged" in section  # the file's figure, not an older README's
 
 
