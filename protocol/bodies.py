@@ -1,11 +1,12 @@
 """Per-message bodies of the wire envelope: the canonical map of each message type, and its exact schema check.
 
 Contract: `body_obj(msg)` is the canonical body map of a message (keys in the documented order, token ids and
-log-probs as little-endian uint32 / float32 blobs, chunk digests as one blob); it raises WireError("bad_blob" /
-"unencodable") for what cannot be represented and lets TypeError/ValueError/OverflowError through for the codec to
-turn into "unencodable". `BODY_DECODERS[cls](body, limits)` checks a decoded body map against the schema (key sets,
-types, ranges, vocabulary, finite non-positive log-probs, duplicates) and builds the message, raising WireError and
-nothing else. The envelope, msgpack bounds and freshness are `protocol.codec`'s.
+log-probs as little-endian uint32 / float32 blobs, a completion's version spans as (start, version) uint32 pairs,
+chunk digests as one blob); it raises WireError("bad_blob" / "unencodable") for what cannot be represented and lets
+TypeError/ValueError/OverflowError through for the codec to turn into "unencodable". `BODY_DECODERS[cls](body,
+limits)` checks a decoded body map against the schema (key sets, types, ranges, vocabulary, finite non-positive
+log-probs, well-ordered version spans, duplicates) and builds the message, raising WireError and nothing else. The
+envelope, msgpack bounds and freshness are `protocol.codec`'s.
 """
 
 from __future__ import annotations
@@ -52,13 +53,14 @@ from protocol.messages import (
     WorkerControl,
     policy_owner,
 )
+from protocol.spans import check_spans_size, decode_spans, spans_blob
 
 _TOKEN_DTYPE = np.dtype("<u4")
 _LOGPROB_DTYPE = np.dtype("<f4")
 
 GROUP_KEYS = ("id", "policy", "version", "task", "completions", "tokenizer", "family", "format", "created_at")
 TASK_KEYS = ("dataset", "config", "seed", "index")
-COMPLETION_KEYS = ("tokens", "text", "logprobs", "reward")
+COMPLETION_KEYS = ("tokens", "text", "logprobs", "reward", "spans")
 ANNOUNCE_KEYS = ("owner", "version", "base_version", "size", "sha256", "chunks", "encoding", "created_at",
                  "chunk_sha256", "state", "schedule", "receivers")
 STATUS_KEYS = ("role", "capabilities", "throughput", "policy_version", "follows", "created_at")
@@ -81,7 +83,8 @@ def _completion_obj(c: CompletionWire) -> dict[str, Any]:
     if len(c.token_ids) != len(c.logprobs):
         raise reject("bad_blob", f"{len(c.token_ids)} token ids but {len(c.logprobs)} log-probs")
     return {"tokens": np.asarray(c.token_ids, dtype=_TOKEN_DTYPE).tobytes(), "text": c.text,
-            "logprobs": np.asarray(c.logprobs, dtype=_LOGPROB_DTYPE).tobytes(), "reward": float(c.claimed_reward)}
+            "logprobs": np.asarray(c.logprobs, dtype=_LOGPROB_DTYPE).tobytes(), "reward": float(c.claimed_reward),
+            "spans": spans_blob(c.spans)}
 
 
 def group_obj(g: RolloutGroup) -> dict[str, Any]:
@@ -167,8 +170,10 @@ def _completion(obj: Any, where: str, limits: Limits, vocab: int) -> CompletionW
         raise reject("too_many_tokens", f"{where}: {len(tokens) // 4} > {limits.max_tokens_per_completion}")
     if len(logprobs) != len(tokens):
         raise reject("bad_blob", f"{where}: {len(tokens)} token bytes but {len(logprobs)} log-prob bytes")
+    spans_blob = check_spans_size(expect_bin(f["spans"], f"{where}.spans"), limits.max_spans_per_completion, where)
     text = expect_str(f["text"], f"{where}.text", limits.max_text_chars, reason="text_too_long")
     reward = expect_float(f["reward"], f"{where}.reward")
+    spans = decode_spans(spans_blob, len(tokens) // 4, where)  # at most max_spans pairs: cheaper than the vocab scan
     ids = np.frombuffer(tokens, dtype=_TOKEN_DTYPE)
     if ids.size and int(ids.max()) >= vocab:
         raise reject("token_out_of_vocab", f"{where}: token id {int(ids.max())} >= vocab {vocab}")
@@ -177,7 +182,7 @@ def _completion(obj: Any, where: str, limits: Limits, vocab: int) -> CompletionW
     if lps.size and not (np.isfinite(lps).all() and (lps <= 0).all()):
         raise reject("bad_logprob", f"{where}: log-probs must be finite and <= 0")
     return CompletionWire(token_ids=tuple(ids.tolist()), text=text, logprobs=tuple(lps.tolist()),
-                          claimed_reward=reward)
+                          claimed_reward=reward, spans=spans)
 
 
 def _group(obj: Any, where: str, limits: Limits) -> RolloutGroup:
@@ -190,11 +195,18 @@ def _group(obj: Any, where: str, limits: Limits) -> RolloutGroup:
     tokenizer = expect_str(f["tokenizer"], f"{where}.tokenizer", limits.max_name_chars)
     ours = not limits.tokenizer_hash or tokenizer == limits.tokenizer_hash
     vocab = limits.vocab_size if ours else limits.max_foreign_vocab  # another tokenizer's ids: re-tokenised, not used
+    policy_id = expect_policy_id(f["policy"], f"{where}.policy", limits)
+    version = expect_int(f["version"], f"{where}.version")
+    task = _task(f["task"], f"{where}.task", limits)
+    decoded = tuple(_completion(c, f"{where}.completions[{i}]", limits, vocab) for i, c in enumerate(completions))
+    for i, c in enumerate(decoded):
+        # The group's version is the newest policy that sampled any of its tokens: a newer span is a lie about
+        # which policy a receiver's staleness bound should read.
+        if c.spans and c.spans[-1][1] > version:  # versions ascend: the last span is the newest
+            raise reject("bad_spans", f"{where}.completions[{i}].spans: version {c.spans[-1][1]} > the group's "
+                                      f"version {version}")
     return RolloutGroup(
-        group_id=group_id, policy_id=expect_policy_id(f["policy"], f"{where}.policy", limits),
-        policy_version=expect_int(f["version"], f"{where}.version"), task=_task(f["task"], f"{where}.task", limits),
-        completions=tuple(_completion(c, f"{where}.completions[{i}]", limits, vocab)
-                          for i, c in enumerate(completions)),
+        group_id=group_id, policy_id=policy_id, policy_version=version, task=task, completions=decoded,
         tokenizer_hash=tokenizer,
         model_family=expect_str(f["family"], f"{where}.family", limits.max_name_chars),
         created_at=expect_timestamp(f["created_at"], f"{where}.created_at"),

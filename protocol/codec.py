@@ -3,13 +3,14 @@ each message type's body is `protocol.bodies`', primitive field checks `protocol
 
 Contract:
 - encode writes the canonical form: map keys in the documented order, minimal ints, float64 floats, token ids
-  as a little-endian uint32 blob, log-probs as a little-endian float32 blob. decode(encode(m)) == m and
+  as a little-endian uint32 blob, log-probs as a little-endian float32 blob, version spans as a blob of
+  little-endian uint32 (start, version) pairs. decode(encode(m)) == m and
   encode(decode(b)) == b for every canonical b (log-probs are rounded to float32 by encode).
 - decode validates before it allocates: the byte length first, then msgpack with length bounds derived from the
   limits (no list, string or blob larger than the limits allow is ever built, and parsing stops once more
   containers and entries exist than a valid message holds), then an exact schema check
-  (key sets, types, ranges), blob checks (vocabulary, finite non-positive log-probs) and, when `now` is given,
-  freshness. Any failure raises `WireError`; no other exception leaves decode for any input bytes.
+  (key sets, types, ranges), blob checks (vocabulary, finite non-positive log-probs, ordered version spans) and,
+  when `now` is given, freshness. Any failure raises `WireError`; no other exception leaves decode for any input bytes.
 - Reject-class failures are all checked before the ignore-class timestamp window, so a message that is both
   malformed and stale is rejected.
 """
@@ -188,8 +189,8 @@ def _unpack(data: bytes, limits: Limits) -> Any:
         return msgpack.unpackb(
             data, raw=False, strict_map_key=True, use_list=True, list_hook=on_list, object_pairs_hook=on_pairs,
             max_str_len=4 * (max_chars + 1),
-            # token blobs, or an announce's chunk digests (never more than the message itself)
-            max_bin_len=max(4 * (limits.max_tokens_per_completion + 1), 64,
+            # token blobs, version spans, or an announce's chunk digests (never more than the message itself)
+            max_bin_len=max(4 * (limits.max_tokens_per_completion + 1), 8 * (limits.max_spans_per_completion + 1), 64,
                             min(SHA256_BYTES * (limits.max_chunks + 1), limits.max_message_bytes)),
             max_array_len=max(limits.max_groups_per_message, limits.max_completions_per_group,
                               limits.max_capabilities, limits.max_receivers, limits.max_digests_per_message,

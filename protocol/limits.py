@@ -33,6 +33,7 @@ class Limits:
     max_groups_per_message: int = 16
     max_completions_per_group: int = 64
     max_tokens_per_completion: int = 4096
+    max_spans_per_completion: int = 64  # policy-version spans of one completion (APRIL: max_lag + 1 at most)
     max_text_chars: int = 32768
     vocab_size: int = 262_144
     tokenizer_hash: str = ""  # the receiver's; "" checks every group's ids against vocab_size
@@ -53,10 +54,10 @@ class Limits:
 
     def __post_init__(self) -> None:
         for name in ("max_message_bytes", "max_groups_per_message", "max_completions_per_group",
-                     "max_tokens_per_completion", "max_text_chars", "vocab_size", "max_foreign_vocab", "max_name_chars",
-                     "max_config_chars", "max_capabilities", "max_policy_bytes", "max_chunks", "max_chunk_bytes",
-                     "max_receivers", "max_digests_per_message", "max_pulls_per_request",
-                     "max_digest_addrs", "max_addr_chars"):
+                     "max_tokens_per_completion", "max_spans_per_completion", "max_text_chars", "vocab_size",
+                     "max_foreign_vocab", "max_name_chars", "max_config_chars", "max_capabilities", "max_policy_bytes",
+                     "max_chunks", "max_chunk_bytes", "max_receivers", "max_digests_per_message",
+                     "max_pulls_per_request", "max_digest_addrs", "max_addr_chars"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 # 2: a rollout group names the prompt format its completions were generated in (`format`).
 # 3: bounded fan-in: digest batches on shard topics, pull requests and responses (issue 32).
 # 4: a digest batch carries its sender's shard count (`shards`) and dialable addresses (`addrs`).
-SCHEMA_VERSION = 4
+# 5: a completion carries the policy version of each token span (`spans`: APRIL's resumed completions).
+SCHEMA_VERSION = 5
 
 TOPIC_ROLLOUTS = f"swarm-node/rollouts/{SCHEMA_VERSION}"
 TOPIC_POLICY = f"swarm-node/policy/{SCHEMA_VERSION}"
@@ -55,16 +56,22 @@ class TaskRefWire:
 @dataclass(frozen=True)
 class CompletionWire:
     """One sampled completion: token ids, their decoded text, behaviour log-probs (one per token, float32 on
-    the wire) and the reward the sender claims (untrusted; receivers re-score)."""
+    the wire) and the reward the sender claims (untrusted; receivers re-score).
+
+    `spans`: (first token index, policy version) of each token span, in token order, the first at index 0, starts
+    and versions strictly ascending, no version above the group's `policy_version`: a completion resumed under newer
+    policies (APRIL), or finished under an older one than the group's. Empty: one span at the group's version."""
 
     token_ids: tuple[int, ...]
     text: str
     logprobs: tuple[float, ...]
     claimed_reward: float
+    spans: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         _set(self, "token_ids", tuple(self.token_ids))
         _set(self, "logprobs", tuple(self.logprobs))
+        _set(self, "spans", tuple(tuple(s) for s in self.spans))
 
 
 @dataclass(frozen=True)

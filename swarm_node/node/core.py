@@ -323,9 +323,8 @@ class Node:
             self.trainer, list(externals), cfg.share.correction.kind, CorrectionParams(**cfg.share.correction.knobs()))
         result = self.trainer.train_step(samples)
         train_s = time.monotonic() - train_started
-        if result.skipped_minibatches:
+        if result.skipped_minibatches:  # said, not only counted: a run that skips them all trains nothing
             self.stats.count("errors", "nonfinite_loss", result.skipped_minibatches)
-            # said, not only counted: a run whose minibatches are all skipped trains nothing while its reward moves
             self.events.log(f"step {self._step + 1}: {result.skipped_minibatches} of {result.minibatches} minibatches "
                             "skipped (non-finite loss or gradient): they did not train")
         if result.minibatches > result.skipped_minibatches:
@@ -339,13 +338,11 @@ class Node:
         metrics = {
             "step": self._step, "policy_version": self._version, "lag": max(lags, default=0),
             "reward_mean": sum(rewards) / len(rewards), "accuracy": sum(g.accuracy for g in groups) / len(groups),
-            "per_task": per_task_metrics(list(groups)),
-            "groups_used": len(used), "groups_total": len(groups),
+            "per_task": per_task_metrics(list(groups)), "groups_used": len(used), "groups_total": len(groups),
             "loss": result.loss, "clip_frac": result.clip_frac, "kl": result.kl, "entropy": result.entropy,
             "grad_norm": result.grad_norm, "skipped_minibatches": result.skipped_minibatches,
             "tokens_per_s": draft.gen_tokens / draft.gen_s if draft.gen_s > 0 else 0.0, "gen_tokens": draft.gen_tokens,
-            "gen_s": draft.gen_s, "train_s": train_s, "step_s": self._step_seconds(draft),
-            "time": time.time(),
+            "gen_s": draft.gen_s, "train_s": train_s, "step_s": self._step_seconds(draft), "time": time.time(),
         }
         # the stale correction's statistics (train.stale_correction: m2po's masked_frac, vcpo's ess)
         metrics.update({f"stale_{name}": value for name, value in result.correction.items()})

@@ -9,13 +9,17 @@ answer-line), drops a group on a held-out question, test or validation ("heldout
 every completion with our verifier on the answer our format extracts, plus our own reward terms (`ctx.terms`).
 With our tokenizer hash the token ids are used as they are and the text we score is OUR decoding of those ids
 (the sender's text is ignored); with another tokenizer the sender's text is re-tokenized and the group is marked
-`retokenized`. A completion that is not well-formed (our format's `well_formed`: its shape, then exactly one EOS as
-its last id, no other special id) is re-scored 0 whatever the verifier says; the outcome counts them (`malformed`).
-A re-tokenized completion gets our EOS appended, so only its text is checked. With `ctx.require_well_formed` False
-(`share.require_well_formed`, for measuring the defence only) malformed completions keep their verifier score.
-A group whose re-scored advantages are all zero is dropped (a group whose only "right" answers are malformed is
-one). The outcome says whether the sender's claimed rewards were wrong (`forged_reward`), which the node counts
-against the sender even when the group is usable. Pure: no I/O.
+`retokenized`. A completion keeps the policy versions the wire gives it (`CompletionWire.spans`, which the decoder
+checked: ordered, each start a token, none newer than the group's version): with our tokenizer its spans (version:
+the newest span's; no spans: the group's version; one span is kept as its version alone, as our sampler keeps one);
+re-tokenized, one span at its OLDEST span's version, since the sender's token indices do not map to our ids and the
+staleness bound must read the oldest policy. A completion that is not well-formed (our format's `well_formed`: its
+shape, then exactly one EOS as its last id, no other special id) is re-scored 0 whatever the verifier says; the
+outcome counts them (`malformed`). A re-tokenized completion gets our EOS appended, so only its text is checked.
+With `ctx.require_well_formed` False (`share.require_well_formed`, for measuring the defence only) malformed
+completions keep their verifier score. A group whose re-scored advantages are all zero is dropped (a group whose
+only "right" answers are malformed is one). The outcome says whether the sender's claimed rewards were wrong
+(`forged_reward`), which the node counts against the sender even when the group is usable. Pure: no I/O.
 
 Bounds (`ctx.bounds`, a `CompletionBounds` built from our own configuration): whatever a peer sends may cost us
 only what one of our own groups costs. They are checked before any id is decoded, any completion re-scored or
@@ -139,6 +143,15 @@ def _ids_reason(ids: tuple[int, ...] | list[int], vocab: int, bounds: Completion
     return ""
 
 
+def _versions(spans: tuple[tuple[int, int], ...], group_version: int) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """(version, spans) of a received completion of our tokenizer: the newest span's version and the spans, or the
+    group's version and none. One span is kept as its version alone, as our sampler keeps one (`Completion` reads
+    both the same)."""
+    if not spans:
+        return group_version, ()
+    return spans[-1][1], spans if len(spans) > 1 else ()
+
+
 def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: float,
                     delegates: Mapping[str, frozenset[str]] | None = None, keep_no_signal: bool = False) -> Outcome:
     """Re-score a received group with our own verifier; an Outcome with the usable group or a drop reason.
@@ -196,9 +209,12 @@ def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: flo
     for c, ids in zip(wire.completions, token_ids, strict=True):
         if same_tokenizer:
             text = tok.decode([t for t in ids if t not in ends], skip_special_tokens=True)
-            completions.append(Completion(ids, text, list(c.logprobs), wire.policy_version))
+            completions.append(Completion(ids, text, list(c.logprobs), *_versions(c.spans, wire.policy_version)))
         else:
-            completions.append(Completion(ids, c.text, [], wire.policy_version))
+            # Re-tokenized ids do not map to the sender's token indices: the whole completion is as old as its
+            # oldest span (the conservative reading for a staleness bound).
+            oldest = min((v for _, v in c.spans), default=wire.policy_version)
+            completions.append(Completion(ids, c.text, [], oldest))
     special = frozenset(tok.all_special_ids)
     fmt = prompter.fmt
     malformed = sum(not fmt.well_formed(c.token_ids, c.text, ends, special) for c in completions)

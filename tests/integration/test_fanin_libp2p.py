@@ -1,8 +1,8 @@
 """Bounded fan-in over real libp2p hosts (child processes) on 127.0.0.1: three FaninExchanges on one shard.
 
 a and b publish one signal-bearing group each, c two without signal. After one round of digests each node pulls
-what its digests offer (one group per sender, signal only) over /swarm-node/pull-stream/4 (one stream per sender,
-kept); c's groups, pulled by nobody, are pushed over /swarm-node/push/4 to one neighbour each once push_after_s has
+what its digests offer (one group per sender, signal only) over /swarm-node/pull-stream/5 (one stream per sender,
+kept); c's groups, pulled by nobody, are pushed over /swarm-node/push/5 to one neighbour each once push_after_s has
 passed. A stream that announces a frame over the size limit is reset unread and reported, on both pull protocols.
 """
 

@@ -104,7 +104,7 @@ def test_values_at_each_limit_are_accepted() -> None:
 def test_worker_control_bytes_topic_and_attribution() -> None:
     msg = WorkerControl(target="QmWorker", action="start", created_at=100.0)
     expected = bytes.fromhex(
-        "83 a1 76 04 a4 74 79 70 65 ae 77 6f 72 6b 65 72 5f 63 6f 6e 74 72 6f 6c a4 62 6f 64 79 83 a6 74 61 72 67"
+        "83 a1 76 05 a4 74 79 70 65 ae 77 6f 72 6b 65 72 5f 63 6f 6e 74 72 6f 6c a4 62 6f 64 79 83 a6 74 61 72 67"
         " 65 74 a8 51 6d 57 6f 72 6b 65 72 a6 61 63 74 69 6f 6e a5 73 74 61 72 74 aa 63 72 65 61 74 65 64 5f 61 74"
         " cb 40 59 00 00 00 00 00 00")
     assert encode(msg) == expected and decode(expected, Limits()) == msg

@@ -6,9 +6,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from torch import nn
 
 from simulations.echo_sim import EchoSimConfig, dissemination_s, run_echo
+from swarm_node import tasks
+from swarm_node.echo.learner import Learner
 from swarm_node.policy_sync.delta import state_hash
+from swarm_node.status.stats import NodeStats
+from swarm_node.types import WORKER, Completion, Draft, ScoredGroup
 
 
 def test_updates_reach_workers_when_the_broadcast_model_says() -> None:
@@ -115,3 +120,44 @@ def test_the_simulated_learner_publishes_as_configured(warm_tiny_model_dir: Path
         echo_sim.Assembly.learner = real_learner  # type: ignore[method-assign]
     assert kept == [3]
     assert [m.get("published_version") for m in result.steps] == [None, 1, None, 2]  # every 2nd learner step
+
+
+class _TrainingSide:
+    """A learner's host with a tiny model; the test moves its version by hand."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.step = 0
+        self.model = nn.Linear(2, 2)
+        self.stats = NodeStats()
+
+    def mix_and_train(self, item: Draft) -> dict[str, Any]:
+        raise AssertionError("not used")
+
+
+def _worker_group(*completions: Completion) -> ScoredGroup:
+    inst = tasks.instance(tasks.TaskRef("chain_sum", "{}", 0, 7))
+    return ScoredGroup(inst, (1, 2), completions, (1.0, 0.0), (1.0, -1.0), WORKER)
+
+
+def test_the_learner_maps_every_span_and_buffers_a_group_by_its_oldest() -> None:
+    host = _TrainingSide()
+    learner = Learner(host, batch_groups=1, max_staleness=2, max_new_tokens=8, encoding="dense-bf16")
+    for host.step, host.version in ((1, 3), (2, 5), (3, 5)):  # published v1 at learner v3, v2 and v3 both at v5
+        learner.published({})
+    assert learner.step_of_published == {0: 0, 1: 3, 2: 5, 3: 5}
+    # A worker resumed a completion under published v1, v2 and v3 (APRIL); the other was sampled by v2 alone.
+    resumed = Completion((1, 2, 3, 4), "", (-0.5,) * 4, 3, ((0, 1), (2, 2), (3, 3)))
+    assert learner.admit(_worker_group(resumed, Completion((1, 2), "", (-0.5,) * 2, 2))) is None
+    # v2 and v3 are one learner version: one span. Buffered under learner v3 (its oldest span), not v5 (its newest):
+    # at v6 the group lags 3 > S = 2 by its oldest tokens and is not trainable, though its newest lag only 1.
+    assert learner.buffer.available(5) == 1 and learner.buffer.available(6) == 0
+    (taken,) = learner.buffer.take(1, 5)
+    assert taken.version == 3
+    assert [(c.version, c.spans) for c in taken.item.completions] == [(5, ((0, 3), (2, 5))), (5, ())]
+    # A span of a version this learner never published (forgotten here: another lineage's) refuses the group, even
+    # when its newest span is known.
+    del learner.step_of_published[1]
+    assert learner.offer([_worker_group(resumed, Completion((1, 2), "", (-0.5,) * 2, 2))]) == 1
+    assert learner.admit(_worker_group(resumed, Completion((1, 2), "", (-0.5,) * 2, 2))) == "unknown_version"
+    assert len(learner.buffer) == 0

@@ -1,8 +1,9 @@
-"""Bounded fan-in's wire messages (schema 4): digest batches, pull requests and responses, byte for byte, and
+"""Bounded fan-in's wire messages (schema 5): digest batches, pull requests and responses, byte for byte, and
 what a hostile peer's bytes get (a precise reason, bounded work, nothing decoded before the hash check)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import struct
 from typing import Any
@@ -80,7 +81,7 @@ def fails(data: bytes, limits: Limits | None = None) -> WireError:
 
 def test_digest_batch_exact_bytes() -> None:
     expected = (
-        b"\x83\xa1v\x04\xa4type\xa7digests\xa4body"
+        b"\x83\xa1v\x05\xa4type\xa7digests\xa4body"
         b"\x86"                                          # the body: 6 keys
         b"\xa5shard\x01\xa6shards\x03\xa5round\x07"           # shard 1 of the sender's 3
         b"\xa7digests\x91\x85"                           # one digest of 5 keys
@@ -116,7 +117,7 @@ def test_digest_batch_addresses_in_canonical_form_only() -> None:
 def test_pull_request_exact_bytes_ids_as_one_blob() -> None:
     second = b"\x01" * 16
     expected = (
-        b"\x83\xa1v\x04\xa4type\xa4pull\xa4body\x83"
+        b"\x83\xa1v\x05\xa4type\xa4pull\xa4body\x83"
         b"\xa5round\x07"
         b"\xa3ids\xc4\x20" + ID0 + second              # two 16-byte ids in one bin
         + b"\xaacreated_at\xcb" + struct.pack(">d", 100.0)
@@ -130,10 +131,10 @@ def test_pull_request_exact_bytes_ids_as_one_blob() -> None:
 
 def test_pull_response_exact_bytes_carries_the_group_encoding_unparsed() -> None:
     encoded = encode_group(group())
-    assert len(encoded) == 229  # the 261-byte rollout example of WIRE.md less its envelope and groups array
+    assert len(encoded) == 237  # the 269-byte rollout example of WIRE.md less its envelope and groups array
     refused = b"\x02" * 16
     expected = (
-        b"\x83\xa1v\x04\xa4type\xa6pulled\xa4body\x83"
+        b"\x83\xa1v\x05\xa4type\xa6pulled\xa4body\x83"
         b"\xa6groups\x91\x82\xa2id\xc4\x10" + ID0 + b"\xa5group\xc4" + bytes([len(encoded)]) + encoded
         + b"\xa7refused\x91\x82\xa2id\xc4\x10" + refused + b"\xa6reason\xa4busy"
         + b"\xaacreated_at\xcb" + struct.pack(">d", 100.0)
@@ -170,6 +171,18 @@ def test_pulled_group_is_checked_against_the_digest_hash_before_decoding() -> No
     # Stale with `now`; accepted without it.
     old = group(created_at=NOW - 601.0)
     assert _pulled_fails(PulledGroup(ID0, encode_group(old)), group_content_hash(old), now=NOW).reason == "stale"
+
+
+def test_a_pulled_group_keeps_its_spans_and_checks_them_against_its_version() -> None:
+    resumed = CompletionWire((1, 256), "ab", (-0.5, -0.25), 1.0, ((0, 1), (1, 2)))  # the group's version is 2
+    good = dataclasses.replace(group(created_at=NOW), completions=(resumed,))
+    encoded = encode_group(good)
+    assert decode_pulled(PulledGroup(ID0, encoded), group_content_hash(good), Limits(), NOW) == good
+    # The encoder does not judge span order; the receiver does, for a pulled group as for a gossiped one.
+    newer = dataclasses.replace(good, completions=(dataclasses.replace(resumed, spans=((0, 1), (1, 3))),))
+    data = encode_group(newer)
+    err = _pulled_fails(PulledGroup(ID0, data), hashlib.sha256(data).digest())
+    assert (err.reason, err.detail) == ("bad_spans", "group.completions[0].spans: version 3 > the group's version 2")
 
 
 def _pulled_fails(pulled: PulledGroup, content_hash: bytes, limits: Limits | None = None,
@@ -247,16 +260,16 @@ def test_largest_valid_fanin_messages_decode_and_many_tiny_objects_do_not() -> N
                            tuple(PullRefusal((100 + i).to_bytes(16, "big"), "busy") for i in range(8)), 100.0)
     assert decode(encode(answers), limits) == answers
     # An array of 200,000 tiny arrays in a digest batch is refused while being built (bounded CPU and memory).
-    flood = pack({"v": 4, "type": "digests", "body": {"shard": 0, "round": 0, "digests": [[]] * 200_000,
+    flood = pack({"v": 5, "type": "digests", "body": {"shard": 0, "round": 0, "digests": [[]] * 200_000,
                                                        "created_at": 1.0}})
     assert fails(flood).reason == "too_large"
 
 
 def test_digest_topics_carry_their_shard_only() -> None:
-    assert digest_topic(5) == "swarm-node/digests/4/5"
-    assert topic_type("swarm-node/digests/4/5") is DigestBatch
-    for not_ours in ("swarm-node/digests/4/05", "swarm-node/digests/4/+5", "swarm-node/digests/4/",
-                     "swarm-node/digests/4/65536", "swarm-node/digests/3/5"):
+    assert digest_topic(5) == "swarm-node/digests/5/5"
+    assert topic_type("swarm-node/digests/5/5") is DigestBatch
+    for not_ours in ("swarm-node/digests/5/05", "swarm-node/digests/5/+5", "swarm-node/digests/5/",
+                     "swarm-node/digests/5/65536", "swarm-node/digests/4/5", "swarm-node/digests/3/5"):
         assert topic_type(not_ours) is None, not_ours
     policy = AcceptPolicy(tasks=frozenset(), max_index=1)
 

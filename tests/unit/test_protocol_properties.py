@@ -40,20 +40,44 @@ timestamps = st.floats(0.0, 1e11)
 logprobs = st.floats(max_value=0.0, width=32, allow_nan=False, allow_infinity=False)
 
 
+U32_MAX = 2**32 - 1
+
+
 @st.composite
-def completions(draw: st.DrawFn) -> CompletionWire:
+def version_spans(draw: st.DrawFn, n_tokens: int, max_version: int) -> tuple[tuple[int, int], ...]:
+    """Valid spans of a completion of `n_tokens` in a group of version >= `max_version`: starts from 0 and versions
+    strictly ascending, every start a token, no version above `max_version`; often none."""
+    k = draw(st.integers(0, min(n_tokens, 5, max_version + 1)))
+    if k == 0:
+        return ()
+    starts = [0, *sorted(draw(st.permutations(range(1, n_tokens)))[:k - 1])]
+    # Distinct versions without rejection sampling (a unique list from a small range filters too much).
+    versions = sorted(draw(st.permutations(range(max_version + 1)))[:k] if max_version < 64 else
+                      draw(st.lists(st.integers(0, max_version), min_size=k, max_size=k, unique=True)))
+    return tuple(zip(starts, versions, strict=True))
+
+
+@st.composite
+def completions(draw: st.DrawFn, max_version: int = U32_MAX) -> CompletionWire:
     n = draw(st.integers(0, 12))
     return CompletionWire(token_ids=draw(st.lists(st.integers(0, LIMITS.vocab_size - 1), min_size=n, max_size=n)),
                           text=draw(st.text(max_size=60)), logprobs=draw(st.lists(logprobs, min_size=n, max_size=n)),
-                          claimed_reward=draw(finite))
+                          claimed_reward=draw(finite), spans=draw(version_spans(n, max_version)))
 
 
-groups = st.builds(
-    RolloutGroup, group_id=st.binary(min_size=16, max_size=16), policy_id=policy_ids, policy_version=u63,
-    task=st.builds(TaskRefWire, st.text(max_size=30), st.text(max_size=100), u63, u63),
-    completions=st.lists(completions(), min_size=1, max_size=4), tokenizer_hash=st.text(max_size=30),
-    model_family=st.text(max_size=30), created_at=timestamps)
-batches = st.builds(RolloutBatch, st.lists(groups, min_size=1, max_size=3, unique_by=lambda g: g.group_id))
+@st.composite
+def groups(draw: st.DrawFn) -> RolloutGroup:
+    # Small versions half the time, so that span versions meet the group's own (the bound is inclusive).
+    version = draw(st.one_of(st.integers(0, 8), u63))
+    return RolloutGroup(
+        group_id=draw(st.binary(min_size=16, max_size=16)), policy_id=draw(policy_ids), policy_version=version,
+        task=draw(st.builds(TaskRefWire, st.text(max_size=30), st.text(max_size=100), u63, u63)),
+        completions=draw(st.lists(completions(min(version, U32_MAX)), min_size=1, max_size=4)),
+        tokenizer_hash=draw(st.text(max_size=30)), model_family=draw(st.text(max_size=30)),
+        created_at=draw(timestamps))
+
+
+batches = st.builds(RolloutBatch, st.lists(groups(), min_size=1, max_size=3, unique_by=lambda g: g.group_id))
 statuses = st.builds(Status, role=st.sampled_from(ROLES), capabilities=st.lists(st.text(max_size=20), max_size=5),
                      throughput=st.floats(min_value=0.0, allow_nan=False, allow_infinity=False),
                      policy_version=u63, follows=st.one_of(st.just(""), policy_ids), created_at=timestamps)
@@ -88,6 +112,31 @@ def test_every_valid_message_round_trips_byte_exactly(msg: Message) -> None:
     data = encode(msg)
     assert decode(data, LIMITS) == msg
     assert encode(decode(data, LIMITS)) == data
+
+
+@FAST
+@given(groups(), st.lists(st.tuples(st.integers(0, 20), st.integers(0, 20)), max_size=6), st.binary(max_size=3))
+def test_any_spans_blob_decodes_to_valid_spans_or_is_bad_spans(group: RolloutGroup,
+                                                              pairs: list[tuple[int, int]], tail: bytes) -> None:
+    """Whatever (start, version) pairs, or stray bytes, a completion's spans hold: the decoder either returns spans
+    that are valid for the completion and its group (and re-encodes them byte-exactly) or says `bad_spans`."""
+    obj = msgpack.unpackb(encode(RolloutBatch((group,))), raw=False)
+    completion = obj["body"]["groups"][0]["completions"][0]
+    completion["spans"] = b"".join(a.to_bytes(4, "little") + b.to_bytes(4, "little") for a, b in pairs) + tail
+    data = msgpack.packb(obj, use_bin_type=True)
+    try:
+        msg = decode(data, LIMITS)
+    except WireError as err:
+        assert (err.reason, err.verdict) == ("bad_spans", Verdict.REJECT)
+        return
+    assert isinstance(msg, RolloutBatch)
+    (decoded, *_) = msg.groups[0].completions
+    spans = decoded.spans
+    n = len(decoded.token_ids)
+    assert not tail and spans == tuple(pairs)
+    assert not spans or (spans[0][0] == 0 and spans[-1][0] < n and spans[-1][1] <= group.policy_version)
+    assert all(a[0] < b[0] and a[1] < b[1] for a, b in zip(spans, spans[1:], strict=False))
+    assert encode(msg) == data
 
 
 @FAST

@@ -135,8 +135,15 @@ def test_stale_future_and_unknown_version_are_ignored() -> None:
     assert outcome(validate(batch(group(created_at=NOW - 61.0)))) == (Verdict.IGNORE, "stale")
     assert outcome(validate(batch(group(created_at=NOW + 6.0)))) == (Verdict.IGNORE, "future")
     assert outcome(validate(status(NOW - 61.0), topic=TOPIC_STATUS)) == (Verdict.IGNORE, "stale")
-    newer = msgpack.packb({"v": 5, "type": "rollouts", "body": {"groups": "new layout"}}, use_bin_type=True)
+    newer = msgpack.packb({"v": 6, "type": "rollouts", "body": {"groups": "new layout"}}, use_bin_type=True)
     assert outcome(validate(newer)) == (Verdict.IGNORE, "unknown_version")
+    # A schema-4 peer's batch (its completions have no version spans) is ignored too, not penalised.
+    older = msgpack.unpackb(batch(), raw=False)
+    older["v"] = 4
+    for g in older["body"]["groups"]:
+        for c in g["completions"]:
+            del c["spans"]
+    assert outcome(validate(msgpack.packb(older, use_bin_type=True))) == (Verdict.IGNORE, "unknown_version")
 
 
 def test_reject_class_checks_come_before_ignore_class_ones() -> None:

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from protocol.messages import CompletionWire, RolloutGroup, TaskRefWire
+from protocol.codec import decode, encode
+from protocol.limits import Limits
+from protocol.messages import CompletionWire, RolloutBatch, RolloutGroup, TaskRefWire
 from swarm_node import tasks
 from swarm_node.config import SamplerConfig, TrainConfig
 from swarm_node.model.default_model import load_model
@@ -17,7 +19,7 @@ from swarm_node.sampler.base import Completion
 from swarm_node.sharing.corrections import external_samples, policy_logprobs, sequence_is_weight
 from swarm_node.sharing.pool import PoolEntry
 from swarm_node.sharing.rescore import CompletionBounds, ShareContext, accept_external
-from swarm_node.sharing.wire import group_id_for, to_wire
+from swarm_node.sharing.wire import group_id_for, to_wire, wire_spans
 from swarm_node.train.scoring import score_group
 from swarm_node.train.trainer import Trainer
 from swarm_node.types import Origin, TrainSample
@@ -119,6 +121,47 @@ def test_to_wire_round_trip_through_accept() -> None:
     out = accept_external(w, "peerA", CTX, NOW)
     assert not out.forged_reward and out.external.group.rewards == local.rewards
     assert len(w.group_id) == 16 and w.group_id != group_id_for("peerA", 0, 1, 0)
+
+
+def _ids(text: str) -> list[int]:
+    return [*TOK.encode(text), EOS]
+
+
+def test_to_wire_carries_the_spans_of_resumed_and_older_completions_and_rescore_keeps_them() -> None:
+    """Group version 3: a completion APRIL resumed (tokens 0-1 by version 1, the rest by 3) carries its spans, one
+    carried over and finished by version 2 carries the single span (0, 2), a fresh one none; through the codec, a
+    receiver of our tokenizer rebuilds each with the same versions (not the group's 3 for all)."""
+    resumed = Completion(_ids("77"), "77", [-0.5] * 3, 3, ((0, 1), (2, 3)))
+    older = Completion(_ids(INST.answer), INST.answer, [-0.5] * len(_ids(INST.answer)), 2)
+    fresh = Completion(_ids("9"), "9", [-0.5] * 2, 3)
+    local = score_group(INST, TOK.encode(INST.prompt), [resumed, older, fresh])
+    w = to_wire(local, "peerA", 3, CTX.tokenizer_hash, "qwen2", NOW, group_id_for("peerA", 0, 0, 0))
+    assert [c.spans for c in w.completions] == [((0, 1), (2, 3)), ((0, 2),), ()]
+    received = decode(encode(RolloutBatch((w,))), Limits(vocab_size=len(TOK), tokenizer_hash=CTX.tokenizer_hash))
+    ctx = dataclasses.replace(CTX, bounds=dataclasses.replace(BOUNDS, group_size=3))
+    out = accept_external(received.groups[0], "peerA", ctx, NOW)
+    got = out.external.group.completions
+    assert [(c.version, c.spans) for c in got] == [(3, ((0, 1), (2, 3))), (2, ()), (3, ())]
+    assert [c.oldest_version for c in got] == [1, 2, 3] and out.external.group.oldest_version == 1
+    assert got[1] == dataclasses.replace(older, logprobs=got[1].logprobs)  # as the sender held it (float32 aside)
+
+
+def test_wire_spans_leave_out_spans_without_tokens() -> None:
+    # A resume that added no token under version 2 (a span starting where the next does), and one at the end.
+    c = Completion(_ids("77"), "77", [-0.5] * 3, 4, ((0, 1), (1, 2), (1, 3), (3, 4)))
+    assert wire_spans(c, 4) == ((0, 1), (1, 3))
+    assert wire_spans(Completion(_ids("77"), "77", [-0.5] * 3, 4, ((0, 2), (0, 4))), 4) == ()  # all by version 4
+    assert wire_spans(Completion([], "", [], 2), 4) == ()  # no token: no span to carry
+
+
+def test_another_tokenizer_takes_the_oldest_span_version() -> None:
+    """Re-tokenized text: the sender's token indices do not map to our ids, so a resumed completion counts as old
+    as its oldest span, as one span; one without spans takes the group's version."""
+    foreign = (CompletionWire((1, 2, 3), INST.answer, (-0.1,) * 3, 1.0, ((0, 1), (2, 3))),
+               CompletionWire((4,), "9999", (-0.1,), 0.0))
+    out = accept_external(wire(*foreign, tok_hash="other"), "peerA", CTX, NOW)
+    assert out.external.retokenized
+    assert [(c.version, c.spans) for c in out.external.group.completions] == [(1, ()), (3, ())]
 
 
 def test_sequence_is_weight_is_truncated() -> None:
