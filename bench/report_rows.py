@@ -251,13 +251,12 @@ def attack(r: Results) -> str:
             f"mid-write{cells_went_on(kill)}): {kill['unusable_runs']} unusable runs")
 
 
-
 @row("attack_f50", "python -m bench.attack --parts sim --variants f0.5 solo --eval-problems 4000 "
      "--out bench/results/attack_f50.json",
      "the open adversarial question on the reasoning default (issue 30 item 6): the honest nodes of a 10-node swarm "
      "with 50% attackers (kinds cycling by seed) against the same nodes trained alone, 100 rounds, seeds 0-2, "
      "held-out accuracy on 4,000 test questions, paired per node, seed and question [95% interval, seeds then "
-     "questions resampled]", "attack_f50.json", until_measured=True)
+     "questions resampled]", "attack_f50.json")
 def attack_f50(r: Results) -> str:
     d = r["attack_f50.json"]
     paired = d["f50_vs_alone_paired"]
