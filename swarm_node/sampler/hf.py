@@ -37,6 +37,7 @@ NEUTRAL_PROCESSORS: dict[str, object] = {
     "suppress_tokens": None, "begin_suppress_tokens": None, "sequence_bias": None, "forced_bos_token_id": None,
     "forced_eos_token_id": None, "exponential_decay_length_penalty": None, "typical_p": 1.0, "epsilon_cutoff": 0.0,
     "eta_cutoff": 0.0, "min_p": None, "length_penalty": 1.0,
+    "top_k": 0,  # Qwen2.5-Instruct ships 20; neither our samplers nor the trainer apply a top-k
 }
 
 
@@ -108,7 +109,7 @@ class HFSampler(Sampler):
         padded = range(len(self.tokenizer), int(self.model.config.vocab_size))  # embedding rows that are no token
         config = GenerationConfig(
             max_new_tokens=params.max_new_tokens, do_sample=not greedy,
-            temperature=1.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p, top_k=0,
+            temperature=1.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p,
             output_scores=True, return_dict_in_generate=True, pad_token_id=pad, eos_token_id=list(eos),
             **{**NEUTRAL_PROCESSORS, "suppress_tokens": list(padded) or None})
         out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),

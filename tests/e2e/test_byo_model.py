@@ -54,9 +54,9 @@ def test_solo_trains_a_shaped_model(shaped_dirs: dict[str, Path], tmp_path: Path
     assert len(memory) == 1, proc.stderr
     if sampler == "vllm":
         assert any(line.startswith("sampler: vLLM ") for line in lines), proc.stderr
-    elif shape == "qwen2.5-instruct":  # its generation config's repetition penalty is turned off, said once
+    elif shape == "qwen2.5-instruct":  # its generation config's repetition penalty and top-k are off, said once
         assert lines.count("sampler: off from the model's generation_config.json (the trainer does not reproduce "
-                           "them): repetition_penalty=1.1") == 1, proc.stderr
+                           "them): repetition_penalty=1.1, top_k=20") == 1, proc.stderr
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "reward_mean" in m] == [1, 2]
     assert all(m["groups_total"] == 2 for m in metrics if "reward_mean" in m)

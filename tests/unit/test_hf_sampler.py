@@ -93,7 +93,7 @@ def test_the_models_own_generation_settings_do_not_bend_the_behaviour_logprobs(t
     gap = (logp[batch.mask.bool()] - batch.behaviour[batch.mask.bool()]).abs().max().item()
     assert gap <= 1e-4, gap
     assert said == ["sampler: off from the model's generation_config.json (the trainer does not reproduce them): "
-                    "no_repeat_ngram_size=2, repetition_penalty=1.3"]
+                    "no_repeat_ngram_size=2, repetition_penalty=1.3, top_k=5"]
 
 
 def test_every_eos_id_of_the_generation_config_ends_a_completion(tiny_model_dir: Path, tmp_path: Path) -> None:
