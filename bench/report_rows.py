@@ -251,22 +251,6 @@ def attack(r: Results) -> str:
             f"mid-write{cells_went_on(kill)}): {kill['unusable_runs']} unusable runs")
 
 
-@row("attack_f50", "python -m bench.attack --parts sim --variants f0.5 solo --eval-problems 4000 "
-     "--out bench/results/attack_f50.json",
-     "the open adversarial question on the reasoning default (issue 30 item 6): the honest nodes of a 10-node swarm "
-     "with 50% attackers (kinds cycling by seed) against the same nodes trained alone, 100 rounds, seeds 0-2, "
-     "held-out accuracy on 4,000 test questions, paired per node, seed and question [95% interval, seeds then "
-     "questions resampled]", "attack_f50.json")
-def attack_f50(r: Results) -> str:
-    d = r["attack_f50.json"]
-    paired = d["f50_vs_alone_paired"]
-    bad = sum(d["bad_groups_trained"].values())
-    return (f"honest held-out {d['honest_eval_acc']['0.5']:.3f} beside 50% attackers, "
-            f"{d['honest_solo_eval_acc']['0.5']:.3f} alone: {pts(paired['diff'])} [{pts(paired['ci95'][0])}, "
-            f"{pts(paired['ci95'][1])}] points ({paired['seeds']} seeds x {paired['questions']:,} questions); "
-            f"{bad} bad groups trained; {d['external_groups_trained_per_step']['0.5']:.1f} external groups trained "
-            "per step")
-
 def cells_went_on(kill: dict[str, Any]) -> str:
     """How the killed cells went on, where counted (results before the checks were tightened have no `cells`)."""
     if "cells" not in kill:  # measured before issue 28 item 4: say what those checks did not look at
