@@ -11,7 +11,7 @@ A changed value is a new value (`dataclasses.replace`). Sequences given to a con
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -74,6 +74,16 @@ class Completion:
         if self.spans and not isinstance(self.spans[0], tuple):
             raise TypeError("Completion.spans holds (start, version) tuples")
         object.__setattr__(self, "spans", tuple(tuple(s) for s in self.spans))
+
+    @classmethod
+    def from_spans(cls, token_ids: Sequence[int], text: str, logprobs: Sequence[float],
+                   spans: Sequence[tuple[int, int]], version: int) -> Completion:
+        """A completion of the given spans: versioned by the newest span, `version` where there are none; one span is
+        kept as its version alone, as our sampler keeps one (both read the same)."""
+        spans = tuple(spans)
+        if not spans:
+            return cls(tuple(token_ids), text, tuple(logprobs), version)
+        return cls(tuple(token_ids), text, tuple(logprobs), spans[-1][1], spans if len(spans) > 1 else ())
 
     def version_spans(self) -> tuple[tuple[int, int], ...]:
         """(first token index, policy version) of each span: `spans`, or the one span (0, version)."""

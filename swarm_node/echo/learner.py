@@ -68,9 +68,8 @@ class Learner:
             mapped = self._learner_spans(c)
             if mapped is None:  # a version we never published (or forgot): not of this lineage
                 return "unknown_version"
-            # Re-tagged with learner versions so that the node measures lag in its own steps; one span is kept as
-            # the version alone, as the sampler keeps one.
-            completions.append(dataclasses.replace(c, version=mapped[-1][1], spans=mapped if len(mapped) > 1 else ()))
+            # Re-tagged with learner versions so that the node measures lag in its own steps.
+            completions.append(Completion.from_spans(c.token_ids, c.text, c.logprobs, mapped, c.version))
         if any(len(c.logprobs) != len(c.token_ids) or len(c.token_ids) > self.longest for c in g.completions):
             return "bad_shape"  # re-tokenized text (no behaviour log-probs) or longer than we sample
         # A group of our own sampling (a simulation's worker) becomes a worker's, never the ratio's reference in the

@@ -143,15 +143,6 @@ def _ids_reason(ids: tuple[int, ...] | list[int], vocab: int, bounds: Completion
     return ""
 
 
-def _versions(spans: tuple[tuple[int, int], ...], group_version: int) -> tuple[int, tuple[tuple[int, int], ...]]:
-    """(version, spans) of a received completion of our tokenizer: the newest span's version and the spans, or the
-    group's version and none. One span is kept as its version alone, as our sampler keeps one (`Completion` reads
-    both the same)."""
-    if not spans:
-        return group_version, ()
-    return spans[-1][1], spans if len(spans) > 1 else ()
-
-
 def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: float,
                     delegates: Mapping[str, frozenset[str]] | None = None, keep_no_signal: bool = False) -> Outcome:
     """Re-score a received group with our own verifier; an Outcome with the usable group or a drop reason.
@@ -209,7 +200,7 @@ def accept_external(wire: RolloutGroup, sender: str, ctx: ShareContext, now: flo
     for c, ids in zip(wire.completions, token_ids, strict=True):
         if same_tokenizer:
             text = tok.decode([t for t in ids if t not in ends], skip_special_tokens=True)
-            completions.append(Completion(ids, text, list(c.logprobs), *_versions(c.spans, wire.policy_version)))
+            completions.append(Completion.from_spans(ids, text, c.logprobs, c.spans, wire.policy_version))
         else:
             # Re-tokenized ids do not map to the sender's token indices: the whole completion is as old as its
             # oldest span (the conservative reading for a staleness bound).

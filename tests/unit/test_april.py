@@ -43,6 +43,15 @@ def test_a_completion_resumed_at_a_newer_version_carries_both_spans() -> None:
     assert third.spans == ((0, 4), (3, 5), (5, 7)) and third.token_versions() == (4, 4, 4, 5, 5, 7)
 
 
+def test_a_completion_from_received_spans_is_versioned_by_its_newest_span() -> None:
+    two = Completion.from_spans([5, 6, 7], "abc", [-0.1, -0.2, -0.3], [(0, 2), (1, 3)], version=9)
+    assert two.version == 3 and two.spans == ((0, 2), (1, 3)) and two.oldest_version == 2
+    one = Completion.from_spans([5, 6], "ab", [-0.1, -0.2], [(0, 2)], version=9)  # one span: the version alone
+    assert one == Completion((5, 6), "ab", (-0.1, -0.2), 2)
+    none = Completion.from_spans([5], "a", [-0.1], (), version=9)  # no spans: the version given
+    assert none == Completion((5,), "a", (-0.1,), 9)
+
+
 def test_the_staleness_bound_reads_the_oldest_span() -> None:
     assert span_drop_reason(6, [3, 5], 2) == "stale"
     assert span_drop_reason(6, [4, 6], 2) is None
