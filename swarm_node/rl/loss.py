@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from swarm_node import variants
+from swarm_node.rl.logprobs import EXCLUDED_LOG_PROB
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,14 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Per-token KL(pi || ref) estimator k3 = exp(ref - logp) - (ref - logp) - 1 >= 0 (Schulman)."""
     delta = ref_logp - logp
     return delta.exp() - delta - 1.0
+
+
+def behaviour_drift(logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """k3 between the trained policy and the behaviour one, token-mean over the completion tokens that both sample
+    (neither log-prob at EXCLUDED_LOG_PROB): a token one of them excludes would count about e^79 and make the mean
+    meaningless (a stale row of 64 versions put "kl" at 1e32)."""
+    both = mask * (logp > EXCLUDED_LOG_PROB) * (behaviour_logp > EXCLUDED_LOG_PROB)
+    return masked_mean(torch.where(both.bool(), kl_k3(logp, behaviour_logp), 0.0), both)
 
 
 def truncated_is_weights(proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor,

@@ -46,7 +46,7 @@ from transformers import PreTrainedModel
 
 from swarm_node.config import SamplerConfig, TrainConfig
 from swarm_node.rl.logprobs import EXCLUDED_LOG_PROB, chunked_token_log_probs, logprob_chunk, trainable_log_probs
-from swarm_node.rl.loss import LOSSES, LossConfig, LossInputs, kl_k3, masked_mean, truncated_is_weights
+from swarm_node.rl.loss import LOSSES, LossConfig, LossInputs, behaviour_drift, masked_mean, truncated_is_weights
 from swarm_node.rl.stale import STALE_CORRECTIONS, StaleBatch, StaleParams, StaleWeights
 from swarm_node.train.batching import (
     Batch,
@@ -272,8 +272,8 @@ class Trainer:
                 ref_logp, _ = self.token_log_probs(self.ref_model, batch)
         out = self.loss_fn(LossInputs(logp, old_logp, advantages, batch.mask, is_weights, ref_logp),
                            self.loss_cfg)
-        drift = out.kl if self.ref_model is not None else float(masked_mean(
-            kl_k3(logp.detach(), batch.behaviour), batch.mask))
+        drift = out.kl if self.ref_model is not None else float(behaviour_drift(logp.detach(), batch.behaviour,
+                                                                                  batch.mask))
         return _MicroLoss(out.loss, out.clip_frac, drift, float(masked_mean(entropy, batch.mask)), stale)
 
     @staticmethod

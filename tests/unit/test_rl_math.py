@@ -10,7 +10,7 @@ import torch
 from swarm_node import tasks
 from swarm_node.rl.advantages import ADVANTAGE_ESTIMATORS, grpo_advantages
 from swarm_node.rl.logprobs import entropy_from_log_probs, processed_log_softmax
-from swarm_node.rl.loss import LossConfig, LossInputs, clipped_surrogate, kl_k3, truncated_is_weights
+from swarm_node.rl.loss import LossConfig, LossInputs, behaviour_drift, clipped_surrogate, kl_k3, truncated_is_weights
 from swarm_node.train.scoring import score_group, to_samples
 from swarm_node.types import Completion
 
@@ -123,6 +123,16 @@ def test_kl_term_and_k3_value() -> None:
     out = clipped_surrogate(inp, LossConfig(kl_coef=0.1))
     assert out.kl == pytest.approx(0.5 + math.log(2) - 1, abs=1e-6)
     assert float(out.loss) == pytest.approx(0.1 * (0.5 + math.log(2) - 1), abs=1e-6)
+
+
+def test_the_drift_counts_only_the_tokens_both_policies_sample() -> None:
+    # token 0: log pi -1, log mu -2 -> k3 = e^-1 - (-1) - 1 = e^-1; token 1: pi excludes it (-80), token 2: mu
+    # excludes it, token 3: padding. Only token 0 counts (it was e^79 / 2 with every token counted).
+    logp = torch.tensor([[-1.0, -80.0, -0.5, 0.0]])
+    behaviour = torch.tensor([[-2.0, -1.0, -80.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    assert float(behaviour_drift(logp, behaviour, mask)) == pytest.approx(math.exp(-1), abs=1e-6)
+    assert float(behaviour_drift(logp, behaviour, torch.tensor([[0.0, 1.0, 1.0, 0.0]]))) == 0.0
 
 
 def test_importance_weights_truncate_and_scale() -> None:
