@@ -37,7 +37,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "swarm_node_accuracy": ("gauge", ("window",), "Exact-answer accuracy: window=recent or moving_avg."),
     "swarm_node_tokens_per_second": ("gauge", (), "Generated tokens per second at the last step."),
     "swarm_node_train_loss": ("gauge", (), "Policy loss at the last step."),
-    "swarm_node_train_kl": ("gauge", (), "KL estimate to the reference policy at the last step."),
+    "swarm_node_train_kl": ("gauge", (), "KL estimate at the last step: to the reference policy when "
+                            "train.kl_coef > 0, else to the behaviour policy over the tokens both sample."),
     "swarm_node_train_entropy": ("gauge", (), "Mean token entropy at the last step."),
     "swarm_node_train_clip_fraction": ("gauge", (), "Fraction of clipped ratios at the last step."),
     "swarm_node_rollout_groups": ("counter", ("kind",), "Rollout groups by kind: produced, received, used."),
