@@ -8,7 +8,8 @@ Each row (bench/report_rows.py) names its result files, each with its commit and
 listed in bench/results/HISTORICAL.toml, whose provenance was backfilled). A result is stale when the fingerprint
 of the modules its provenance records (bench/provenance.py), recomputed on the working tree, differs from the one
 it recorded; results in HISTORICAL.toml are not listed. Exit codes: 0 fine, 1 drift (--check) or stale results
-(--stale), 2 a README without the markers.
+(--stale), 2 a README without the markers. `--stale` prints nothing when no result is stale, and names the
+command that measured each stale one (its provenance's `command`).
 """
 
 from __future__ import annotations
@@ -125,8 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.stale:
         found = stale(args.results, REPO)
         for name, why in found:
-            print(f"stale: {name}: {why}")
-        print(f"{len(found)} stale result(s); historical ones (HISTORICAL.toml) not listed")
+            command = (load_result(args.results / name).get("provenance") or {}).get("command")
+            print(f"stale: {name}: {why}" + (f"; measured by: {command}" if command else ""))
+        if found:  # nothing at all when every result is current
+            print(f"{len(found)} stale result(s); historical ones (HISTORICAL.toml) not listed")
         return 1 if found else 0
     readme = args.readme.read_text()
     try:

@@ -128,6 +128,18 @@ def test_stale_lists_results_whose_measured_sources_changed(tmp_path: Path) -> N
         "fresh.json", "the default model's recipe changed since 0123456 (2026-11-26)")
 
 
+def test_stale_names_the_measuring_command_and_prints_nothing_when_all_are_current(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--stale", "--results", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == ""
+    prov = {**MEASURED, "sources": ["bench/report.py"], "sources_fingerprint": "0" * 64, "command": "python -m x"}
+    write(tmp_path / "old.json", {"rate": 1.0, "provenance": prov})
+    assert main(["--stale", "--results", str(tmp_path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("stale: old.json: ") and out[0].endswith("; measured by: python -m x")
+    assert out[1] == "1 stale result(s); historical ones (HISTORICAL.toml) not listed"
+
+
 def test_stale_runs_on_the_repository() -> None:
     assert main(["--stale"]) in (0, 1)
 
