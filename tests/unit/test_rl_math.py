@@ -127,7 +127,7 @@ def test_kl_term_and_k3_value() -> None:
 
 def test_the_drift_counts_only_the_tokens_both_policies_sample() -> None:
     # token 0: log pi -1, log mu -2 -> k3 = e^-1 - (-1) - 1 = e^-1; token 1: pi excludes it (-80), token 2: mu
-    # excludes it, token 3: padding. Only token 0 counts (it was e^79 / 2 with every token counted).
+    # excludes it, token 3: padding. Only token 0 counts (with every token counted the mean was about e^79 / 3).
     logp = torch.tensor([[-1.0, -80.0, -0.5, 0.0]])
     behaviour = torch.tensor([[-2.0, -1.0, -80.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
