@@ -5,7 +5,8 @@
     python -m bench.report --stale    list the results whose measured sources changed since they were taken
 
 Each row (bench/report_rows.py) names its result files, each with its commit and date (`historical` for a result
-listed in bench/results/HISTORICAL.toml, whose provenance was backfilled). A result is stale when the fingerprint
+listed in bench/results/HISTORICAL.toml: its provenance was backfilled, or it is a learning result too costly to
+repeat on every change, kept with the commit it measured and the reason). A result is stale when the fingerprint
 of the modules its provenance records (bench/provenance.py), recomputed on the working tree, differs from the one
 it recorded; results in HISTORICAL.toml are not listed. Exit codes: 0 fine, 1 drift (--check) or stale results
 (--stale), 2 a README without the markers. `--stale` prints nothing when no result is stale, and names the
