@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import shutil
 from pathlib import Path
 
 from simulations.results import METRICS_CSV, RESULT_FILE
@@ -31,13 +30,18 @@ def finished_cells(root: Path, result_name: str = RESULT_FILE) -> list[Path]:
 
 
 def save(runs: Path, archive: Path) -> list[Path]:
-    """Each finished cell of `runs` gzipped to the same place under `archive` (replacing what was there)."""
+    """Each finished cell of `runs` gzipped to the same place under `archive` (replacing what was there). A file
+    whose archived copy holds the same bytes is left as it is, and the gzip carries no time or name, so archiving
+    again changes nothing that git would commit."""
     for cell in (cells := finished_cells(runs)):
         (archive / cell).mkdir(parents=True, exist_ok=True)
         for name in KEPT:
-            if (runs / cell / name).exists():
-                with (runs / cell / name).open("rb") as src, gzip.open(archive / cell / (name + GZ), "wb") as dst:
-                    shutil.copyfileobj(src, dst)
+            if not (source := runs / cell / name).exists():
+                continue
+            data, kept = source.read_bytes(), archive / cell / (name + GZ)
+            if kept.exists() and gzip.decompress(kept.read_bytes()) == data:
+                continue
+            kept.write_bytes(gzip.compress(data, mtime=0))
     return cells
 
 
@@ -49,9 +53,8 @@ def restore(archive: Path, runs: Path) -> list[Path]:
             continue
         (runs / cell).mkdir(parents=True, exist_ok=True)
         for name in reversed(KEPT):  # result.json last: a cell is finished once it is there
-            if (archive / cell / (name + GZ)).exists():
-                with gzip.open(archive / cell / (name + GZ), "rb") as src, (runs / cell / name).open("wb") as dst:
-                    shutil.copyfileobj(src, dst)
+            if (kept := archive / cell / (name + GZ)).exists():
+                (runs / cell / name).write_bytes(gzip.decompress(kept.read_bytes()))
         restored.append(cell)
     return restored
 

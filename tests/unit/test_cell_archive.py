@@ -42,3 +42,18 @@ def test_save_keeps_finished_cells_only_and_restore_does_not_overwrite(tmp_path:
     assert (fresh / "8-0/seed0/result.json").read_text() == '{"fingerprint": "newer"}'
     assert (fresh / "4-4/seed1/result.json").read_text() == '{"fingerprint": "b"}'
     assert (fresh / "4-4/seed1/metrics.csv").read_text() == "round,node\n0,4-4/seed1\n"
+
+
+def test_save_again_changes_no_archived_bytes_and_replaces_changed_ones(tmp_path: Path) -> None:
+    runs, archive = tmp_path / "runs", tmp_path / "archive"
+    _cell(runs, "8-0/seed0", '{"fingerprint": "a"}')
+    main(["save", str(runs), str(archive)])
+    kept = archive / "8-0/seed0/result.json.gz"
+    first = kept.read_bytes()
+    assert first[4:8] == b"\0\0\0\0"  # no modification time in the gzip header: the same cell, the same bytes
+    kept.touch()
+    main(["save", str(runs), str(archive)])
+    assert kept.read_bytes() == first
+    (runs / "8-0/seed0/result.json").write_text('{"fingerprint": "b"}')
+    main(["save", str(runs), str(archive)])
+    assert gzip.decompress(kept.read_bytes()) == b'{"fingerprint": "b"}'
