@@ -20,6 +20,10 @@ Contract (pure: no clock, no I/O, no randomness):
 - Bounded memory and work: at most `max_instances` instances (the oldest recorded first forgotten), `max_sources`
   sources per family or instance (later peers are not recorded there), and the last `judged_instances` instances
   of at most `max_judged_peers` peers (the least recently heard forgotten) for `disagreeing`, whose cost is that.
+- Replay candidates: `replayable(dataset, config, seed)` lists the instances the node itself sampled whose own
+  outcomes were mixed (at least one pass and one fail: a group on them had signal) and that have fewer than
+  `replay_trials` own trials, oldest first, with their estimated rates. Only the node's own groups put an instance
+  there (a peer's groups never steer which instances repeat); the list is bounded by `max_instances`.
 - `state()` / `set_state(state)`: a JSON form, so a node's checkpoint resumes its estimates exactly.
 - Thread-safe: the node records its own groups on its generator thread and peers' on its ingest thread.
 """
@@ -51,6 +55,7 @@ class PassRateParams:
     max_sources: int = 64
     judged_instances: int = 256
     max_judged_peers: int = 4096
+    replay_trials: int = 24  # own trials after which an instance is no longer replayed (3 groups of 8)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.prior_pass < 1.0:
@@ -60,7 +65,7 @@ class PassRateParams:
         if not 0.0 <= self.peer_share < 1.0:
             raise ValueError(f"PassRateParams.peer_share must be in [0, 1), got {self.peer_share!r}")
         for name in ("disagree_instances", "min_trials", "max_instances", "max_sources", "judged_instances",
-                     "max_judged_peers"):
+                     "max_judged_peers", "replay_trials"):
             if getattr(self, name) < 1:
                 raise ValueError(f"PassRateParams.{name} must be >= 1, got {getattr(self, name)!r}")
 
@@ -89,6 +94,7 @@ class PassRateBook:
     instances: dict[TaskRef, Counts] = field(default_factory=dict)
     _flagged: set[str] = field(default_factory=set)
     _by_peer: dict[str, dict[TaskRef, None]] = field(default_factory=dict)  # the instances each peer reported on
+    _replayable: dict[TaskRef, None] = field(default_factory=dict)  # own mixed outcomes, under replay_trials
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def record(self, ref: TaskRef, rewards: Sequence[float], peer: str = OWN) -> None:
@@ -101,10 +107,20 @@ class PassRateBook:
                 forgotten = next(iter(self.instances))
                 for seen in self._by_peer.values():
                     seen.pop(forgotten, None)
+                self._replayable.pop(forgotten, None)
                 del self.instances[forgotten]
             self._add(self.instances.setdefault(ref, {}), peer, passes, len(rewards))
-            if peer != OWN and peer in self.instances[ref]:
+            if peer == OWN:
+                self._index_replay(ref)
+            elif peer in self.instances[ref]:
                 self._judge(peer, ref)
+
+    def _index_replay(self, ref: TaskRef) -> None:
+        passes, trials = self.instances[ref].get(OWN, (0.0, 0.0))
+        if 0.0 < passes < trials < self.params.replay_trials:
+            self._replayable.setdefault(ref, None)
+        else:
+            self._replayable.pop(ref, None)
 
     def _judge(self, peer: str, ref: TaskRef) -> None:
         """Keep `ref` among the peer's last judged instances (the peer becomes the most recently heard)."""
@@ -134,6 +150,13 @@ class PassRateBook:
         with self._lock:
             return _posterior(self.instances.get(ref, {}), family, self.params)
 
+    def replayable(self, dataset: str, config: str, seed: int) -> list[tuple[int, float]]:
+        """(index, estimated rate) of each replay candidate of the family for one seed (module contract)."""
+        family = self.family_rate(dataset, config)
+        with self._lock:
+            return [(ref.index, _posterior(self.instances[ref], family, self.params)) for ref in self._replayable
+                    if ref.dataset == dataset and ref.config == config and ref.seed == seed]
+
     def disagreeing(self, peer: str) -> bool:
         gaps = []
         with self._lock:
@@ -157,7 +180,8 @@ class PassRateBook:
             return {"families": [[d, c, _copy(counts)] for (d, c), counts in self.families.items()],
                     "instances": [[r.dataset, r.config, r.seed, r.index, _copy(counts)]
                                   for r, counts in self.instances.items()],
-                    "flagged": sorted(self._flagged)}
+                    "flagged": sorted(self._flagged),
+                    "replayable": [[r.dataset, r.config, r.seed, r.index] for r in self._replayable]}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Replace the estimates with those of `state` (from `state()`)."""
@@ -167,6 +191,11 @@ class PassRateBook:
                               for d, c, s, i, counts in state.get("instances", [])}
             self._flagged = set(state.get("flagged", []))
             self._by_peer = {}
+            # in the order they became replayable (a checkpoint before that list: the instances' order)
+            order = [TaskRef(d, c, int(s), int(i)) for d, c, s, i in state.get("replayable", [])]
+            self._replayable = {}
+            for ref in [r for r in order if r in self.instances] + list(self.instances):
+                self._index_replay(ref)
             for ref, counts in self.instances.items():
                 for source in counts:
                     if source != OWN:

@@ -11,8 +11,15 @@ single-task stream is the same whatever those selections (and the same as before
 drawn (one `rng.random()`, for a mix of more than one) with probability `ADAPTIVE_FLOOR / n + (1 - ADAPTIVE_FLOOR) *
 v_s / sum(v)`, where `v_s = p_s (1 - p_s)` is the expected reward variance at the specialty's estimated pass rate
 (uniform when every v is 0): the floor keeps every specialty drawn, so none starves and its estimate stays fresh.
-Then `ADAPTIVE_CANDIDATES` indices are drawn (`rng.randrange(size)` each) and the one with the largest v at its
-instance estimate is taken (the first on ties: an instance never seen has its specialty's rate).
+Then, when the specialty has replay candidates (`rates.replayable`: instances the node itself sampled with mixed
+outcomes, a few times at most; not already picked in this call), with probability `ADAPTIVE_REPLAY` (one
+`rng.random()`) the candidate with the largest v at its instance estimate is replayed (the oldest on ties): VCRL's
+memory bank. A procedural dataset rarely repeats an instance by chance, and the default model's pass rate per
+question is nearly always 0 or 1 (docs/SAPO_REGIMES.md), so a specialty's rate cannot tell which new instance
+will carry signal; an instance whose group had signal very likely has it again. Otherwise `ADAPTIVE_CANDIDATES`
+indices are drawn (`rng.randrange(size)` each) and the one with the largest v at its instance estimate is taken
+(the first on ties: an instance never seen has its specialty's rate). With no replay candidates the draws are
+those of the selection before replay existed.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from swarm_node.tasks.pass_rates import signal_value
 
 ADAPTIVE_FLOOR = 0.2  # share of adaptive draws spread uniformly over the specialties (exploration)
 ADAPTIVE_CANDIDATES = 4  # indices an adaptive pick chooses among
+ADAPTIVE_REPLAY = 0.5  # chance that a pick replays an instance whose own group had signal, when there is one
 
 
 class PassRates(Protocol):
@@ -34,6 +42,8 @@ class PassRates(Protocol):
     def family(self, specialty: int) -> float: ...
 
     def instance(self, specialty: int, index: int) -> float: ...
+
+    def replayable(self, specialty: int) -> list[tuple[int, float]]: ...
 
 
 TaskSelection = Callable[..., list[tuple[int, int]]]
@@ -92,7 +102,7 @@ def select_adaptive(rng: random.Random, weights: Sequence[float], size: int, cou
     """Difficulty-targeted picks (module docstring); weights ignored."""
     n = len(weights)
     probs = adaptive_probabilities(rates, n)
-    picks = []
+    picks: list[tuple[int, int]] = []
     for _ in range(count):
         specialty = 0
         if n > 1:
@@ -103,6 +113,12 @@ def select_adaptive(rng: random.Random, weights: Sequence[float], size: int, cou
                 if u < acc:
                     specialty = s
                     break
+        replay = [(i, rate) for i, rate in rates.replayable(specialty)
+                  if (specialty, i) not in picks] if rates is not None else []
+        if replay and rng.random() < ADAPTIVE_REPLAY:
+            values = [signal_value(rate) for _, rate in replay]
+            picks.append((specialty, replay[values.index(max(values))][0]))
+            continue
         candidates = [rng.randrange(size) for _ in range(ADAPTIVE_CANDIDATES)]
         if rates is None:
             picks.append((specialty, candidates[0]))

@@ -212,3 +212,7 @@ class _BookRates:
     def instance(self, specialty: int, index: int) -> float:
         spec = self.source.mix[specialty]
         return self.source.book.rate(TaskRef(spec.name, spec.config, self.source.seed, index))
+
+    def replayable(self, specialty: int) -> list[tuple[int, float]]:
+        spec = self.source.mix[specialty]
+        return self.source.book.replayable(spec.name, spec.config, self.source.seed)

@@ -19,7 +19,7 @@ from swarm_node.sharing.rescore import accept_external
 from swarm_node.status.stats import NodeStats
 from swarm_node.tasks.allocation import ROLLOUT_ALLOCATIONS
 from swarm_node.tasks.pass_rates import PassRateBook, PassRateParams
-from swarm_node.tasks.selection import ADAPTIVE_CANDIDATES, adaptive_probabilities, select_adaptive
+from swarm_node.tasks.selection import ADAPTIVE_CANDIDATES, ADAPTIVE_REPLAY, adaptive_probabilities, select_adaptive
 from tests.unit.test_sharing import BOUNDS, CTX, NOW, SOURCE, completion, wire
 
 A = tasks.TaskRef("chain_sum", "{}", 0, 1)
@@ -93,6 +93,31 @@ def test_the_book_forgets_the_oldest_instance_past_its_cap() -> None:
     for ref in (A, A2, A3):
         book.record(ref, [1.0, 0.0])
     assert list(book.instances) == [A2, A3] and book.families[("chain_sum", "{}")][""] == [3.0, 6.0]
+    assert book.replayable("chain_sum", "{}", 0) == [(2, 0.5), (3, 0.5)]  # the forgotten one is no candidate
+
+
+def test_replay_candidates_are_own_mixed_instances_under_the_trial_cap_in_the_order_they_qualified() -> None:
+    book = PassRateBook(PassRateParams(replay_trials=6))
+    book.record(A, [1.0, 1.0])  # solved so far: no candidate
+    book.record(A2, [1.0, 0.0, 0.0, 0.0])  # mixed: a candidate
+    book.record(A3, [1.0, 0.0], peer="peerA")  # a peer's mixed group: never a candidate
+    other_seed = tasks.TaskRef("chain_sum", "{}", 7, 2)
+    book.record(other_seed, [1.0, 0.0])  # another seed's stream: not this one's candidate
+    book.record(A, [0.0])  # now mixed (2 of 3): a candidate after A2
+    # family: prior 1 of 2, own 4 passes of 9 (A 2/3, A2 1/4, other seed 1/2), the peer's 1/2 under its cap of
+    # (2 + 9) / 3 trials
+    family = (1 + 4 + 1) / (2 + 9 + 2)
+    assert book.family_rate("chain_sum", "{}") == pytest.approx(family)
+    assert book.replayable("chain_sum", "{}", 0) == [(2, pytest.approx((2 * family + 1) / 6)),
+                                                     (1, pytest.approx((2 * family + 2) / 5))]
+    book.record(A2, [1.0, 1.0])  # 6 own trials: at the cap, no longer replayed
+    family = (1 + 6 + 1) / (2 + 11 + 2)
+    assert book.replayable("chain_sum", "{}", 0) == [(1, pytest.approx((2 * family + 2) / 5))]
+    again = PassRateBook(PassRateParams(replay_trials=6))
+    book.record(A3, [0.0, 1.0])  # own mixed after the peer's: joins last
+    again.set_state(book.state())
+    assert again.replayable("chain_sum", "{}", 0) == book.replayable("chain_sum", "{}", 0)
+    assert [i for i, _ in again.replayable("chain_sum", "{}", 0)] == [1, 3]
 
 
 # -- the adaptive selection -----------------------------------------------------------------------------------------
@@ -100,12 +125,16 @@ def test_the_book_forgets_the_oldest_instance_past_its_cap() -> None:
 class Rates:
     families: tuple[float, ...]
     by_index: dict[int, float] = dataclasses.field(default_factory=dict)
+    replay: tuple[int, ...] = ()  # indices of by_index that are replay candidates
 
     def family(self, specialty: int) -> float:
         return self.families[specialty]
 
     def instance(self, specialty: int, index: int) -> float:
         return self.by_index.get(index, self.families[specialty])
+
+    def replayable(self, specialty: int) -> list[tuple[int, float]]:
+        return [(i, rate) for i, rate in self.by_index.items() if i in self.replay]
 
 
 def test_adaptive_probabilities_favour_moderate_pass_rates_with_a_floor() -> None:
@@ -149,6 +178,23 @@ def test_adaptive_takes_the_candidate_of_most_signal() -> None:
     assert select_adaptive(random.Random(11), (1.0,), size, 1, 0, rates) == [(0, candidates[2])]
 
 
+def test_adaptive_replays_the_candidate_of_most_signal_half_the_time_and_never_twice_a_call() -> None:
+    rates = Rates((0.5,), {7: 0.9, 8: 0.4, 9: 0.6}, replay=(7, 8, 9))
+    picks = select_adaptive(random.Random(2), (1.0,), 1000, 4, 0, rates)
+    # replayed by hand: a mix of one draws no specialty; each pick draws random() for the replay while a candidate
+    # is left, and its candidates' indices when it does not replay
+    rng, expected, left = random.Random(2), [], [8, 9, 7]  # by v: 0.4 and 0.6 tie at 0.24 (the first), then 0.09
+    for _ in range(4):
+        if left and rng.random() < ADAPTIVE_REPLAY:
+            expected.append((0, left.pop(0)))
+        else:
+            expected.append((0, [rng.randrange(1000) for _ in range(ADAPTIVE_CANDIDATES)][0]))
+    assert picks == expected == REPLAY_PICKS_SEED_2
+
+
+REPLAY_PICKS_SEED_2 = [(0, 970), (0, 8), (0, 753), (0, 9)]
+
+
 def test_a_source_with_the_adaptive_selection_reads_its_book() -> None:
     source = tasks.TaskSource(selection="adaptive", mix=[{"name": "chain_sum"}, {"name": "basic_arithmetic"}])
     assert source.reads_rates and not tasks.TaskSource().reads_rates
@@ -159,6 +205,19 @@ def test_a_source_with_the_adaptive_selection_reads_its_book() -> None:
 
 
 CHAIN_SUM_DRAWS = 23
+
+
+def test_a_source_replays_an_instance_whose_own_group_had_signal_up_to_the_trial_cap() -> None:
+    source = tasks.TaskSource(selection="adaptive", mix=[{"name": "chain_sum"}])
+    ref = source.draw(random.Random(0), 1)[0]
+    source.book.record(ref, [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+    rng, replays = random.Random(4), 0
+    while source.book.replayable(ref.dataset, ref.config, ref.seed):
+        drawn = source.draw(rng, 1)[0]
+        if drawn == ref:  # replayed: its group again (8 more own trials); at 24 it leaves the candidates
+            replays += 1
+            source.book.record(ref, [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    assert replays == 2 and source.book.instances[ref][""] == [6.0, 24.0]
 
 
 # -- DARS rollout allocation ----------------------------------------------------------------------------------------
