@@ -5,6 +5,10 @@ host copy of the current policy (version v, in the form the sampler loads), drop
 loads version max(0, v - S) into the sampler, so the draft's groups carry that version and the node trains them as
 stale rows with lag min(v, S) (train.stale_correction says how). `sampled_by` records (v, the version that sampled).
 It keeps at most S + 1 copies of the sampler's weights on the host: with LoRA that form is the adapter alone.
+An eval (inside `paused()`) and the end of the run (`close()`) put the current policy back into the sampler: the
+node evaluates whatever its sampler holds, and after a step that trained nothing (no group with signal) nothing
+else would replace the lagged version the last draft loaded (before 2026-11-28 the final eval of such a cell
+measured version max(0, v - S), at S = 256 the untrained policy).
 
 `run_fixed_lag_cell(cfg, lag)` runs one such node for run.steps (cfg's run dir, fresh) and returns the cell's
 result: the final policy's held-out greedy accuracy (node.evaluate: run.eval_problems problems never drawn for
@@ -13,6 +17,7 @@ training), the one before training, and the lags it trained at.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -39,6 +44,18 @@ class FixedLagSource(BaseSource):
     def __iter__(self) -> Iterator[Item]:
         while True:
             yield self.draft()
+
+    def restore_current(self) -> None:
+        """The current policy into the sampler (a draft loads its lagged version again)."""
+        self.node.load_policy(self.node.policy_weights(), self.node.version)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        self.restore_current()
+        yield
+
+    def close(self) -> None:
+        self.restore_current()
 
     def draft(self) -> Item:
         version = self.node.version

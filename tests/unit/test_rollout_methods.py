@@ -68,6 +68,48 @@ def test_the_batch_at_version_v_is_sampled_by_version_v_minus_s(tiny_model_dir: 
         FixedLagSource(node, -1)
 
 
+class LastStepIdle(Checked):
+    """Every step trains but the last, whose groups have no signal (it trains nothing)."""
+
+    def __init__(self, node: Node, lag: int, steps: int) -> None:
+        super().__init__(node, lag)
+        self.steps = steps
+
+    def draft(self) -> Item:
+        item = super().draft()
+        if len(self.sampled_by) < self.steps:
+            return item
+        assert isinstance(item, Draft)
+        return dataclasses.replace(item, groups=tuple(dataclasses.replace(g, advantages=(0.0,) * 4)
+                                                      for g in item.groups))
+
+
+def test_the_final_eval_holds_the_current_policy_after_a_last_step_that_trained_nothing(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    cfg = load_config(None, {"model.path": str(tiny_model_dir), "sampler.kind": "hf", "run.steps": 4,
+                             "run.prompts_per_step": 2, "run.group_size": 4, "run.eval_problems": 0,
+                             "run.checkpoint_every": 100, "run.run_dir": str(tmp_path / "run"), "train.threads": 1,
+                             "status.port": -1, "train.warmup_steps": 0, "train.lr": 1e-2})
+    steps: list[dict[str, Any]] = []
+    node = Node(cfg, events=NodeEvents(log=lambda _m: None, on_step=steps.append))
+    node.setup()
+    source = LastStepIdle(node, lag=2, steps=4)
+    try:
+        node.run(source)
+        assert [m.get("policy_version") for m in steps] == [1, 2, 3, 3]  # the last step trained nothing
+        assert source.sampled_by[-1] == (3, 1)  # its draft loaded version 1
+        sampler = node.sampler
+        assert sampler is not None and sampler.version == 3  # the run's end put version 3 back
+        held = sampler.model.state_dict()  # type: ignore[attr-defined]
+        assert all(torch.equal(held[k].cpu(), v.cpu()) for k, v in node.policy_weights().items())
+        source.draft()  # a draft loads the lagged version; an eval inside paused() sees the current one
+        assert sampler.version == 1
+        with source.paused():
+            assert sampler.version == 3
+    finally:
+        node.close()
+
+
 def _fake_cell(calls: list[tuple[int, str, int]]) -> Any:
     def run(cfg: Any, lag: int, log: Any = print) -> dict[str, Any]:
         calls.append((lag, cfg.train.stale_correction.kind, cfg.run.seed))
