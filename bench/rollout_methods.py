@@ -35,11 +35,13 @@ nodes (the nodes share the task seed, so the questions are uniform's).
                                     [--tokens 1150000] [--seeds 0 1 2] [--swarm-external 4] [--set task.mix=... ...]
 
     python -m bench.rollout_methods --part april [--wall-s 1800] [--max-steps 100000] [--seeds 0]
-                                    [--long-tail-set sampler.max_new_tokens=1024 ...] [--set ...] [--loaded]
+                                    [--long-tail-set sampler.max_new_tokens=320 ...] [--set ...] [--loaded]
 
 Part "april" writes "april": {"throughput_ratio_vs_sync", "throughput_ratio_long_tail", "heldout_at_equal_wall_time":
-{"sync", "april", "paired_diff_ci95"}, "arms"} from the first seed given; it reports rates, so it refuses a loaded
-machine (bench/load_guard.py) unless --loaded (recorded).
+{"sync", "april", "paired_diff_ci95"}, "p95_over_median": {"base", "long_tail"}, "arms"} from the first seed given.
+Each arm (setting, mode) is a cell kept and reused like the others (<run-dir>/april/<setting>/<mode>/seed<seed>);
+it reports rates, so every arm refuses a loaded machine when it starts (bench/load_guard.py) unless --loaded, and
+records the load it saw.
 
 To use several cores, run one process per seed (or per lag) with the same --run-dir, then once more with
 --finished-only to gather every cell. Run a long sweep from a pinned worktree (bench/README.md).
@@ -78,7 +80,10 @@ from swarm_node.train import eval_stats
 RESULTS = Path(__file__).parent / "results"
 PARTS = ("staleness", "selection", "april")
 WALL_S = 1800.0  # april: each arm's wall-time budget
-LONG_TAIL = ("sampler.max_new_tokens=1024",)  # april: a budget where the 95th percentile is >= 4x the median
+# april: the largest budget the default model's context (512) admits beside its longest prompt (153 ids, gcd): the
+# issue asks for one where the 95th percentile of completion lengths is >= 4x the median, which this model never
+# reaches (docs/ROLLOUT_METHODS.md); the part reports the ratio it saw ("p95_over_median")
+LONG_TAIL = ("sampler.max_new_tokens=320",)
 LAGS = (1, 4, 16, 64)
 STEPS = 256  # 4 x the largest default lag
 RESULT_FILE = "result.json"
@@ -284,23 +289,32 @@ def selection_setup(args: argparse.Namespace, extra: dict[str, Any], part: dict[
 
 
 def april(args: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]:
-    """Both arms on the base setting and on the long-tail one, from the first seed; each arm in its own run dir."""
+    """Both arms on the long-tail setting (the target's: first, so a setting the model cannot run fails early),
+    then on the base one, from the first seed; each arm a cell, kept and reused like the other parts' cells."""
     long_tail = {**extra, **parse_set(args.long_tail_set)}
-    settings: dict[str, dict[str, Any]] = {}
-    for setting, overrides in (("base", extra), ("long_tail", long_tail)):
-        settings[setting] = {}
-        for mode in april_arms.MODES:
-            root = args.run_dir / "april" / setting / mode / f"seed{args.seeds[0]}"
-            shutil.rmtree(root, ignore_errors=True)
-            cfg = load_config(None, {**overrides, "run.seed": args.seeds[0], "run.steps": args.max_steps,
-                                     "run.checkpoint_every": args.max_steps, "status.port": -1,
-                                     "run.rollout.kind": mode, "run.run_dir": str(root)})
-            arm = april_arms.run_arm(cfg, args.wall_s, args.max_steps,
-                                     log=lambda line, s=setting, m=mode: print(f"  [{s} {m}] {line}", flush=True))
-            print(f"{setting} {mode}: {arm['steps']} steps, {arm['throughput']:.1f} tokens/s to training, "
-                  f"held-out {arm['heldout_acc']}", flush=True)
-            settings[setting][mode] = arm
+    settings = {setting: {mode: run_april_arm(args, setting, mode, overrides) for mode in april_arms.MODES}
+                for setting, overrides in (("long_tail", long_tail), ("base", extra))}
     return april_arms.summarise(settings["base"], settings["long_tail"])
+
+
+def run_april_arm(args: argparse.Namespace, setting: str, mode: str,
+                  extra: dict[str, Any]) -> dict[str, Any] | None:
+    """One arm for --wall-s seconds; None: not finished and --finished-only. It reports a rate, so each arm checks
+    the machine is idle when it starts (arms may run in different sessions) and records the load it saw."""
+    overrides = {**extra, "run.seed": args.seeds[0], "run.steps": args.max_steps,
+                 "run.checkpoint_every": args.max_steps, "status.port": -1, "run.rollout.kind": mode}
+    key = fingerprint(int(args.wall_s), overrides)  # the wall time stands where a staleness cell has its lag
+    root = args.run_dir / "april" / setting / mode / f"seed{args.seeds[0]}"
+    if (done := finished(root, key)) is not None or args.finished_only:
+        return done
+    load = provenance.begin(timed=True, loaded=args.loaded).load_avg_start
+    name = f"{setting} {mode}"
+    result = fresh_cell(root, key, overrides, {"setting": setting, "load_avg_start": load},
+                        lambda cfg: april_arms.run_arm(cfg, args.wall_s, args.max_steps, log=cell_log(name)))
+    print(f"{name}: {result['steps']} steps, {result['throughput']:.1f} tokens/s to training, completion length "
+          f"p50 {result['completion_len_p50']} p95 {result['completion_len_p95']}, held-out {result['heldout_acc']}",
+          flush=True)
+    return result
 
 
 def april_setup(args: argparse.Namespace, extra: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
@@ -335,7 +349,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "rollout_methods.json")
     args = ap.parse_args()
     # staleness and selection report accuracies (no load guard); april reports rates
-    run = provenance.begin(timed=args.part == "april", loaded=args.loaded)
+    run = provenance.begin(timed=args.part == "april" and not args.finished_only, loaded=args.loaded)
     extra = parse_set(args.set)
     started = time.monotonic()
     result: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +221,25 @@ def test_april_throughput_counts_trained_tokens_over_all_generation_time() -> No
     assert april_arms.throughput([]) == 0.0
 
 
+def test_april_length_percentiles_are_nearest_rank() -> None:
+    lengths = [10] * 10 + [20] * 9 + [100]  # 20 completions: the 10th is the median, the 19th the 95th percentile
+    assert april_arms.length_percentiles(lengths) == {"completion_len_p50": 10, "completion_len_p95": 20}
+    assert april_arms.length_percentiles(lengths + [100]) == {"completion_len_p50": 20, "completion_len_p95": 100}
+    assert april_arms.length_percentiles([]) == {"completion_len_p50": None, "completion_len_p95": None}
+    assert april_arms.tail_ratio({"completion_len_p50": 10, "completion_len_p95": 45}) == 4.5
+    assert april_arms.tail_ratio(None) is None
+
+
+def test_april_summary_leaves_what_an_unfinished_arm_decides_unset() -> None:
+    arm = {"throughput": 10.0, "heldout_acc": 0.5, "outcomes": {"q": 1.0}, "completion_len_p50": 10,
+           "completion_len_p95": 50}
+    out = april_arms.summarise({"sync": arm, "april": None}, {"sync": arm, "april": {**arm, "throughput": 12.0}})
+    assert out["throughput_ratio_vs_sync"] is None and out["throughput_ratio_long_tail"] == 1.2
+    assert out["heldout_at_equal_wall_time"] == {"sync": 0.5, "april": None, "paired_diff_ci95": None}
+    assert out["p95_over_median"] == {"base": 5.0, "long_tail": 5.0}
+    assert set(out["arms"]["base"]) == {"sync"}
+
+
 def test_the_april_part_writes_its_keys(monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path,
                                         tmp_path: Path) -> None:
     out = tmp_path / "rollout_methods.json"
@@ -242,4 +262,10 @@ def test_the_april_part_writes_its_keys(monkeypatch: pytest.MonkeyPatch, tiny_mo
         ("base", "sync", "sync", 1), ("base", "april", "april", 1), ("long_tail", "sync", "sync", 1),
         ("long_tail", "april", "april", 1)}
     assert arms["base"]["april"]["rollout_counts"]["carried_out"] >= 0
+    assert all(arm["completion_len_p50"] <= arm["completion_len_p95"] <= 12 for a in arms.values()
+               for arm in a.values())
     assert result["provenance"]["loaded"] is True
+    # every arm is a cell: gathering again reuses all four (nothing runs, nothing changes)
+    monkeypatch.setattr("sys.argv", [*sys.argv, "--finished-only"])
+    rollout_methods.main()
+    assert json.loads(out.read_text())["april"] == april
