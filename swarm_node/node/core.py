@@ -257,8 +257,8 @@ class Node:
             rollouts = self._rollouts.step(RolloutRequest(self._sampler, draw, count, cfg.run.group_size, params,
                                                           frozenset(self.eos_ids), sizes, self._score.has_signal))
         except PromptTooLongError as exc:
-            # vLLM's context is the prompt budget measured at start + max_new_tokens (docs/SIZING.md).
-            raise UserError(f"task {', '.join(source.names)}: {exc} (vLLM: --max-model-len sets it)") from exc
+            raise UserError(f"task {', '.join(source.names)}: {exc} (lower sampler.max_new_tokens, or on vLLM raise "
+                            "sampler.max_model_len up to the model's context; docs/SIZING.md)") from exc
         seconds = time.monotonic() - started
         self._rollout_counts = rollouts.counts
         for reason, n in rollouts.counts:
