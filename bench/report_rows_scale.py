@@ -153,9 +153,11 @@ def april_text(part: dict[str, Any]) -> str:
     equal = part.get("heldout_at_equal_wall_time") or {}
     ci = equal.get("paired_diff_ci95")
     paired = f", april - sync {interval_pts(ci)} points" if ci else ""
+    tail = part.get("p95_over_median") or {}
     return (f"throughput april / sync x{num(part.get('throughput_ratio_vs_sync'), '.2f')}, long tail "
-            f"x{num(part.get('throughput_ratio_long_tail'), '.2f')}; held-out at equal wall time sync "
-            f"{num(equal.get('sync'))}, april {num(equal.get('april'))}{paired}")
+            f"x{num(part.get('throughput_ratio_long_tail'), '.2f')} (completion length p95 / median: base "
+            f"{num(tail.get('base'), '.1f')}, long tail {num(tail.get('long_tail'), '.1f')}); held-out at equal wall "
+            f"time sync {num(equal.get('sync'))}, april {num(equal.get('april'))}{paired}")
 
 
 ROLLOUT_PARTS = {"staleness": staleness_text, "selection": selection_text, "april": april_text}
