@@ -142,8 +142,8 @@ def selection_text(part: dict[str, Any]) -> str:
     for arm in ordered(list(part), ARMS):  # uniform first: every other arm is paired with it
         c = part[arm]
         ci = f" [{c['heldout_ci95'][0]:.3f}, {c['heldout_ci95'][1]:.3f}]" if c.get("heldout_ci95") else ""
-        paired = c.get("heldout_vs_uniform_paired")
-        vs = f", {pts(paired['diff'])} {interval_pts(paired['ci95'])} points vs uniform" if paired else ""
+        vs = "".join(f", {pts(paired['diff'])} {interval_pts(paired['ci95'])} points vs {base}"
+                     for base in ("uniform", "uniform_swarm") if (paired := c.get(f"heldout_vs_{base}_paired")))
         arms.append(f"{arm} signal {num(c.get('signal_frac'))}, held-out {num(c.get('heldout_acc'))}{ci}{vs} "
                     f"({seeds(c.get('seeds_done', []))})")
     return "; ".join(arms)

@@ -77,10 +77,10 @@ def test_april_series_reads_both_ratios_and_the_equal_wall_time_accuracies() -> 
 
 
 def test_the_plot_constants_agree_with_the_bench() -> None:
-    from bench import rollout_methods
+    from bench import rollout_methods, rollout_selection
     from swarm_node import variants
 
-    assert rmp.ARMS == rollout_methods.ARMS and rmp.PARTS == rollout_methods.PARTS
+    assert rmp.ARMS == rollout_selection.ARMS and rmp.PARTS == rollout_methods.PARTS
     assert rmp.STALE_CORRECTIONS == variants.STALE_CORRECTIONS
 
 
