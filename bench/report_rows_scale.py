@@ -165,16 +165,18 @@ ROLLOUT_PARTS = {"staleness": staleness_text, "selection": selection_text, "apri
 
 @row("rollout_methods", "python -m bench.rollout_methods",
      "rollout methods by the final policy's held-out accuracy (issue 31, `docs/ROLLOUT_METHODS.md`): **staleness**, "
-     "one node trained with its batches sampled S policy versions back (S = 1 / 4 / 16 / 64) under each correction "
-     "of stale rollouts (`none`, `tis`, `m2po`, `vcpo`), mean ± std over seeds; target: at S = 16 the best "
-     "correction within the seed spread of S = 1 where `none` falls below it; **selection**, difficulty-targeted "
-     "prompts (`adaptive`, `adaptive_dars`, `adaptive_swarm`: 4 SAPO nodes learning pass rates from their peers' "
-     "groups) against `uniform` at equal generated tokens: the fraction of groups with signal, held-out accuracy "
-     "[95% interval] and its paired difference against `uniform` in points [95% interval, seeds and questions "
-     "resampled]; **april**, partial rollouts against the synchronous step: throughput (tokens that reach training "
-     "per second of generation) of april over sync on the base and a long-tail setting, held-out accuracy at equal "
-     "wall time with the paired interval of april - sync; targets: at least 1.15x on the long tail, the interval's "
-     "lower end at least -2 points", "rollout_methods.json", until_measured=True)
+     "one node trained with its batches sampled S policy versions back (S = 1 / 4 / 16 / 64 / 256) under each "
+     "correction of stale rollouts (`none`, `tis`, `m2po`, `vcpo`), mean ± std over seeds; target: at S = 16 the "
+     "best correction within the seed spread of S = 1 where `none` falls below it; **selection**, "
+     "difficulty-targeted prompts (`adaptive`, `adaptive_dars`, `adaptive_swarm`: 4 SAPO nodes learning pass rates "
+     "from their peers' groups; `uniform_swarm`: the same swarm selecting uniformly) against `uniform` at equal "
+     "generated tokens: the fraction of groups with signal, held-out accuracy [95% interval] and its paired "
+     "difference against `uniform` (and `uniform_swarm`) in points [95% interval, seeds and questions resampled]; "
+     "targets: signal +10 points, the held-out interval's lower end at least -2 points; **april**, partial rollouts "
+     "against the synchronous step: throughput (tokens that reach training per second of generation) of april over "
+     "sync on the base and a long-tail setting, held-out accuracy at equal wall time with the paired interval of "
+     "april - sync; targets: at least 1.15x on the long tail, the interval's lower end at least -2 points",
+     "rollout_methods.json", until_measured=True)
 def rollout_methods(r: Results) -> str:
     d = r["rollout_methods.json"]
     texts = []
