@@ -12,6 +12,7 @@ plus each arm's raw numbers under "arms". It reports rates: it runs only on an i
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,6 +30,23 @@ def trained_tokens(draft: Draft) -> int:
     return sum(len(c.token_ids) for g in draft.groups for c in g.completions)
 
 
+def length_percentiles(lengths: list[int]) -> dict[str, int | None]:
+    """The median and 95th percentile (nearest rank) of completion lengths (the long-tail setting: p95 >= 4 x p50)."""
+    ordered = sorted(lengths)
+
+    def rank(q: float) -> int | None:
+        return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else None
+
+    return {"completion_len_p50": rank(0.5), "completion_len_p95": rank(0.95)}
+
+
+def tail_ratio(arm: Mapping[str, Any] | None) -> float | None:
+    """p95 / median of the completions an arm trained on (the sync arm's: every completion it generated)."""
+    if arm is None or not arm.get("completion_len_p50"):
+        return None
+    return arm["completion_len_p95"] / arm["completion_len_p50"]
+
+
 def throughput(drafts: list[tuple[int, float]]) -> float:
     """Tokens that reach training per second of generation, over (trained tokens, generation seconds) per step."""
     seconds = sum(s for _, s in drafts)
@@ -41,6 +59,7 @@ def run_arm(cfg: NodeConfig, wall_s: float, max_steps: int, log: Callable[[str],
     node = Node(cfg, events=NodeEvents(log=log))
     node.setup()
     steps: list[tuple[int, float]] = []
+    lengths: list[int] = []
     counts: dict[str, int] = {}
     try:
         started = clock()
@@ -48,6 +67,7 @@ def run_arm(cfg: NodeConfig, wall_s: float, max_steps: int, log: Callable[[str],
             item = node.draft()
             if isinstance(item, Draft):
                 steps.append((trained_tokens(item), item.gen_s))
+                lengths.extend(len(c.token_ids) for g in item.groups for c in g.completions)
                 for name, n in item.rollout:
                     counts[name] = counts.get(name, 0) + n
             node.train_on(item)
@@ -59,19 +79,25 @@ def run_arm(cfg: NodeConfig, wall_s: float, max_steps: int, log: Callable[[str],
     return {"mode": cfg.run.rollout.kind, "steps": len(steps), "wall_s": wall, "throughput": throughput(steps),
             "trained_tokens": sum(t for t, _ in steps), "gen_s": sum(s for _, s in steps),
             "heldout_acc": result.greedy_acc if result is not None else None, "outcomes": outcomes,
-            "rollout_counts": counts}
+            "rollout_counts": counts, **length_percentiles(lengths)}
 
 
-def ratio(april: Mapping[str, Any], sync: Mapping[str, Any]) -> float | None:
-    return april["throughput"] / sync["throughput"] if sync["throughput"] > 0 else None
+def ratio(arms: Mapping[str, Mapping[str, Any] | None]) -> float | None:
+    april, sync = arms.get("april"), arms.get("sync")
+    return april["throughput"] / sync["throughput"] if april and sync and sync["throughput"] > 0 else None
 
 
-def summarise(base: Mapping[str, Mapping[str, Any]], long_tail: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """The part's result from the two settings' arms ({"sync": arm, "april": arm} each)."""
-    diff = paired_diff(base["april"]["outcomes"], base["sync"]["outcomes"])
-    return {"throughput_ratio_vs_sync": ratio(base["april"], base["sync"]),
-            "throughput_ratio_long_tail": ratio(long_tail["april"], long_tail["sync"]),
-            "heldout_at_equal_wall_time": {"sync": base["sync"]["heldout_acc"], "april": base["april"]["heldout_acc"],
-                                           "paired_diff_ci95": list(diff.ci95)},
-            "arms": {setting: {mode: {k: v for k, v in arm.items() if k != "outcomes"} for mode, arm in arms.items()}
+def summarise(base: Mapping[str, Mapping[str, Any] | None],
+              long_tail: Mapping[str, Mapping[str, Any] | None]) -> dict[str, Any]:
+    """The part's result from the two settings' arms ({"sync": arm, "april": arm} each; an arm not run yet is None
+    and what needs it is None)."""
+    sync, april = base.get("sync"), base.get("april")
+    diff = paired_diff(april["outcomes"], sync["outcomes"]) if sync and april else None
+    return {"throughput_ratio_vs_sync": ratio(base), "throughput_ratio_long_tail": ratio(long_tail),
+            "heldout_at_equal_wall_time": {"sync": sync and sync["heldout_acc"],
+                                           "april": april and april["heldout_acc"],
+                                           "paired_diff_ci95": list(diff.ci95) if diff else None},
+            "p95_over_median": {"base": tail_ratio(sync), "long_tail": tail_ratio(long_tail.get("sync"))},
+            "arms": {setting: {mode: {k: v for k, v in arm.items() if k != "outcomes"} for mode, arm in arms.items()
+                               if arm is not None}
                      for setting, arms in (("base", base), ("long_tail", long_tail))}}

@@ -142,8 +142,8 @@ def selection_text(part: dict[str, Any]) -> str:
     for arm in ordered(list(part), ARMS):  # uniform first: every other arm is paired with it
         c = part[arm]
         ci = f" [{c['heldout_ci95'][0]:.3f}, {c['heldout_ci95'][1]:.3f}]" if c.get("heldout_ci95") else ""
-        paired = c.get("heldout_vs_uniform_paired")
-        vs = f", {pts(paired['diff'])} {interval_pts(paired['ci95'])} points vs uniform" if paired else ""
+        vs = "".join(f", {pts(paired['diff'])} {interval_pts(paired['ci95'])} points vs {base}"
+                     for base in ("uniform", "uniform_swarm") if (paired := c.get(f"heldout_vs_{base}_paired")))
         arms.append(f"{arm} signal {num(c.get('signal_frac'))}, held-out {num(c.get('heldout_acc'))}{ci}{vs} "
                     f"({seeds(c.get('seeds_done', []))})")
     return "; ".join(arms)
@@ -153,9 +153,11 @@ def april_text(part: dict[str, Any]) -> str:
     equal = part.get("heldout_at_equal_wall_time") or {}
     ci = equal.get("paired_diff_ci95")
     paired = f", april - sync {interval_pts(ci)} points" if ci else ""
+    tail = part.get("p95_over_median") or {}
     return (f"throughput april / sync x{num(part.get('throughput_ratio_vs_sync'), '.2f')}, long tail "
-            f"x{num(part.get('throughput_ratio_long_tail'), '.2f')}; held-out at equal wall time sync "
-            f"{num(equal.get('sync'))}, april {num(equal.get('april'))}{paired}")
+            f"x{num(part.get('throughput_ratio_long_tail'), '.2f')} (completion length p95 / median: base "
+            f"{num(tail.get('base'), '.1f')}, long tail {num(tail.get('long_tail'), '.1f')}); held-out at equal wall "
+            f"time sync {num(equal.get('sync'))}, april {num(equal.get('april'))}{paired}")
 
 
 ROLLOUT_PARTS = {"staleness": staleness_text, "selection": selection_text, "april": april_text}

@@ -18,28 +18,16 @@ to rollout_methods_<part>.png beside it (bench/rollout_methods_plot.py, the READ
                                     [--seeds 0 1 2] [--steps 256] [--run-dir runs/rollout_methods]
                                     [--set train.lr=1e-4 ...] [--finished-only] [--out PATH]
 
-Part "selection" (issue 31, item 3): one node alone per arm (`SELECTION_ARMS`: uniform; adaptive, the `adaptive`
-task selection; adaptive_dars, with the `dars` rollout allocation too) and seed trains until it generated --tokens
-completion tokens (simulations/selection_cell.py), in the regime --set gives (the testbed's `hard` regime for the
-measurement). Cells are kept and reused like staleness cells (<run-dir>/selection/<arm>/seed<seed>). Writes
-"selection": {"<arm>": {"signal_frac", "gen_tokens", "cum_reward", "heldout_acc", "heldout_ci95", "seeds_done"}},
-every arm but uniform with "heldout_vs_uniform_paired": {"diff", "ci95"} (swarm_node/train/eval_stats.py:
-seeds, then questions, resampled; the pairs are the same held-out questions). The swarm arm (adaptive_swarm):
-SWARM_NODES SAPO nodes in one process (simulations/runner.py, sync mode over the memory transport), each with the
-adaptive selection fed by its peers' re-scored groups (`task.adaptive_from_peers`) and --swarm-external external
-groups per update, for as many rounds as the uniform cell of the same seed took steps (each node generates about
-the uniform cell's tokens); its numbers are the means over nodes, its held-out outcomes per question the mean over
-nodes (the nodes share the task seed, so the questions are uniform's).
-
-    python -m bench.rollout_methods --part selection [--arms uniform adaptive adaptive_dars adaptive_swarm]
-                                    [--tokens 1150000] [--seeds 0 1 2] [--swarm-external 4] [--set task.mix=... ...]
+Part "selection" (issue 31, item 3): bench/rollout_selection.py says what it measures and writes.
 
     python -m bench.rollout_methods --part april [--wall-s 1800] [--max-steps 100000] [--seeds 0]
-                                    [--long-tail-set sampler.max_new_tokens=1024 ...] [--set ...] [--loaded]
+                                    [--long-tail-set sampler.max_new_tokens=320 ...] [--set ...] [--loaded]
 
 Part "april" writes "april": {"throughput_ratio_vs_sync", "throughput_ratio_long_tail", "heldout_at_equal_wall_time":
-{"sync", "april", "paired_diff_ci95"}, "arms"} from the first seed given; it reports rates, so it refuses a loaded
-machine (bench/load_guard.py) unless --loaded (recorded).
+{"sync", "april", "paired_diff_ci95"}, "p95_over_median": {"base", "long_tail"}, "arms"} from the first seed given.
+Each arm (setting, mode) is a cell kept and reused like the others (<run-dir>/april/<setting>/<mode>/seed<seed>);
+it reports rates, so every arm refuses a loaded machine when it starts (bench/load_guard.py) unless --loaded, and
+records the load it saw.
 
 To use several cores, run one process per seed (or per lag) with the same --run-dir, then once more with
 --finished-only to gather every cell. Run a long sweep from a pinned worktree (bench/README.md).
@@ -48,54 +36,30 @@ To use several cores, run one process per seed (or per lag) with the same --run-
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import shutil
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench import april_arms, provenance
 from bench.load_guard import add_loaded_flag
+from bench.rollout_cells import cell_log, fingerprint, finished, fresh_cell
 from bench.rollout_methods_plot import plot_all
+from bench.rollout_selection import ARMS, TOKENS, selection, selection_line, selection_setup
 from bench.solo_learning import parse_set
-from simulations.cells import cell_dir as sim_cell_dir
-from simulations.code_version import code_version
 from simulations.fixed_lag import run_fixed_lag_cell
-from simulations.results import METRICS_CSV, read_rows
-from simulations.runner import finished_result
-from simulations.runner import run_cell as run_swarm_cell
-from simulations.scenario import parse_scenario
-from simulations.selection_cell import run_selection_cell
 from swarm_node import variants
-from swarm_node.config import load_config
-from swarm_node.config.loading import nest
-from swarm_node.model.default_model import default_model_key
-from swarm_node.train import eval_stats
 
 RESULTS = Path(__file__).parent / "results"
 PARTS = ("staleness", "selection", "april")
 WALL_S = 1800.0  # april: each arm's wall-time budget
-LONG_TAIL = ("sampler.max_new_tokens=1024",)  # april: a budget where the 95th percentile is >= 4x the median
+# april: the largest budget the default model's context (512) admits beside its longest prompt (153 ids, gcd): the
+# issue asks for one where the 95th percentile of completion lengths is >= 4x the median, which this model never
+# reaches (docs/ROLLOUT_METHODS.md); the part reports the ratio it saw ("p95_over_median")
+LONG_TAIL = ("sampler.max_new_tokens=320",)
 LAGS = (1, 4, 16, 64)
 STEPS = 256  # 4 x the largest default lag
-RESULT_FILE = "result.json"
-# Generated completion tokens per selection cell: what an 8/0 node of the regimes grid generates in its 200 rounds
-# (1.14 M, bench/results/sapo_regimes.json), so the selection arms learn over as long a run as the grid's nodes.
-TOKENS = 1_150_000
-# The selection arms: config overrides over the regime's. "uniform" is the baseline the others pair with.
-SELECTION_ARMS: dict[str, dict[str, Any]] = {
-    "uniform": {"task.selection": "uniform"},
-    "adaptive": {"task.selection": "adaptive"},
-    "adaptive_dars": {"task.selection": "adaptive", "run.rollout_allocation": "dars"},
-}
-BASELINE = "uniform"
-SWARM_ARM = "adaptive_swarm"
-SWARM_NODES = 4
-SWARM_CONFIG: dict[str, Any] = {"task.selection": "adaptive", "task.adaptive_from_peers": True}
-ARMS = (*SELECTION_ARMS, SWARM_ARM)
 
 
 def cell_overrides(correction: str, seed: int, steps: int, extra: dict[str, Any]) -> dict[str, Any]:
@@ -104,40 +68,8 @@ def cell_overrides(correction: str, seed: int, steps: int, extra: dict[str, Any]
             "train.stale_correction.kind": correction}
 
 
-def fingerprint(lag: int, overrides: dict[str, Any]) -> str:
-    """What a cell's result depends on: its lag, its config (seed included), the default model and the code."""
-    what = {"lag": lag, "overrides": overrides, "default_model": default_model_key(), "code": code_version()}
-    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def cell_dir(run_dir: Path, lag: int, correction: str, seed: int) -> Path:
     return run_dir / "staleness" / f"S{lag}" / correction / f"seed{seed}"
-
-
-def finished(root: Path, key: str) -> dict[str, Any] | None:
-    path = root / RESULT_FILE
-    if not path.exists():
-        return None
-    result: dict[str, Any] = json.loads(path.read_text())
-    return result if result.get("fingerprint") == key else None
-
-
-def cell_log(name: str) -> Callable[[str], None]:
-    return lambda line: print(f"  [{name}] {line}", flush=True)
-
-
-def fresh_cell(root: Path, key: str, overrides: dict[str, Any], labels: dict[str, Any],
-               run: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
-    """Run a cell from its start in `root` (another fingerprint or a cut run is discarded) and store its result,
-    labelled, with its fingerprint and overrides; the result file is written last, so a cell with one is complete."""
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
-    result = run(load_config(None, {**overrides, "run.run_dir": str(root / "run")}))
-    result.update(**labels, fingerprint=key, overrides=overrides)
-    tmp = root / (RESULT_FILE + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(root / RESULT_FILE)
-    return result
 
 
 def run_cell(run_dir: Path, lag: int, correction: str, seed: int, steps: int,
@@ -180,127 +112,39 @@ def staleness(args: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def selection_overrides(arm: str, seed: int, extra: dict[str, Any]) -> dict[str, Any]:
-    # run.steps only bounds a cell that never reaches its token budget
-    return {"run.steps": 100_000, **extra, **SELECTION_ARMS[arm], "run.seed": seed, "run.checkpoint_every": 100_000,
-            "status.port": -1}
-
-
-def run_selection(run_dir: Path, arm: str, seed: int, tokens: int, extra: dict[str, Any],
-                  finished_only: bool) -> dict[str, Any] | None:
-    """The arm's cell for one seed: reused when finished on this code and config, else run from its start (None:
-    not finished and `finished_only`)."""
-    overrides = selection_overrides(arm, seed, extra)
-    key = fingerprint(tokens, overrides)  # the token budget stands where a staleness cell has its lag
-    root = run_dir / "selection" / arm / f"seed{seed}"
-    if (done := finished(root, key)) is not None or finished_only:
-        return done
-    name = f"{arm} seed {seed}"
-    result = fresh_cell(root, key, overrides, {"arm": arm, "seed": seed},
-                        lambda cfg: run_selection_cell(cfg, tokens, log=cell_log(name)))
-    print(f"{name}: signal {result['signal_frac']}, held-out {result['heldout_acc']} ({result['wall_s']:.0f} s)",
-          flush=True)
-    return result
-
-
-def run_swarm(run_dir: Path, seed: int, rounds: int, external: int, extra: dict[str, Any],
-              finished_only: bool) -> dict[str, Any] | None:
-    """The swarm arm's cell for one seed, in a selection cell's terms (module docstring); None: not finished and
-    `finished_only`. simulations/runner.py keeps, reuses and resumes it."""
-    overrides = {**extra, **SWARM_CONFIG, "share.external_groups": external}
-    eval_problems = load_config(None, overrides).run.eval_problems
-    scn = parse_scenario({"simulation": {"nodes": SWARM_NODES, "rounds": rounds, "eval_problems": eval_problems,
-                                         "seeds": [seed], "mode": "sync"},
-                          "config": nest(overrides)}, SWARM_ARM)
-    root = run_dir / "selection" / SWARM_ARM
-    variant = scn.variants[0]
-    if finished_only and finished_result(scn, variant, seed, root) is None:
-        return None
-    print(f"{SWARM_ARM} seed {seed}: {SWARM_NODES} nodes, {rounds} rounds", flush=True)
-    result = run_swarm_cell(scn, variant, seed, root, log=lambda line: print(f"  [{SWARM_ARM}] {line}", flush=True))
-    rows = read_rows(sim_cell_dir(root, variant.name, seed) / METRICS_CSV)
-    per_node = result.get("final_eval_outcomes_per_node") or []
-    return swarm_summary(seed, rows, result, per_node)
-
-
-def swarm_summary(seed: int, rows: list[dict[str, Any]], result: dict[str, Any],
-                  per_node: list[dict[str, float]]) -> dict[str, Any]:
-    """A swarm cell as a selection cell: means over nodes; held-out outcomes the mean over nodes per question."""
-    def total(key: str) -> float:
-        return sum(float(r[key]) for r in rows if r.get(key) not in (None, ""))
-
-    nodes = max(1, len({r["node"] for r in rows}))
-    groups, with_signal = total("groups_total"), total("groups_used")
-    outcomes = eval_stats.mean_over_nodes(per_node)
-    return {"arm": SWARM_ARM, "seed": seed, "steps": result["rounds"], "gen_tokens": total("gen_tokens") / nodes,
-            "groups": groups / nodes, "groups_with_signal": with_signal / nodes,
-            "signal_frac": with_signal / groups if groups else None, "cum_reward": result["cum_reward"],
-            "heldout_acc": result.get("final_eval_acc"), "heldout_outcomes": outcomes}
-
-
-def summarise_arm(cells: list[dict[str, Any]], baseline: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """An arm over its seeds; with `baseline` (uniform's cells), the paired held-out difference on common seeds."""
-    def mean(key: str) -> float | None:
-        values = [c[key] for c in cells if c.get(key) is not None]
-        return statistics.fmean(values) if values else None
-
-    evaluated = [c for c in cells if c.get("heldout_outcomes")]
-    out: dict[str, Any] = {"signal_frac": mean("signal_frac"), "gen_tokens": mean("gen_tokens"),
-                           "cum_reward": mean("cum_reward"), "heldout_acc": mean("heldout_acc"),
-                           "heldout_ci95": None, "seeds_done": [c["seed"] for c in cells]}
-    if evaluated:
-        out["heldout_ci95"] = list(eval_stats.seeds_then_questions([c["heldout_outcomes"] for c in evaluated]).ci95)
-    if baseline is not None:
-        base = {c["seed"]: c["heldout_outcomes"] for c in baseline if c.get("heldout_outcomes")}
-        pairs = [eval_stats.paired_values(c["heldout_outcomes"], base[c["seed"]]) for c in evaluated
-                 if c["seed"] in base]
-        estimate = eval_stats.seeds_then_questions(pairs) if pairs else None
-        out["heldout_vs_uniform_paired"] = (None if estimate is None else
-                                            {"diff": estimate.mean, "ci95": list(estimate.ci95)})
-    return out
-
-
-def selection(args: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]:
-    arms = [BASELINE] + [a for a in args.arms if a != BASELINE]  # the baseline's cells pair with every arm
-    cells = {arm: [c for seed in args.seeds
-                   if (c := run_selection(args.run_dir, arm, seed, args.tokens, extra, args.finished_only))]
-             for arm in arms if arm in SELECTION_ARMS}
-    if SWARM_ARM in arms:  # as many rounds as the uniform cell of its seed took steps
-        cells[SWARM_ARM] = [c for base in cells[BASELINE]
-                            if (c := run_swarm(args.run_dir, base["seed"], base["steps"], args.swarm_external, extra,
-                                               args.finished_only))]
-    return {arm: summarise_arm(cells[arm], None if arm == BASELINE else cells[BASELINE]) for arm in arms}
-
-
 def staleness_setup(args: argparse.Namespace, extra: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
     return {"steps": args.steps, "seeds": args.seeds, "overrides": extra,
             "complete": all(len(c["seeds_done"]) == len(args.seeds) for per_lag in part.values()
                             for c in per_lag.values())}
 
 
-def selection_setup(args: argparse.Namespace, extra: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
-    return {"tokens": args.tokens, "seeds": args.seeds, "overrides": extra,
-            "complete": all(len(arm["seeds_done"]) == len(args.seeds) for arm in part.values())}
-
-
 def april(args: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]:
-    """Both arms on the base setting and on the long-tail one, from the first seed; each arm in its own run dir."""
+    """Both arms on the long-tail setting (the target's: first, so a setting the model cannot run fails early),
+    then on the base one, from the first seed; each arm a cell, kept and reused like the other parts' cells."""
     long_tail = {**extra, **parse_set(args.long_tail_set)}
-    settings: dict[str, dict[str, Any]] = {}
-    for setting, overrides in (("base", extra), ("long_tail", long_tail)):
-        settings[setting] = {}
-        for mode in april_arms.MODES:
-            root = args.run_dir / "april" / setting / mode / f"seed{args.seeds[0]}"
-            shutil.rmtree(root, ignore_errors=True)
-            cfg = load_config(None, {**overrides, "run.seed": args.seeds[0], "run.steps": args.max_steps,
-                                     "run.checkpoint_every": args.max_steps, "status.port": -1,
-                                     "run.rollout.kind": mode, "run.run_dir": str(root)})
-            arm = april_arms.run_arm(cfg, args.wall_s, args.max_steps,
-                                     log=lambda line, s=setting, m=mode: print(f"  [{s} {m}] {line}", flush=True))
-            print(f"{setting} {mode}: {arm['steps']} steps, {arm['throughput']:.1f} tokens/s to training, "
-                  f"held-out {arm['heldout_acc']}", flush=True)
-            settings[setting][mode] = arm
+    settings = {setting: {mode: run_april_arm(args, setting, mode, overrides) for mode in april_arms.MODES}
+                for setting, overrides in (("long_tail", long_tail), ("base", extra))}
     return april_arms.summarise(settings["base"], settings["long_tail"])
+
+
+def run_april_arm(args: argparse.Namespace, setting: str, mode: str,
+                  extra: dict[str, Any]) -> dict[str, Any] | None:
+    """One arm for --wall-s seconds; None: not finished and --finished-only. It reports a rate, so each arm checks
+    the machine is idle when it starts (arms may run in different sessions) and records the load it saw."""
+    overrides = {**extra, "run.seed": args.seeds[0], "run.steps": args.max_steps,
+                 "run.checkpoint_every": args.max_steps, "status.port": -1, "run.rollout.kind": mode}
+    key = fingerprint(int(args.wall_s), overrides)  # the wall time stands where a staleness cell has its lag
+    root = args.run_dir / "april" / setting / mode / f"seed{args.seeds[0]}"
+    if (done := finished(root, key)) is not None or args.finished_only:
+        return done
+    load = provenance.begin(timed=True, loaded=args.loaded).load_avg_start
+    name = f"{setting} {mode}"
+    result = fresh_cell(root, key, overrides, {"setting": setting, "load_avg_start": load},
+                        lambda cfg: april_arms.run_arm(cfg, args.wall_s, args.max_steps, log=cell_log(name)))
+    print(f"{name}: {result['steps']} steps, {result['throughput']:.1f} tokens/s to training, completion length "
+          f"p50 {result['completion_len_p50']} p95 {result['completion_len_p95']}, held-out {result['heldout_acc']}",
+          flush=True)
+    return result
 
 
 def april_setup(args: argparse.Namespace, extra: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
@@ -335,7 +179,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "rollout_methods.json")
     args = ap.parse_args()
     # staleness and selection report accuracies (no load guard); april reports rates
-    run = provenance.begin(timed=args.part == "april", loaded=args.loaded)
+    run = provenance.begin(timed=args.part == "april" and not args.finished_only, loaded=args.loaded)
     extra = parse_set(args.set)
     started = time.monotonic()
     result: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
@@ -349,13 +193,6 @@ def main() -> None:
     args.out.write_text(json.dumps(provenance.stamp(result, run, runs=len(args.seeds)), indent=1) + "\n")
     print("rollout_methods: " + SUMMARY_LINES[args.part](result[args.part]))
     plot_all(result, args.out.parent)  # every part, not only this run's: the plots follow the file
-
-
-def selection_line(part: dict[str, Any]) -> str:
-    def num(value: float | None) -> str:
-        return "-" if value is None else f"{value:.3f}"
-    return "; ".join(f"{arm}: signal {num(c['signal_frac'])}, held-out {num(c['heldout_acc'])}"
-                     for arm, c in part.items())
 
 
 def summary_line(part: dict[str, Any]) -> str:

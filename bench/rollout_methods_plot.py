@@ -21,8 +21,8 @@ from typing import Any, NamedTuple
 from swarm_node.variants import STALE_CORRECTIONS
 
 PARTS = ("staleness", "selection", "april")
-# bench.rollout_methods.ARMS, repeated because that module imports the trainer (tests check they agree)
-ARMS = ("uniform", "adaptive", "adaptive_dars", "adaptive_swarm")
+# bench.rollout_selection.ARMS, repeated because that module imports the trainer (tests check they agree)
+ARMS = ("uniform", "adaptive", "adaptive_dars", "uniform_swarm", "adaptive_swarm")
 APRIL_TARGET = 1.15  # the throughput ratio on the long-tail setting that issue 31 asks of APRIL
 
 StalenessSeries = tuple[list[int], list[float], list[float]]

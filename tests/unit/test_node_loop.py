@@ -197,6 +197,23 @@ def test_a_solo_node_builds_no_sharing(tiny_model_dir: Path, tmp_path: Path) -> 
         assembly.close()
 
 
+def test_a_budget_past_the_models_context_says_which_setting_to_lower(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from swarm_node.errors import UserError
+
+    cfg = load_config(None, {"model.path": str(tiny_model_dir), "sampler.kind": "hf", "run.steps": 1,
+                             "run.prompts_per_step": 2, "run.group_size": 2, "run.eval_problems": 0,
+                             "sampler.max_new_tokens": 256, "run.run_dir": str(tmp_path / "run"),
+                             "train.threads": 1, "status.port": -1})
+    node = Node(cfg, events=NodeEvents(log=lambda _m: None))
+    node.setup()
+    try:
+        with pytest.raises(UserError, match=r"with 256 new tokens it exceeds the model's context of 256 \(lower "
+                                            r"sampler\.max_new_tokens, or on vLLM raise sampler\.max_model_len"):
+            node.draft()
+    finally:
+        node.close()
+
+
 def test_checkpoints_come_every_k_steps_or_every_t_seconds_whichever_first() -> None:
     from swarm_node.node.resume import CheckpointSchedule
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from bench import april_arms, rollout_methods
+from bench import april_arms, rollout_methods, rollout_selection
 from simulations.fixed_lag import FixedLagSource
 from swarm_node.config import load_config
 from swarm_node.node.core import Node, NodeEvents
@@ -170,10 +171,10 @@ def _fake_selection_cell(calls: list[tuple[str, str, int]]) -> Any:
 
 def test_the_selection_part_pairs_every_arm_with_uniform(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     calls: list[tuple[str, str, int]] = []
-    monkeypatch.setattr(rollout_methods, "run_selection_cell", _fake_selection_cell(calls))
+    monkeypatch.setattr(rollout_selection, "run_selection_cell", _fake_selection_cell(calls))
     args = argparse.Namespace(arms=["adaptive", "adaptive_dars"], seeds=[0, 1], tokens=1000, run_dir=tmp_path,
                               finished_only=False)
-    part = rollout_methods.selection(args, {})
+    part = rollout_selection.selection(args, {})
     assert calls == [("uniform", "fixed", 0), ("uniform", "fixed", 1), ("adaptive", "fixed", 0),
                      ("adaptive", "fixed", 1), ("adaptive", "dars", 0), ("adaptive", "dars", 1)]
     assert list(part) == ["uniform", "adaptive", "adaptive_dars"]
@@ -187,10 +188,37 @@ def test_the_selection_part_pairs_every_arm_with_uniform(monkeypatch: pytest.Mon
     assert 0.0 <= low <= 0.25 <= high <= 1.0
     low, high = uniform["heldout_ci95"]
     assert 0.0 <= low <= 0.375 <= high <= 1.0
-    assert rollout_methods.selection(args, {}) == part and len(calls) == 6  # every cell reused
+    assert rollout_selection.selection(args, {}) == part and len(calls) == 6  # every cell reused
     stored = json.loads((tmp_path / "selection" / "adaptive_dars" / "seed1" / "result.json").read_text())
     assert (stored["arm"], stored["seed"]) == ("adaptive_dars", 1)
     assert stored["overrides"]["run.rollout_allocation"] == "dars"
+
+
+def test_the_swarm_arms_pair_with_uniform_and_adaptive_swarm_also_with_uniform_swarm(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls: list[tuple[str, str, int]] = []
+    monkeypatch.setattr(rollout_selection, "run_selection_cell", _fake_selection_cell(calls))
+    rounds: list[tuple[str, int, int]] = []
+
+    def fake_swarm(run_dir: Path, arm: str, seed: int, steps: int, external: int, extra: dict[str, Any],
+                   finished_only: bool) -> dict[str, Any]:
+        rounds.append((arm, seed, steps))
+        right = {"q1": 1.0, "q2": 1.0, "q3": float(arm == "adaptive_swarm"), "q4": 0.0}
+        return {"arm": arm, "seed": seed, "signal_frac": 0.5, "heldout_acc": sum(right.values()) / 4,
+                "heldout_outcomes": right}
+
+    monkeypatch.setattr(rollout_selection, "run_swarm", fake_swarm)
+    args = argparse.Namespace(arms=["adaptive_swarm", "uniform_swarm"], seeds=[0, 1], tokens=1000,
+                              run_dir=tmp_path, finished_only=False, swarm_external=4)
+    part = rollout_selection.selection(args, {})
+    assert list(part) == ["uniform", "adaptive_swarm", "uniform_swarm"]
+    assert rounds == [("uniform_swarm", 0, 3), ("uniform_swarm", 1, 3), ("adaptive_swarm", 0, 3),
+                      ("adaptive_swarm", 1, 3)]  # as many rounds as uniform's cells took steps
+    # uniform gets q1 right in both seeds and q3 in seed 1; uniform_swarm q1, q2; adaptive_swarm q1, q2, q3
+    assert "heldout_vs_uniform_swarm_paired" not in part["uniform_swarm"]
+    assert part["uniform_swarm"]["heldout_vs_uniform_paired"]["diff"] == pytest.approx(0.125)
+    assert part["adaptive_swarm"]["heldout_vs_uniform_paired"]["diff"] == pytest.approx(0.375)
+    assert part["adaptive_swarm"]["heldout_vs_uniform_swarm_paired"]["diff"] == pytest.approx(0.25)
 
 
 def test_a_swarm_cell_reads_as_a_selection_cell() -> None:
@@ -198,7 +226,8 @@ def test_a_swarm_cell_reads_as_a_selection_cell() -> None:
             {"node": "1", "gen_tokens": "60", "groups_total": "4", "groups_used": "3"},
             {"node": "0", "gen_tokens": "40", "groups_total": "4", "groups_used": ""}]
     per_node = [{"q1": 1.0, "q2": 0.0, "q3": 1.0}, {"q1": 0.0, "q2": 0.0}]
-    out = rollout_methods.swarm_summary(2, rows, {"rounds": 2, "cum_reward": 0.5, "final_eval_acc": 0.25}, per_node)
+    out = rollout_selection.swarm_summary("adaptive_swarm", 2, rows, {"rounds": 2, "cum_reward": 0.5,
+                                                                      "final_eval_acc": 0.25}, per_node)
     assert out == {"arm": "adaptive_swarm", "seed": 2, "steps": 2, "gen_tokens": 100.0, "groups": 6.0,
                    "groups_with_signal": 2.0, "signal_frac": 4 / 12, "cum_reward": 0.5, "heldout_acc": 0.25,
                    "heldout_outcomes": {"q1": 0.5, "q2": 0.0}}
@@ -208,16 +237,35 @@ def test_the_swarm_arm_runs_four_adaptive_nodes_for_the_uniform_cells_steps(warm
                                                                              tmp_path: Path) -> None:
     extra = {"model.path": str(warm_tiny_model_dir), "sampler.kind": "hf", "run.prompts_per_step": 2,
              "run.group_size": 4, "run.eval_problems": 4, "train.threads": 1}
-    out = rollout_methods.run_swarm(tmp_path, 0, 2, 2, extra, finished_only=False)
+    out = rollout_selection.run_swarm(tmp_path, "adaptive_swarm", 0, 2, 2, extra, finished_only=False)
     assert out is not None and (out["steps"], out["groups"]) == (2, 4.0)
     assert out["signal_frac"] == out["groups_with_signal"] / out["groups"] and out["gen_tokens"] > 0
     assert 0 < len(out["heldout_outcomes"]) <= 4 and out["heldout_acc"] is not None
-    assert rollout_methods.run_swarm(tmp_path, 0, 2, 2, extra, finished_only=True) == out  # reused
+    assert rollout_selection.run_swarm(tmp_path, "adaptive_swarm", 0, 2, 2, extra, finished_only=True) == out  # reused
 
 
 def test_april_throughput_counts_trained_tokens_over_all_generation_time() -> None:
     assert april_arms.throughput([(100, 2.0), (50, 1.0)]) == 50.0
     assert april_arms.throughput([]) == 0.0
+
+
+def test_april_length_percentiles_are_nearest_rank() -> None:
+    lengths = [10] * 10 + [20] * 9 + [100]  # 20 completions: the 10th is the median, the 19th the 95th percentile
+    assert april_arms.length_percentiles(lengths) == {"completion_len_p50": 10, "completion_len_p95": 20}
+    assert april_arms.length_percentiles(lengths + [100]) == {"completion_len_p50": 20, "completion_len_p95": 100}
+    assert april_arms.length_percentiles([]) == {"completion_len_p50": None, "completion_len_p95": None}
+    assert april_arms.tail_ratio({"completion_len_p50": 10, "completion_len_p95": 45}) == 4.5
+    assert april_arms.tail_ratio(None) is None
+
+
+def test_april_summary_leaves_what_an_unfinished_arm_decides_unset() -> None:
+    arm = {"throughput": 10.0, "heldout_acc": 0.5, "outcomes": {"q": 1.0}, "completion_len_p50": 10,
+           "completion_len_p95": 50}
+    out = april_arms.summarise({"sync": arm, "april": None}, {"sync": arm, "april": {**arm, "throughput": 12.0}})
+    assert out["throughput_ratio_vs_sync"] is None and out["throughput_ratio_long_tail"] == 1.2
+    assert out["heldout_at_equal_wall_time"] == {"sync": 0.5, "april": None, "paired_diff_ci95": None}
+    assert out["p95_over_median"] == {"base": 5.0, "long_tail": 5.0}
+    assert set(out["arms"]["base"]) == {"sync"}
 
 
 def test_the_april_part_writes_its_keys(monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path,
@@ -242,4 +290,10 @@ def test_the_april_part_writes_its_keys(monkeypatch: pytest.MonkeyPatch, tiny_mo
         ("base", "sync", "sync", 1), ("base", "april", "april", 1), ("long_tail", "sync", "sync", 1),
         ("long_tail", "april", "april", 1)}
     assert arms["base"]["april"]["rollout_counts"]["carried_out"] >= 0
+    assert all(arm["completion_len_p50"] <= arm["completion_len_p95"] <= 12 for a in arms.values()
+               for arm in a.values())
     assert result["provenance"]["loaded"] is True
+    # every arm is a cell: gathering again reuses all four (nothing runs, nothing changes)
+    monkeypatch.setattr("sys.argv", [*sys.argv, "--finished-only"])
+    rollout_methods.main()
+    assert json.loads(out.read_text())["april"] == april

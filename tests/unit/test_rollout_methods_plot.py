@@ -38,7 +38,7 @@ SELECTION = {
 }
 APRIL = {"throughput_ratio_vs_sync": 1.25, "throughput_ratio_long_tail": 1.5,
          "heldout_at_equal_wall_time": {"sync": 0.5, "april": 0.625, "paired_diff_ci95": [-0.02, 0.25]},
-         "arms": {}}
+         "p95_over_median": {"base": 2.0, "long_tail": 2.25}, "arms": {}}
 RESULT = {"staleness": STALENESS, "staleness_setup": {"complete": False}, "selection": SELECTION,
           "selection_setup": {"complete": True}, "april": APRIL, "provenance": MEASURED}
 
@@ -77,10 +77,10 @@ def test_april_series_reads_both_ratios_and_the_equal_wall_time_accuracies() -> 
 
 
 def test_the_plot_constants_agree_with_the_bench() -> None:
-    from bench import rollout_methods
+    from bench import rollout_methods, rollout_selection
     from swarm_node import variants
 
-    assert rmp.ARMS == rollout_methods.ARMS and rmp.PARTS == rollout_methods.PARTS
+    assert rmp.ARMS == rollout_selection.ARMS and rmp.PARTS == rollout_methods.PARTS
     assert rmp.STALE_CORRECTIONS == variants.STALE_CORRECTIONS
 
 
@@ -107,8 +107,8 @@ ROW_TEXT = (
     "best tis 0.625 ± 0.250 (2 seeds); S = 16: best tis 0.500 ± 0.125 (3 seeds), none 0.250 ± 0.062 (3 seeds); "
     "**selection** uniform signal 0.500, held-out 0.500 [0.375, 0.625] (3 seeds); adaptive signal 0.750, held-out "
     "0.750 [0.500, 0.875], +25.0 [-2.0, +50.0] points vs uniform (3 seeds); adaptive_swarm signal -, held-out - "
-    "(0 seeds); **april** throughput april / sync x1.25, long tail x1.50; held-out at equal wall time sync 0.500, "
-    "april 0.625, april - sync [-2.0, +25.0] points")
+    "(0 seeds); **april** throughput april / sync x1.25, long tail x1.50 (completion length p95 / median: base 2.0, "
+    "long tail 2.2); held-out at equal wall time sync 0.500, april 0.625, april - sync [-2.0, +25.0] points")
 
 
 def test_the_row_renders_each_part_present() -> None:
