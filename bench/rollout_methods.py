@@ -27,7 +27,7 @@ Part "april" writes "april": {"throughput_ratio_vs_sync", "throughput_ratio_long
 {"sync", "april", "paired_diff_ci95"}, "p95_over_median": {"base", "long_tail"}, "arms"} from the first seed given.
 Each arm (setting, mode) is a cell kept and reused like the others (<run-dir>/april/<setting>/<mode>/seed<seed>);
 it reports rates, so every arm refuses a loaded machine when it starts (bench/load_guard.py) unless --loaded, and
-records the load it saw.
+records the load it saw; it first waits up to 5 minutes for the load the previous arm left to decay.
 
 To use several cores, run one process per seed (or per lag) with the same --run-dir, then once more with
 --finished-only to gather every cell. Run a long sweep from a pinned worktree (bench/README.md).
@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import april_arms, provenance
-from bench.load_guard import add_loaded_flag
+from bench.load_guard import add_loaded_flag, wait_to_settle
+from bench.report_rows_scale import april_text
 from bench.rollout_cells import cell_log, fingerprint, finished, fresh_cell
 from bench.rollout_methods_plot import plot_all
 from bench.rollout_selection import ARMS, TOKENS, selection, selection_line, selection_setup
@@ -137,6 +138,8 @@ def run_april_arm(args: argparse.Namespace, setting: str, mode: str,
     root = args.run_dir / "april" / setting / mode / f"seed{args.seeds[0]}"
     if (done := finished(root, key)) is not None or args.finished_only:
         return done
+    if not args.loaded:
+        wait_to_settle()  # the previous arm, in this process, left the 1-minute load average high
     load = provenance.begin(timed=True, loaded=args.loaded).load_avg_start
     name = f"{setting} {mode}"
     result = fresh_cell(root, key, overrides, {"setting": setting, "load_avg_start": load},
@@ -204,12 +207,7 @@ def summary_line(part: dict[str, Any]) -> str:
     return "; ".join(cells)
 
 
-def april_line(part: dict[str, Any]) -> str:
-    return (f"april throughput x{part['throughput_ratio_vs_sync']} (long tail x{part['throughput_ratio_long_tail']}), "
-            f"held-out {part['heldout_at_equal_wall_time']}")
-
-
-SUMMARY_LINES = {"staleness": summary_line, "selection": selection_line, "april": april_line}
+SUMMARY_LINES = {"staleness": summary_line, "selection": selection_line, "april": april_text}  # april: the README's
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import pytest
 
 import simulations.results
 from bench import provenance
-from bench.load_guard import add_loaded_flag, refuse_if_loaded
+from bench.load_guard import add_loaded_flag, refuse_if_loaded, wait_to_settle
 from bench.memory import read_samples
 from bench.paired import paired_ratio, per_run_ratios
 from simulations.code_version import files_fingerprint
@@ -82,6 +82,18 @@ def test_load_guard_refuses_at_load_0_9_and_runs_with_loaded(capsys: pytest.Capt
     untimed = provenance.begin(timed=False, loaded=False, load_avg=lambda: (3.0, 3.0, 3.0))  # RSS, rewards: no guard
     assert untimed.load_avg_start == 3.0
     refuse_if_loaded(0.5, loaded=False)  # at the threshold: runs
+
+
+def test_wait_to_settle_polls_until_the_load_falls_or_the_timeout() -> None:
+    readings, slept = iter([2.0, 1.2, 0.6, 0.4, 0.1]), []
+    assert wait_to_settle(timeout_s=300, poll_s=10, load_avg=lambda: (next(readings), 0.0, 0.0),
+                          sleep=slept.append) == 0.4
+    assert slept == [10, 10, 10]
+    slept.clear()  # a machine that stays loaded: gives up after the timeout and returns the load the guard refuses
+    assert wait_to_settle(timeout_s=25, poll_s=10, load_avg=lambda: (2.0, 0.0, 0.0), sleep=slept.append) == 2.0
+    assert slept == [10, 10, 10]
+    assert wait_to_settle(load_avg=lambda: (0.3, 0.0, 0.0), sleep=slept.append) == 0.3  # idle: no wait
+    assert slept == [10, 10, 10]
 
 
 def test_loaded_flag_parses_and_the_result_records_it() -> None:
