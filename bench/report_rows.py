@@ -55,7 +55,8 @@ def sampler(r: Results) -> str:
 
 
 @row("step_rate", "python -m bench.step_rate",
-     "steps/min of `solo` and of a two-node loopback `join` (chain_sum, embedded default model): the code of "
+     "steps/min of `solo` and of a two-node loopback `join` (chain_sum, the earlier embedded model "
+     "`char-answer-line-v1`, which both versions load): the code of "
      "2026-11-24 (8ef0a4d) vs today's, and today's with one factor set back to its old value (median of paired "
      "rounds)", "step_rate.json")
 def step_rate(r: Results) -> str:
@@ -66,7 +67,7 @@ def step_rate(r: Results) -> str:
     factors = ", ".join(f"{name} " + " / ".join(f"{mode} {v:.2f}" for mode, v in by_mode.items())
                         for name, by_mode in d["factors"].items())
     return (f"{headline}; each factor's arm over today's (mmap_threshold: fixed at 1 MiB from the start, as nodes did "
-            f"before 2026-11-26): {factors}")
+            f"before 2026-11-26; prompts_per_step: 16 prompts a step, the old default, against today's 32): {factors}")
 
 
 @row("flood_recovery", "python -m bench.flood_recovery",

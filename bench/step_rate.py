@@ -4,9 +4,12 @@ today's with one factor at a time set back to its old value (issue 27 item 6).
 Contract:
 - Arms (`ARMS`, registered by name): `old` runs the extracted old tree (`--old-root`, default /work/old-8ef0a4d:
   `git archive 8ef0a4d`) from its own root; `now` runs this checkout; every `now_*` arm is `now` with one factor
-  reverted by a TOML (`--config`). All arms get the same model (`--model`, default the embedded default's built
-  directory), the task `chain_sum` with its default options (the old default) unless the arm says otherwise,
-  no held-out eval and no status server.
+  reverted by a TOML (`--config`). All arms get the same model (`--model`, default the directory of the recipe
+  `char-answer-line-v1`, built by this checkout: the default of 2026-11-26, the old default's dimensions and
+  answer-line format, which both versions load and run at its 8-token budget; the old tree cannot run today's
+  reasoning default as today's node does: it predates its prompts and gives it 8 tokens), the
+  task `chain_sum` with its default options (the old default) unless the arm says otherwise, no held-out eval and
+  no status server.
 - Steps/min of a run come from its own `metrics.jsonl`: (records - 1) over the time between the first and the last
   step record, after skipping `--warmup` records; for `join`, both nodes (the bootstrap node `a` and the joiner
   `b`, which takes 4 external groups as in the README's two-peer example).
@@ -48,6 +51,7 @@ CHILD_SOURCES_ENV = "STEP_RATE_SOURCES_FILE"
 FIXED_MMAP_ENV = "STEP_RATE_FIXED_MMAP"
 # the bootstrap node starts alone, before the joiner: these extra steps keep it training while the joiner does
 BOOTSTRAP_EXTRA_STEPS = 15
+MODEL_RECIPE = "char-answer-line-v1"  # the model both versions load (the default of 2026-11-26)
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,9 @@ register("now_unbounded_budgets", Arm(
 # glibc's mmap threshold: fixed at 1 MiB by every node with the memory guard on until 2026-11-26 (RSS follows the
 # live memory); today only once the guard sees memory pressure (node/hardware.py): this arm fixes it from the start
 register("now_fixed_mmap", Arm(fixed_mmap=True, factor="mmap_threshold"))
+# prompts per step: today's run.prompts_per_step is 32 (abab91a: 16 lost count_bits to gradient noise in RL), the old
+# default 16; a step of today's does twice the prompts, so steps/min alone would read as a slowdown
+register("now_prompts16", Arm(toml="[run]\nprompts_per_step = 16\n", factor="prompts_per_step"))
 
 
 @dataclass
@@ -328,8 +335,9 @@ def extract_old_tree(root: Path) -> None:
 
 
 def default_model() -> str:
+    """`MODEL_RECIPE`'s directory, built by this checkout when missing."""
     from swarm_node.model.default_model import ensure_default_model
-    return str(ensure_default_model())
+    return str(ensure_default_model(recipe=MODEL_RECIPE))
 
 
 def main() -> None:
@@ -343,7 +351,8 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--old-root", type=Path, default=DEFAULT_OLD_ROOT,
                         help=f"the old tree (extracted there from git when absent: git archive {OLD_COMMIT})")
-    parser.add_argument("--model", default="", help="model dir both versions load [the embedded default's]")
+    parser.add_argument("--model", default="",
+                        help=f"model dir both versions load [the {MODEL_RECIPE} recipe's, built when missing]")
     parser.add_argument("--work", type=Path, default=REPO / "runs" / "step_rate")
     parser.add_argument("--out", type=Path, default=RESULTS / "step_rate.json")
     parser.add_argument("--collect", action="store_true",

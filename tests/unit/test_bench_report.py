@@ -44,7 +44,8 @@ def test_the_step_rate_row_gives_both_modes_and_every_factor(tmp_path: Path) -> 
     cell = render_section(tmp_path, {"step_rate": ROWS["step_rate"]}).splitlines()[-1].split(" | ")[2]
     assert cell == ("solo 37.8 -> 23.8 steps/min (now/old 0.63); join 27.5 -> 18.8 steps/min (now/old 0.68); "
                     "each factor's arm over today's (mmap_threshold: fixed at 1 MiB from the start, as nodes did "
-                    "before 2026-11-26): task_mix solo 1.13 / join 1.37, "
+                    "before 2026-11-26; prompts_per_step: 16 prompts a step, the old default, against today's 32): "
+                    "task_mix solo 1.13 / join 1.37, "
                     "validation_budgets join 0.28")
 
 
