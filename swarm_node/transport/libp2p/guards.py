@@ -54,7 +54,9 @@ from google.protobuf.message import DecodeError
 from libp2p.exceptions import ValidationError
 from libp2p.network.stream.exceptions import StreamClosed, StreamReset
 from libp2p.peer import peerstore as peerstore_module
+from libp2p.peer.envelope import consume_envelope
 from libp2p.peer.id import ID
+from libp2p.peer.peer_record import PEER_RECORD_ENVELOPE_DOMAIN
 from libp2p.pubsub import gossipsub as gossipsub_module
 from libp2p.pubsub import pubsub as pubsub_module
 from libp2p.pubsub import rpc_queue
@@ -97,22 +99,26 @@ def install_record_caches(ttl_s: float = 10.0, clock: Callable[[], float] = time
     py-libp2p 0.8.1 rebuilds our record's address list (multiaddr parsing) for every RPC it sends, and verifies
     the sender's record signature and re-parses its addresses for every RPC it receives (twice when the RPC has
     control entries): the largest CPU cost per gossip message in profiles. Outbound: reuse our envelope for
-    `ttl_s` (a changed listen address shows up within that time). Inbound: an envelope byte-identical to one
-    already accepted from the same peer within `ttl_s` was verified then; accept it without verifying again.
+    `ttl_s` (a changed listen address shows up within that time) while it is still the peerstore's local record:
+    identify and the DHT call the library's own function, which issues a newer record when our addresses change,
+    and a peer that has the newer one refuses an RPC with an older one, messages and all. Inbound: an envelope
+    byte-identical to one already accepted from the same peer within `ttl_s` was verified then; accept it without
+    verifying again. An RPC whose record is the sender's own but older than the one we hold (built before its
+    addresses changed, overtaken by identify on another stream) keeps its messages; only the record is dropped.
     """
     original_env = peerstore_module.env_to_send_in_RPC
     original_consume = pubsub_utils.maybe_consume_signed_record
-    ours: dict[int, tuple[float, tuple[bytes, bool]]] = {}
+    ours: dict[int, tuple[float, Any, bytes]] = {}  # id(host) -> (when, the local record, its envelope)
     theirs: dict[tuple[int, ID], tuple[float, bytes]] = {}
 
     def cached_env(host: Any) -> tuple[bytes, bool]:
         now = clock()
         hit = ours.get(id(host))
-        if hit is not None and now - hit[0] < ttl_s:
-            return hit[1][0], False
-        result = original_env(host)
-        ours[id(host)] = (now, result)
-        return result
+        if hit is not None and now - hit[0] < ttl_s and hit[1] is host.get_peerstore().get_local_record():
+            return hit[2], False
+        envelope, issued = original_env(host)
+        ours[id(host)] = (now, host.get_peerstore().get_local_record(), envelope)
+        return envelope, issued
 
     def cached_consume(rpc: rpc_pb2.RPC, host: Any, peer_id: ID) -> bool:
         if not rpc.HasField("senderRecord"):
@@ -122,14 +128,26 @@ def install_record_caches(ttl_s: float = 10.0, clock: Callable[[], float] = time
         hit = theirs.get(key)
         if hit is not None and now - hit[0] < ttl_s and hit[1] == rpc.senderRecord:
             return True
-        accepted = original_consume(rpc, host, peer_id)
-        if accepted:
+        if original_consume(rpc, host, peer_id):
             theirs[key] = (now, rpc.senderRecord)
-        return accepted
+            return True
+        return older_own_record(rpc.senderRecord, host, peer_id)
 
     for module in (pubsub_module, gossipsub_module):
         module.env_to_send_in_RPC = cached_env  # type: ignore[attr-defined]
         module.maybe_consume_signed_record = cached_consume  # type: ignore[attr-defined]
+
+
+def older_own_record(record: bytes, host: Any, peer_id: ID) -> bool:
+    """Whether `record` is `peer_id`'s own signed peer record, older than the one our peerstore holds for it: late
+    address news, not a forgery (py-libp2p 0.8.1 drops the whole RPC for it)."""
+    try:
+        envelope, peer_record = consume_envelope(record, PEER_RECORD_ENVELOPE_DOMAIN)
+        held = host.get_peerstore().get_peer_record(peer_id)
+        return (peer_record.peer_id == peer_id == ID.from_pubkey(envelope.public_key)
+                and held is not None and held.record().seq > peer_record.seq)
+    except Exception:  # a record that does not parse or verify: not the sender's own
+        return False
 
 
 def raise_library_limits(queue_size: int, max_message_bytes: int, subscription_channel: int) -> None:
