@@ -5,6 +5,7 @@ sources changed, except the historical ones."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,38 @@ def test_every_committed_result_has_a_provenance_or_is_historical() -> None:
         assert set(prov) >= {"commit", "dirty", "sources_fingerprint", "command", "date", "machine"}, name
         if prov.get("backfilled"):
             assert name in old, f"{name}: backfilled but not in HISTORICAL.toml"
+
+
+def test_stale_lists_a_part_measured_at_a_commit_whose_sources_changed_since(tmp_path: Path) -> None:
+    """byo_model.json keeps parts measured at older commits: the part is stale when git shows its sources changed."""
+    root, results = tmp_path / "repo", tmp_path / "repo" / "bench" / "results"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "measured.py").write_text("RATE = 1\n")
+    (root / "constraints.txt").write_text("torch==1\n")
+
+    def commit(message: str) -> str:
+        git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(root)]
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-qm", message], check=True)
+        return subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    first = commit("first")
+    (root / "pkg" / "other.py").write_text("X = 1\n")  # not measured
+    second = commit("second")
+    measured_result(root, results, "parts.json", "r1")
+    path = results / "parts.json"
+    data = json.loads(path.read_text())
+    data["provenance"]["commit"] = second
+    data["measured"] = {"a": {"commit": first, "date": "2026-11-25T00:00:00Z"}, "b": {"commit": second}}
+    write(path, data)
+    assert stale(results, root, recipe="r1") == []  # part a's sources are the same at both commits
+    (root / "constraints.txt").write_text("torch==2\n")
+    (root / "pkg" / "measured.py").write_text("RATE = 2\n")
+    sources = data["provenance"]["sources"]
+    data["provenance"]["sources_fingerprint"] = provenance.sources_fingerprint(root, sources, "r1")
+    write(path, data)  # the last run (part b) measured the new sources; part a did not
+    assert stale(results, root, recipe="r1") == [
+        ("parts.json", f"part a: its measured sources changed since {first[:7]} (2026-11-25)")]
+    data["measured"]["a"]["commit"] = "f" * 40  # a commit git does not know: cannot compare, so stale
+    write(path, data)
+    assert [why.split(":")[0] for _, why in stale(results, root, recipe="r1")] == ["part a"]
