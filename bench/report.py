@@ -106,7 +106,8 @@ def stale(results_dir: Path = RESULTS, root: Path = REPO, recipe: str | None = N
         name = str(path.relative_to(results_dir))
         if name in old:
             continue
-        prov = load_result(path).get("provenance")
+        result = load_result(path)
+        prov = result.get("provenance")
         if not prov or not prov.get("sources_fingerprint"):
             found.append((name, "no provenance with a sources fingerprint"))
             continue
@@ -118,7 +119,7 @@ def stale(results_dir: Path = RESULTS, root: Path = REPO, recipe: str | None = N
                 "its measured sources changed")
             found.append((name, f"{why} since {str(prov.get('commit'))[:7]} ({str(prov.get('date'))[:10]})"))
             continue
-        found += [(name, why) for why in stale_parts(load_result(path), root)]
+        found += [(name, why) for why in stale_parts(result, root)]
     return found
 
 
