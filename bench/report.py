@@ -22,7 +22,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import tomllib
 
@@ -95,9 +95,18 @@ def splice(readme: str, section: str) -> str:
     return f"{head}{START}\n{section}\n{END}{tail}"
 
 
-def stale(results_dir: Path = RESULTS, root: Path = REPO, recipe: str | None = None) -> list[tuple[str, str]]:
-    """(result file, why) for each result not in HISTORICAL.toml whose measured sources changed (or which has no
-    provenance to compare)."""
+class Stale(NamedTuple):
+    """A stale result (file under bench/results/), why, and the command that measured it (None for a part: the
+    provenance's command is the result's last run, maybe of another part)."""
+
+    result: str
+    why: str
+    command: str | None = None
+
+
+def stale(results_dir: Path = RESULTS, root: Path = REPO, recipe: str | None = None) -> list[Stale]:
+    """A Stale for each result not in HISTORICAL.toml whose measured sources changed (or which has no provenance to
+    compare), and for each of its parts measured at an older commit whose sources changed since."""
     from bench.provenance import recipe_key, sources_fingerprint
 
     old = historical(results_dir)
@@ -109,7 +118,7 @@ def stale(results_dir: Path = RESULTS, root: Path = REPO, recipe: str | None = N
         result = load_result(path)
         prov = result.get("provenance")
         if not prov or not prov.get("sources_fingerprint"):
-            found.append((name, "no provenance with a sources fingerprint"))
+            found.append(Stale(name, "no provenance with a sources fingerprint"))
             continue
         if recipe is None:
             recipe = recipe_key()
@@ -117,9 +126,10 @@ def stale(results_dir: Path = RESULTS, root: Path = REPO, recipe: str | None = N
         if now != prov["sources_fingerprint"]:
             why = "the default model's recipe changed" if recipe != prov.get("default_model_recipe") else (
                 "its measured sources changed")
-            found.append((name, f"{why} since {str(prov.get('commit'))[:7]} ({str(prov.get('date'))[:10]})"))
+            found.append(Stale(name, f"{why} since {str(prov.get('commit'))[:7]} ({str(prov.get('date'))[:10]})",
+                               prov.get("command")))
             continue
-        found += [(name, why) for why in stale_parts(result, root)]
+        found += [Stale(name, why) for why in stale_parts(result, root)]
     return found
 
 
@@ -148,11 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.stale:
         found = stale(args.results, REPO)
-        for name, why in found:
-            # a part's reason names the part; the provenance's command is the result's last run, maybe of another
-            command = None if why.startswith("part ") else (
-                load_result(args.results / name).get("provenance") or {}).get("command")
-            print(f"stale: {name}: {why}" + (f"; measured by: {command}" if command else ""))
+        for entry in found:
+            print(f"stale: {entry.result}: {entry.why}" + (f"; measured by: {entry.command}" if entry.command else ""))
         if found:  # nothing at all when every result is current
             print(f"{len(found)} stale result(s); historical ones (HISTORICAL.toml) not listed")
         return 1 if found else 0

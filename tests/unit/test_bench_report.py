@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 from bench import provenance
-from bench.report import END, HEADER, RESULTS, START, main, render_section, splice, stale
+from bench.report import END, HEADER, RESULTS, START, Stale, main, render_section, splice, stale
 from bench.report_rows import ROWS
 
 REPO = Path(__file__).resolve().parents[2]
 GOSSIP = {"nodes": 4, "groups": 1200, "delivered_frac": 1.0, "groups_per_s": 237.7, "p50_ms": 16.2, "p99_ms": 52.8,
           "stream_mb_s": 112.0}
-MEASURED = {"commit": "0123456789abcdef", "date": "2026-11-26T10:00:00Z", "dirty": False, "loaded": False}
+MEASURED = {"commit": "0123456789abcdef", "date": "2026-11-26T10:00:00Z", "dirty": False, "loaded": False,
+            "command": "python -m bench.measured"}
 BACKFILLED = {"backfilled": True, "commit": "aaaaaaa111", "numbers_commit": "bbbbbbb222",
               "numbers_date": "2026-11-22T04:37:09+00:00", "date": None}
 GOSSIP_ROW = ("| `python -m bench.gossip` | 4 libp2p processes on loopback: groups/s delivered to every peer, latency, "
@@ -117,17 +118,18 @@ def test_stale_lists_results_whose_measured_sources_changed(tmp_path: Path) -> N
     measured_result(root, results, "old.json", "r1")
     (results / "HISTORICAL.toml").write_text('[[result]]\nresult = "old.json"\nreason = "backfilled"\ncommit = "a"\n')
     write(results / "spot_check" / "bare.json", {"rate": 2.0})
-    assert stale(results, root, recipe="r1") == [("spot_check/bare.json", "no provenance with a sources fingerprint")]
+    bare = Stale("spot_check/bare.json", "no provenance with a sources fingerprint")  # nothing to say how measured
+    assert stale(results, root, recipe="r1") == [bare]
 
     (root / "pkg" / "other.py").write_text("X = 2\n")  # not measured by either result
-    assert [name for name, _ in stale(results, root, recipe="r1")] == ["spot_check/bare.json"]
+    assert [entry.result for entry in stale(results, root, recipe="r1")] == ["spot_check/bare.json"]
     module.write_text("RATE = 2\n")
     assert stale(results, root, recipe="r1") == [
-        ("fresh.json", "its measured sources changed since 0123456 (2026-11-26)"),
-        ("spot_check/bare.json", "no provenance with a sources fingerprint")]  # old.json is historical
+        Stale("fresh.json", "its measured sources changed since 0123456 (2026-11-26)", MEASURED["command"]),
+        bare]  # old.json is historical
     module.write_text("RATE = 1\n")
-    assert stale(results, root, recipe="r2")[0] == (
-        "fresh.json", "the default model's recipe changed since 0123456 (2026-11-26)")
+    assert stale(results, root, recipe="r2")[0] == Stale(
+        "fresh.json", "the default model's recipe changed since 0123456 (2026-11-26)", MEASURED["command"])
 
 
 def test_stale_names_the_measuring_command_and_prints_nothing_when_all_are_current(
@@ -188,7 +190,7 @@ def test_stale_lists_a_part_measured_at_a_commit_whose_sources_changed_since(tmp
     data["provenance"]["sources_fingerprint"] = provenance.sources_fingerprint(root, sources, "r1")
     write(path, data)  # the last run (part b) measured the new sources; part a did not
     assert stale(results, root, recipe="r1") == [
-        ("parts.json", f"part a: its measured sources changed since {first[:7]} (2026-11-25)")]
+        Stale("parts.json", f"part a: its measured sources changed since {first[:7]} (2026-11-25)")]  # no command
     data["measured"]["a"]["commit"] = "f" * 40  # a commit git does not know: cannot compare, so stale
     write(path, data)
-    assert [why.split(":")[0] for _, why in stale(results, root, recipe="r1")] == ["part a"]
+    assert [entry.why.split(":")[0] for entry in stale(results, root, recipe="r1")] == ["part a"]
