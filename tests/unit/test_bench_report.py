@@ -194,3 +194,15 @@ def test_stale_lists_a_part_measured_at_a_commit_whose_sources_changed_since(tmp
     data["measured"]["a"]["commit"] = "f" * 40  # a commit git does not know: cannot compare, so stale
     write(path, data)
     assert [entry.why.split(":")[0] for entry in stale(results, root, recipe="r1")] == ["part a"]
+
+
+def test_best_mix_takes_each_specialtys_lowest_set_at_a_g_every_specialty_was_scanned_at() -> None:
+    from bench.report_rows_scale import best_mix, regime_of
+
+    def scan(**by_g: float) -> dict[str, dict[str, float]]:
+        return {g.removeprefix("g"): {"no_signal_frac": frac} for g, frac in by_g.items()}
+    sets = {"a1": {"name": "a"}, "a2": {"name": "a"}, "b1": {"name": "b"}}
+    scans = {"a1": scan(g8=0.5, g16=0.4, g32=0.0), "a2": scan(g8=0.3), "b1": scan(g8=0.7, g16=0.4)}
+    # G = 8: a's best 0.3 (a2), b 0.7 -> 0.5; G = 16: 0.4 and 0.4 -> 0.4; G = 32: b was not scanned there
+    assert best_mix({"option_sets": sets, "scans": scans}) == (0.4, "16")
+    assert (regime_of(0.4), regime_of(0.2), regime_of(0.3)) == ("`hard`", "`medium`", "no regime")
